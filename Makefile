@@ -1,0 +1,42 @@
+# itergrpo developer commands. `make demo` and `make test` install what they need themselves.
+PY ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+PACKAGES := flows grpo_core reward_models storage
+STAMP := $(VENV)/.installed
+export PREFECT_SERVER_ANALYTICS_ENABLED := false
+export DO_NOT_TRACK := 1
+
+.PHONY: venv lint test test-fast demo bench clean
+
+venv: $(STAMP)
+
+# torch==2.13.0 first: on these machines it is a CPU build on local disk. An unpinned torch
+# would pull a multi-GB CUDA build from the index.
+$(STAMP): pyproject.toml
+	$(PY) -m venv $(VENV)
+	$(BIN)/pip install --quiet --upgrade pip
+	$(BIN)/pip install --quiet torch==2.13.0
+	$(BIN)/pip install --quiet -e '.[dev]'
+	touch $(STAMP)
+
+lint: venv
+	$(BIN)/ruff check $(PACKAGES) tests bench
+	$(BIN)/ruff format --check $(PACKAGES) tests bench
+	$(BIN)/mypy
+
+test: lint
+	$(BIN)/pytest -q
+
+# Unit tests only (skips the slow end-to-end and learning tests).
+test-fast: venv
+	$(BIN)/pytest -q -m "not slow"
+
+demo: venv
+	$(BIN)/itergrpo demo
+
+bench: venv
+	$(BIN)/python bench/replay_bench.py
+
+clean:
+	rm -rf $(VENV) itergrpo-store .pytest_cache .mypy_cache .ruff_cache

@@ -1,0 +1,1 @@
+"""flows package."""

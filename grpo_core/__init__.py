@@ -1,0 +1,1 @@
+"""grpo_core package."""

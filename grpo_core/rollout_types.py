@@ -1,0 +1,48 @@
+"""Rollout contract: sampling parameters, the batch of sampled outputs, the engine protocol."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal, Protocol
+
+FinishReason = Literal["stop", "length"]
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """How to sample. temperature 0 means greedy decoding."""
+
+    max_new_tokens: int = 64
+    temperature: float = 1.0
+    top_p: float = 1.0
+
+
+@dataclass
+class RolloutBatch:
+    """Outputs for P prompts x n samples, flattened prompt-major (row r -> prompt r // n).
+
+    Token ids are unpadded python lists; `logprobs[r][t]` is the sampling log-prob of
+    `completion_ids[r][t]` under the sampling distribution (temperature applied, before
+    top-p truncation), reusable as pi_old when mu = 1. Completions exclude the EOS token
+    from `text` but keep it in `completion_ids` when generation stopped on it.
+    """
+
+    prompt_index: list[int]
+    prompt_ids: list[list[int]]
+    completion_ids: list[list[int]]
+    texts: list[str]
+    finish_reasons: list[FinishReason]
+    logprobs: list[list[float]]
+
+    def __len__(self) -> int:
+        return len(self.texts)
+
+
+class RolloutEngine(Protocol):
+    """Samples completions of prompt strings (already formatted for the model)."""
+
+    def generate(
+        self, prompts: list[str], n: int, params: SamplingParams, seed: int
+    ) -> RolloutBatch:
+        """n samples per prompt; the same (prompts, n, params, seed) give the same batch on CPU."""
+        ...

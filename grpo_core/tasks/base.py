@@ -1,0 +1,42 @@
+"""The task contract: seeded problems with gold answers, answer checking, exact step labels."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal, Protocol
+
+Split = Literal["train", "test"]
+
+
+@dataclass(frozen=True)
+class Problem:
+    """One prompt of a task with its gold answer.
+
+    `question` is the raw question text (no chat template, no answer cue); the policy's
+    prompt formatter turns it into model input. `solution` is a gold GSM8K-style solution
+    (one step per line, last line `#### <answer>`) when the task has one.
+    """
+
+    problem_id: str
+    question: str
+    answer: str
+    solution: str | None = None
+    meta: dict[str, str] = field(default_factory=dict)
+
+
+class Task(Protocol):
+    """What the pipeline needs from a task (built-in `arith`, reasoning-gym, local files)."""
+
+    name: str
+
+    def problems(self, split: Split, n: int, seed: int) -> list[Problem]:
+        """`n` problems of `split`, identical for the same (split, n, seed)."""
+        ...
+
+    def is_correct(self, problem: Problem, completion: str) -> bool:
+        """True when the completion's final `####` answer equals the gold answer."""
+        ...
+
+    def step_labels(self, problem: Problem, completion: str) -> list[bool] | None:
+        """Exact correctness of each step (line) of `completion`, or None if unknown."""
+        ...
