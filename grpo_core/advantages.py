@@ -1,0 +1,196 @@
+"""Advantage estimators (GRPO_SPEC sections 4-6), vectorised over groups, registered by name.
+
+Shapes: P prompts, G outputs per prompt, S steps per output, T response tokens. Rows of a
+flat batch are prompt-major (row r belongs to prompt r // G), as in RolloutBatch.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Literal
+
+import torch
+from torch import Tensor
+
+OutcomeScaling = Literal["group_std", "none"]
+
+
+def outcome_advantages(
+    rewards: Tensor, scaling: OutcomeScaling = "group_std", eps: float = 1e-4
+) -> Tensor:
+    """Outcome advantages, spec section 4: (r - mean(r)) / (std(r) + eps) per group; (P, G)."""
+    centred = rewards - rewards.mean(dim=-1, keepdim=True)
+    if scaling == "none":
+        return centred
+    if scaling == "group_std":
+        return centred / (rewards.std(dim=-1, unbiased=False, keepdim=True) + eps)
+    raise ValueError(f"outcome scaling must be 'group_std' or 'none' (got {scaling!r})")
+
+
+def zero_advantage_group_fraction(rewards: Tensor, tol: float = 1e-6) -> float:
+    """Fraction of groups whose rewards are all equal (no policy gradient), spec section 4."""
+    if rewards.numel() == 0:
+        return 0.0
+    spread = rewards.amax(dim=-1) - rewards.amin(dim=-1)
+    return float((spread <= tol).float().mean())
+
+
+def normalize_step_rewards(step_rewards: Tensor, step_mask: Tensor, eps: float = 1e-4) -> Tensor:
+    """Spec section 5: z-score all step rewards of a group together (population std + eps).
+
+    step_rewards, step_mask: (..., G, S); the statistics run over the last two dims.
+    """
+    mask = step_mask.to(step_rewards.dtype)
+    count = mask.sum(dim=(-2, -1), keepdim=True).clamp(min=1.0)
+    mean = (step_rewards * mask).sum(dim=(-2, -1), keepdim=True) / count
+    var = (((step_rewards - mean) * mask) ** 2).sum(dim=(-2, -1), keepdim=True) / count
+    return (step_rewards - mean) / (var.sqrt() + eps) * mask
+
+
+def step_rewards_to_token_advantages(
+    normed: Tensor, step_mask: Tensor, step_ends: Tensor, response_mask: Tensor
+) -> Tensor:
+    """Spec section 5: A_t = sum of normalised step rewards whose step ends at index >= t.
+
+    normed, step_mask, step_ends: (..., S); response_mask: (..., T). Tokens after the last
+    step end get 0.
+    """
+    num_tokens = response_mask.shape[-1]
+    valid = step_mask.bool()
+    if bool(((step_ends < 0) | (step_ends >= num_tokens))[valid].any()):
+        raise ValueError(f"step end indices must lie in [0, {num_tokens}) (got {step_ends})")
+    at_end = torch.zeros((*normed.shape[:-1], num_tokens), dtype=normed.dtype, device=normed.device)
+    at_end.scatter_add_(-1, step_ends.clamp(0, num_tokens - 1).long(), normed * valid)
+    suffix_sum = at_end.flip(-1).cumsum(-1).flip(-1)
+    return suffix_sum * response_mask.to(normed.dtype)
+
+
+def process_advantages(
+    step_rewards: Tensor,
+    step_mask: Tensor,
+    step_ends: Tensor,
+    response_mask: Tensor,
+    eps: float = 1e-4,
+) -> Tensor:
+    """Process advantages of one group, spec section 5: (G, S) step rewards -> (G, T)."""
+    return process_advantages_batched(
+        step_rewards[None], step_mask[None], step_ends[None], response_mask[None], eps
+    )[0]
+
+
+def process_advantages_batched(
+    step_rewards: Tensor,
+    step_mask: Tensor,
+    step_ends: Tensor,
+    response_mask: Tensor,
+    eps: float = 1e-4,
+) -> Tensor:
+    """Process advantages of P groups, spec section 5: (P, G, S) step rewards -> (P, G, T)."""
+    normed = normalize_step_rewards(step_rewards, step_mask, eps)
+    return step_rewards_to_token_advantages(normed, step_mask, step_ends, response_mask)
+
+
+def sft_coefficients(correct: Tensor) -> Tensor:
+    """SFT gradient coefficient, spec section 6: 1 for every output; shape of `correct`."""
+    return torch.ones_like(correct, dtype=torch.float32)
+
+
+def rft_coefficients(correct: Tensor) -> Tensor:
+    """RFT / Online RFT gradient coefficient, spec section 6: 1 if correct else 0."""
+    return correct.to(torch.float32)
+
+
+@dataclass(frozen=True)
+class AdvantageInputs:
+    """Everything an estimator may read; B = P * G rows, prompt-major.
+
+    response_mask: (B, T) response tokens in response coordinates (token t of output r).
+    rewards, correct: (P, G) outcome rewards and verifier verdicts.
+    step_rewards, step_mask, step_ends: (P, G, S) PRM step scores, valid steps, and the
+    response-token index where each step ends.
+    """
+
+    response_mask: Tensor
+    rewards: Tensor | None = None
+    correct: Tensor | None = None
+    step_rewards: Tensor | None = None
+    step_mask: Tensor | None = None
+    step_ends: Tensor | None = None
+
+
+AdvantageEstimator = Callable[[AdvantageInputs, float], Tensor]
+ADVANTAGE_ESTIMATORS: dict[str, AdvantageEstimator] = {}
+
+
+def register_adv_estimator(
+    name: str,
+) -> Callable[[AdvantageEstimator], AdvantageEstimator]:
+    """Register an estimator (inputs, eps) -> token advantages (B, T) under `name`."""
+
+    def decorate(fn: AdvantageEstimator) -> AdvantageEstimator:
+        ADVANTAGE_ESTIMATORS[name] = fn
+        return fn
+
+    return decorate
+
+
+def get_adv_estimator(name: str) -> AdvantageEstimator:
+    """The estimator registered under `name`."""
+    if name not in ADVANTAGE_ESTIMATORS:
+        raise ValueError(
+            f"unknown advantage estimator {name!r}: choose one of {sorted(ADVANTAGE_ESTIMATORS)}"
+        )
+    return ADVANTAGE_ESTIMATORS[name]
+
+
+def _require(value: Tensor | None, field: str, estimator: str) -> Tensor:
+    if value is None:
+        raise ValueError(f"advantage estimator {estimator!r} needs AdvantageInputs.{field}")
+    return value
+
+
+def _per_output_to_tokens(per_output: Tensor, response_mask: Tensor) -> Tensor:
+    """Broadcast one value per output (P, G) to its response tokens (P*G, T)."""
+    return per_output.reshape(-1, 1).to(torch.float32) * response_mask.to(torch.float32)
+
+
+@register_adv_estimator("grpo_outcome")
+def _grpo_outcome(inputs: AdvantageInputs, eps: float) -> Tensor:
+    """Spec section 4 with the paper's group-std scaling."""
+    rewards = _require(inputs.rewards, "rewards", "grpo_outcome")
+    advantages = outcome_advantages(rewards, "group_std", eps)
+    return _per_output_to_tokens(advantages, inputs.response_mask)
+
+
+@register_adv_estimator("dr_grpo")
+def _dr_grpo(inputs: AdvantageInputs, eps: float) -> Tensor:
+    """Spec section 4, Dr. GRPO variant: reward minus group mean, no std division."""
+    rewards = _require(inputs.rewards, "rewards", "dr_grpo")
+    return _per_output_to_tokens(outcome_advantages(rewards, "none"), inputs.response_mask)
+
+
+@register_adv_estimator("grpo_process")
+def _grpo_process(inputs: AdvantageInputs, eps: float) -> Tensor:
+    """Spec section 5: group-normalised step rewards summed over later step ends."""
+    step_rewards = _require(inputs.step_rewards, "step_rewards", "grpo_process")
+    step_mask = _require(inputs.step_mask, "step_mask", "grpo_process")
+    step_ends = _require(inputs.step_ends, "step_ends", "grpo_process")
+    num_prompts, group_size, _ = step_rewards.shape
+    response_mask = inputs.response_mask.reshape(num_prompts, group_size, -1)
+    advantages = process_advantages_batched(step_rewards, step_mask, step_ends, response_mask, eps)
+    return advantages.reshape(num_prompts * group_size, -1).to(torch.float32)
+
+
+@register_adv_estimator("rft")
+@register_adv_estimator("online_rft")
+def _rft(inputs: AdvantageInputs, eps: float) -> Tensor:
+    """Spec section 6: RFT and Online RFT coefficient, 1 if correct else 0 (same formula)."""
+    correct = _require(inputs.correct, "correct", "rft")
+    return _per_output_to_tokens(rft_coefficients(correct), inputs.response_mask)
+
+
+@register_adv_estimator("sft")
+def _sft(inputs: AdvantageInputs, eps: float) -> Tensor:
+    """Spec section 6: SFT coefficient, 1 for every token."""
+    return inputs.response_mask.to(torch.float32)

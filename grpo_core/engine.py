@@ -1,0 +1,145 @@
+"""The training-engine interface the GRPO update runs on, and its plain-PyTorch version."""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Literal, Protocol
+
+import torch
+from torch import Tensor, nn
+
+from grpo_core.batching import PolicyBatch, sequence_logprobs, sequence_logprobs_and_entropy
+
+
+class TrainEngine(Protocol):
+    """A policy model with its optimizer: forward, backward, step (DeepSpeed fits the same)."""
+
+    model: nn.Module
+
+    def forward_logprobs(
+        self, batch: PolicyBatch, temperature: float, with_entropy: bool = False
+    ) -> tuple[Tensor, Tensor | None]:
+        """Completion-token log-probs (B, L) with grad, and entropies (B, L) if asked."""
+        ...
+
+    def backward(self, loss: Tensor) -> None:
+        """Accumulate the gradient of `loss`."""
+        ...
+
+    def step(self) -> float:
+        """Clip gradients, take an optimizer + LR step, clear gradients; the pre-clip norm."""
+        ...
+
+    def zero_grad(self) -> None:
+        """Drop accumulated gradients."""
+        ...
+
+    def current_lr(self) -> float:
+        """The learning rate the next step uses."""
+        ...
+
+    def state_dict(self) -> dict[str, Any]:
+        """Optimizer and LR-schedule state (the model's weights are saved separately)."""
+        ...
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore what state_dict returned."""
+        ...
+
+    def train(self) -> None:
+        """Put the model in training mode."""
+        ...
+
+    def eval(self) -> None:
+        """Put the model in evaluation mode."""
+        ...
+
+
+def lr_multiplier(
+    step: int, warmup_steps: int, schedule: Literal["constant", "cosine"], total_steps: int | None
+) -> float:
+    """LR factor: linear warm-up to 1 over warmup_steps, then constant or cosine to 0."""
+    if step < warmup_steps:
+        return (step + 1) / warmup_steps
+    if schedule == "constant":
+        return 1.0
+    if total_steps is None or total_steps <= warmup_steps:
+        raise ValueError(
+            f"cosine schedule needs total_steps > warmup_steps "
+            f"(got total_steps={total_steps}, warmup_steps={warmup_steps})"
+        )
+    progress = min((step - warmup_steps) / (total_steps - warmup_steps), 1.0)
+    return 0.5 * (1.0 + math.cos(math.pi * progress))
+
+
+class TorchEngine:
+    """AdamW with grad-norm clipping and LR warm-up on a plain PyTorch model."""
+
+    def __init__(
+        self,
+        model: nn.Module,
+        lr: float,
+        weight_decay: float = 0.0,
+        betas: tuple[float, float] = (0.9, 0.999),
+        max_grad_norm: float = 1.0,
+        warmup_steps: int = 0,
+        lr_schedule: Literal["constant", "cosine"] = "constant",
+        total_steps: int | None = None,
+    ) -> None:
+        lr_multiplier(warmup_steps, warmup_steps, lr_schedule, total_steps)  # validate early
+        self.model = model
+        self.max_grad_norm = max_grad_norm
+        self.params = [p for p in model.parameters() if p.requires_grad]
+        self.optimizer = torch.optim.AdamW(
+            self.params, lr=lr, betas=betas, weight_decay=weight_decay
+        )
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(
+            self.optimizer,
+            lambda step: lr_multiplier(step, warmup_steps, lr_schedule, total_steps),
+        )
+
+    def forward_logprobs(
+        self, batch: PolicyBatch, temperature: float, with_entropy: bool = False
+    ) -> tuple[Tensor, Tensor | None]:
+        """Completion-token log-probs (B, L) with grad, and entropies (B, L) if asked."""
+        if with_entropy:
+            return sequence_logprobs_and_entropy(self.model, batch, temperature)
+        return sequence_logprobs(self.model, batch, temperature), None
+
+    def backward(self, loss: Tensor) -> None:
+        """Accumulate the gradient of `loss`."""
+        loss.backward()
+
+    def step(self) -> float:
+        """Clip to max_grad_norm, step AdamW and the LR schedule; skip on a non-finite norm."""
+        norm = float(torch.nn.utils.clip_grad_norm_(self.params, self.max_grad_norm))
+        if math.isfinite(norm):
+            self.optimizer.step()
+            self.scheduler.step()
+        self.zero_grad()
+        return norm
+
+    def zero_grad(self) -> None:
+        """Drop accumulated gradients."""
+        self.optimizer.zero_grad(set_to_none=True)
+
+    def current_lr(self) -> float:
+        """The learning rate the next step uses."""
+        return float(self.optimizer.param_groups[0]["lr"])
+
+    def state_dict(self) -> dict[str, Any]:
+        """Optimizer and LR-schedule state."""
+        return {"optimizer": self.optimizer.state_dict(), "scheduler": self.scheduler.state_dict()}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore what state_dict returned."""
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.scheduler.load_state_dict(state["scheduler"])
+
+    def train(self) -> None:
+        """Put the model in training mode."""
+        self.model.train()
+
+    def eval(self) -> None:
+        """Put the model in evaluation mode."""
+        self.model.eval()

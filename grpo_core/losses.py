@@ -1,0 +1,234 @@
+"""Token log-probs, KL estimators, the clipped surrogate, loss aggregation and the GRPO loss.
+
+Shapes: B sequences, T token positions, V vocabulary. Masks mark response tokens; prompt
+and padding positions never count (GRPO_SPEC notation).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from grpo_core.config import GRPOConfig, KLEstimator, LossAgg
+
+# Rows of logits turned into float32 at once; bounds the temporary float32 copy of logits.
+LOGPROB_CHUNK_ROWS = 1024
+# Log-ratios are clamped to this range before exp() so one wild token cannot overflow.
+MAX_LOG_RATIO = 20.0
+
+
+class _TokenLogProb(torch.autograd.Function):
+    """log softmax(logits / temperature)[label] in float32, saving only the input logits.
+
+    Forward and backward walk over row chunks, so the float32 softmax of the full (B*T, V)
+    logits is never held: autograd keeps the logits (which the model output holds anyway)
+    and the (B*T,) log-normalisers.
+    """
+
+    @staticmethod
+    def forward(ctx: Any, logits: Tensor, labels: Tensor, temperature: float) -> Tensor:
+        flat = logits.reshape(-1, logits.shape[-1])
+        flat_labels = labels.reshape(-1, 1)
+        out = torch.empty(flat.shape[0], dtype=torch.float32, device=logits.device)
+        lse = torch.empty_like(out)
+        for start in range(0, flat.shape[0], LOGPROB_CHUNK_ROWS):
+            rows = slice(start, start + LOGPROB_CHUNK_ROWS)
+            chunk = flat[rows].float() / temperature
+            lse[rows] = torch.logsumexp(chunk, dim=-1)
+            out[rows] = chunk.gather(-1, flat_labels[rows]).squeeze(-1) - lse[rows]
+        ctx.save_for_backward(logits, labels, lse)
+        ctx.temperature = temperature
+        return out.reshape(labels.shape)
+
+    @staticmethod
+    def backward(ctx: Any, grad_out: Tensor) -> tuple[Tensor, None, None]:
+        logits, labels, lse = ctx.saved_tensors
+        temperature: float = ctx.temperature
+        flat = logits.reshape(-1, logits.shape[-1])
+        flat_labels = labels.reshape(-1, 1)
+        flat_grad = grad_out.reshape(-1, 1).float() / temperature
+        grad = torch.empty_like(flat)
+        for start in range(0, flat.shape[0], LOGPROB_CHUNK_ROWS):
+            rows = slice(start, start + LOGPROB_CHUNK_ROWS)
+            probs = torch.exp(flat[rows].float() / temperature - lse[rows, None])
+            chunk_grad = -probs * flat_grad[rows]
+            chunk_grad.scatter_add_(-1, flat_labels[rows], flat_grad[rows])
+            grad[rows] = chunk_grad.to(flat.dtype)
+        return grad.reshape(logits.shape), None, None
+
+
+def token_logprobs(logits: Tensor, labels: Tensor, temperature: float = 1.0) -> Tensor:
+    """log pi(o_t | q, o_<t) at `temperature`, float32; (B, T, V) logits, (B, T) labels."""
+    if temperature <= 0:
+        raise ValueError(f"temperature must be > 0 (got {temperature}); greedy has no log-probs")
+    result = _TokenLogProb.apply(logits, labels.long(), float(temperature))
+    assert isinstance(result, Tensor)
+    return result
+
+
+@torch.no_grad()
+def entropy_from_logits(logits: Tensor, temperature: float = 1.0) -> Tensor:
+    """Entropy of softmax(logits / temperature) per position, float32, no grad; (B, T)."""
+    flat = logits.reshape(-1, logits.shape[-1])
+    out = torch.empty(flat.shape[0], dtype=torch.float32, device=logits.device)
+    for start in range(0, flat.shape[0], LOGPROB_CHUNK_ROWS):
+        chunk = flat[start : start + LOGPROB_CHUNK_ROWS].float() / temperature
+        logp = torch.log_softmax(chunk, dim=-1)
+        out[start : start + LOGPROB_CHUNK_ROWS] = -(logp.exp() * logp).sum(-1)
+    return out.reshape(logits.shape[:-1])
+
+
+def kl_penalty(logp: Tensor, ref_logp: Tensor, kind: KLEstimator = "k3") -> Tensor:
+    """Per-token KL(pi_theta || pi_ref) estimate, spec section 2 (k3: x - log x - 1)."""
+    log_ratio = (ref_logp - logp).clamp(-MAX_LOG_RATIO, MAX_LOG_RATIO)  # log x
+    if kind == "k3":
+        return torch.exp(log_ratio) - log_ratio - 1.0
+    if kind == "k1":
+        return -log_ratio
+    if kind == "k2":
+        return 0.5 * log_ratio**2
+    raise ValueError(f"KL estimator must be 'k1', 'k2' or 'k3' (got {kind!r})")
+
+
+def ppo_kl_shaped_reward(
+    reward: Tensor | float, logp: Tensor, ref_logp: Tensor, beta: float
+) -> Tensor:
+    """PPO reward shaping, spec section 2: r_t - beta * log(pi_theta / pi_ref)."""
+    return reward - beta * (logp - ref_logp)
+
+
+def clip_ratio(ratio: Tensor, eps_low: float = 0.2, eps_high: float = 0.2) -> Tensor:
+    """clip(ratio, 1 - eps_low, 1 + eps_high), spec section 1."""
+    return ratio.clamp(1.0 - eps_low, 1.0 + eps_high)
+
+
+def clipped_surrogate(
+    logp: Tensor,
+    old_logp: Tensor,
+    advantages: Tensor,
+    eps_low: float = 0.2,
+    eps_high: float = 0.2,
+) -> tuple[Tensor, Tensor, Tensor]:
+    """PPO/GRPO surrogate, spec section 1: min(ratio * A, clip(ratio) * A) per token.
+
+    Returns (surrogate, clipped_low, clipped_high): the masks mark tokens where the clipped
+    branch is the minimum and the gradient is zero (A < 0 below 1 - eps_low, A > 0 above
+    1 + eps_high).
+    """
+    ratio = torch.exp((logp - old_logp).clamp(-MAX_LOG_RATIO, MAX_LOG_RATIO))
+    surrogate = torch.minimum(ratio * advantages, clip_ratio(ratio, eps_low, eps_high) * advantages)
+    clipped_low = (ratio < 1.0 - eps_low) & (advantages < 0)
+    clipped_high = (ratio > 1.0 + eps_high) & (advantages > 0)
+    return surrogate, clipped_low, clipped_high
+
+
+def agg_loss(
+    loss_mat: Tensor,
+    mask: Tensor,
+    mode: LossAgg,
+    max_len: int | None = None,
+    *,
+    num_tokens: Tensor | float | None = None,
+    num_seqs: Tensor | float | None = None,
+) -> Tensor:
+    """Aggregate a (B, T) per-token loss over response tokens, spec section 3.
+
+    seq-mean-token-mean: mean over sequences of each sequence's token mean (paper).
+    token-mean: sum over tokens / number of tokens (DAPO).
+    seq-mean-token-sum-norm: mean over sequences of token sum / max_len (Dr. GRPO).
+    Empty responses add nothing and are not counted as sequences. For a micro-batch of a
+    larger batch pass the full batch's `num_tokens` / `num_seqs`: the micro-batch losses
+    then sum to the full-batch loss.
+    """
+    mask = mask.to(loss_mat.dtype)
+    masked = torch.where(mask > 0, loss_mat, torch.zeros_like(loss_mat))
+    lengths = mask.sum(dim=-1)
+    if num_seqs is None:
+        num_seqs = (lengths > 0).sum()
+    if num_tokens is None:
+        num_tokens = lengths.sum()
+    if mode == "token-mean":
+        return masked.sum() / _at_least_one(num_tokens)
+    if mode == "seq-mean-token-mean":
+        seq_loss = masked.sum(dim=-1) / lengths.clamp(min=1.0)
+        return seq_loss.sum() / _at_least_one(num_seqs)
+    if mode == "seq-mean-token-sum-norm":
+        if max_len is None or max_len <= 0:
+            raise ValueError(f"loss mode {mode!r} needs a positive max_len (got {max_len})")
+        return masked.sum() / max_len / _at_least_one(num_seqs)
+    raise ValueError(
+        f"loss aggregation must be 'seq-mean-token-mean', 'token-mean' or "
+        f"'seq-mean-token-sum-norm' (got {mode!r})"
+    )
+
+
+def _at_least_one(count: Tensor | float) -> Tensor | float:
+    if isinstance(count, Tensor):
+        return count.clamp(min=1.0)
+    return max(count, 1.0)
+
+
+def _masked_mean(values: Tensor, mask: Tensor) -> float:
+    picked = torch.where(mask > 0, values, torch.zeros_like(values))
+    return float(picked.sum() / mask.sum().clamp(min=1.0))
+
+
+def grpo_loss(
+    logp: Tensor,
+    old_logp: Tensor,
+    ref_logp: Tensor | None,
+    advantages: Tensor,
+    mask: Tensor,
+    cfg: GRPOConfig,
+    *,
+    entropy: Tensor | None = None,
+    num_tokens: Tensor | float | None = None,
+    num_seqs: Tensor | float | None = None,
+) -> tuple[Tensor, dict[str, float]]:
+    """Negative GRPO objective, spec section 3: -(surrogate - beta * KL), aggregated.
+
+    All tensors are (B, T) and aligned; `ref_logp` may be None only when cfg.beta == 0.
+    `entropy` (no grad) is only reported. `num_tokens` / `num_seqs` as in agg_loss.
+    """
+    maskf = mask.to(torch.float32)
+    surrogate, clipped_low, clipped_high = clipped_surrogate(
+        logp, old_logp, advantages, cfg.eps_low, cfg.eps_high
+    )
+    loss_mat = -surrogate
+    kl: Tensor | None = None
+    if cfg.beta > 0:
+        if ref_logp is None:
+            raise ValueError(f"beta = {cfg.beta} > 0 needs reference log-probs (got None)")
+        kl = kl_penalty(logp, ref_logp, cfg.kl_estimator)
+        loss_mat = loss_mat + cfg.beta * kl
+
+    def aggregate(mat: Tensor) -> Tensor:
+        return agg_loss(
+            mat, maskf, cfg.loss_agg, cfg.max_len_norm, num_tokens=num_tokens, num_seqs=num_seqs
+        )
+
+    loss = aggregate(loss_mat)
+    with torch.no_grad():
+        lengths = maskf.sum(dim=-1)
+        nonempty = lengths > 0
+        zero_adv = ((advantages.abs() * maskf).sum(dim=-1) == 0) & nonempty
+        ratio = torch.exp((logp - old_logp).clamp(-MAX_LOG_RATIO, MAX_LOG_RATIO))
+        in_mask = mask.bool()
+        metrics = {
+            "loss": float(loss),
+            "policy_loss": float(aggregate(-surrogate)),
+            "kl": _masked_mean(kl, maskf) if kl is not None else 0.0,
+            "clip_frac_low": _masked_mean(clipped_low.float(), maskf),
+            "clip_frac_high": _masked_mean(clipped_high.float(), maskf),
+            "approx_kl_old": _masked_mean(kl_penalty(old_logp, logp, "k3"), maskf),
+            "zero_adv_seq_frac": float(zero_adv.sum() / nonempty.sum().clamp(min=1)),
+            "response_length": float(lengths.mean()) if lengths.numel() else 0.0,
+            "ratio_mean": _masked_mean(ratio, maskf),
+            "ratio_max": float(ratio[in_mask].max()) if in_mask.any() else 1.0,
+            "ratio_min": float(ratio[in_mask].min()) if in_mask.any() else 1.0,
+        }
+        if entropy is not None:
+            metrics["entropy"] = _masked_mean(entropy, maskf)
+    return loss, metrics
