@@ -1,0 +1,103 @@
+"""Atomic file and directory writes: temp path in the same directory, fsync, rename, fsync dir."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+TMP_PREFIX = ".tmp-"
+
+
+def temp_sibling(path: Path) -> Path:
+    """A fresh hidden temp path next to `path` (same filesystem, so rename is atomic)."""
+    return path.with_name(f"{TMP_PREFIX}{path.name}.{uuid.uuid4().hex[:12]}")
+
+
+def fsync_dir(directory: Path) -> None:
+    """Flush a directory entry (a rename or create inside it) to disk."""
+    fd = os.open(directory, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _fsync_file(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+@contextlib.contextmanager
+def _atomic_target(path: str | Path) -> Iterator[Path]:
+    """Yield a temp path; on success fsync it and rename it onto `path`, else remove it."""
+    final = Path(path)
+    final.parent.mkdir(parents=True, exist_ok=True)
+    tmp = temp_sibling(final)
+    try:
+        yield tmp
+        _fsync_file(tmp)
+        os.replace(tmp, final)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    fsync_dir(final.parent)
+
+
+def atomic_write_bytes(path: str | Path, data: bytes) -> None:
+    """Write `data` to `path` so readers see the old file or the whole new one, never a part."""
+    with _atomic_target(path) as tmp:
+        tmp.write_bytes(data)
+
+
+def atomic_write_text(path: str | Path, text: str) -> None:
+    """atomic_write_bytes for UTF-8 text."""
+    atomic_write_bytes(path, text.encode("utf-8"))
+
+
+def atomic_write_parquet(path: str | Path, table: pa.Table) -> None:
+    """Write `table` as one Parquet file at `path`, atomically."""
+    with _atomic_target(path) as tmp:
+        pq.write_table(table, tmp)
+
+
+@contextlib.contextmanager
+def atomic_directory(final_path: str | Path, *, overwrite: bool = False) -> Iterator[Path]:
+    """Yield a temp directory next to `final_path`; rename it into place on success.
+
+    On an exception the temp directory is removed and `final_path` is untouched. An
+    existing `final_path` is an error unless `overwrite`, in which case it is moved aside,
+    the new directory renamed in, and only then the old one deleted.
+    """
+    final = Path(final_path)
+    if final.exists() and not overwrite:
+        raise FileExistsError(f"{final} already exists (pass overwrite=True to replace it)")
+    final.parent.mkdir(parents=True, exist_ok=True)
+    tmp = temp_sibling(final)
+    tmp.mkdir()
+    try:
+        yield tmp
+        for child in tmp.rglob("*"):
+            if child.is_file():
+                _fsync_file(child)
+        fsync_dir(tmp)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    old: Path | None = None
+    if final.exists():
+        old = temp_sibling(final.with_name(final.name + ".old"))
+        os.replace(final, old)
+    os.replace(tmp, final)
+    fsync_dir(final.parent)
+    if old is not None:
+        shutil.rmtree(old, ignore_errors=True)

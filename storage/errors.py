@@ -1,0 +1,61 @@
+"""Errors raised by the run store; all derive from StoreError so callers can catch one type."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+
+class StoreError(Exception):
+    """Base class of every run-store error."""
+
+
+class StorePathError(StoreError):
+    """The store root is a file, or not writable."""
+
+
+class UnknownTableError(StoreError, KeyError):
+    """A table name that is not in TABLE_SCHEMAS."""
+
+    def __str__(self) -> str:
+        return str(self.args[0]) if self.args else ""
+
+
+class SchemaMismatchError(StoreError, ValueError):
+    """Rows whose columns or types do not match the table schema."""
+
+
+class RunLockedError(StoreError):
+    """Another live process holds the run's write lock."""
+
+    def __init__(self, message: str, pid: int | None = None, host: str | None = None) -> None:
+        super().__init__(message)
+        self.pid = pid
+        self.host = host
+
+
+class ConfigMismatchError(StoreError):
+    """A run reopened with a config different from the one it was created with."""
+
+    def __init__(self, message: str, keys: list[str]) -> None:
+        super().__init__(message)
+        self.keys = keys
+
+
+class StageAlreadyCommittedError(StoreError):
+    """A stage (iteration, name) that is already committed was started or committed again."""
+
+
+class CorruptFileError(StoreError):
+    """A Parquet file in the store that cannot be read."""
+
+    def __init__(self, path: Path | str, reason: str = "") -> None:
+        self.path = Path(path)
+        detail = f": {reason}" if reason else ""
+        super().__init__(
+            f"corrupt Parquet file in the store: {self.path}{detail} "
+            "(move it aside or delete it; the other files stay readable)"
+        )
+
+
+class SqlReadOnlyError(StoreError):
+    """A SQL statement that would write (the SQL layer is read-only)."""

@@ -1,0 +1,282 @@
+"""The Arrow schema of every store table (the names are the SQL names users type).
+
+`run_id` and `iteration` are hive partition columns: they live in the path
+(`run_id=<id>/iteration=<k>/`), not in the Parquet files; readers add them back.
+New columns must be nullable so older files stay readable with `union_by_name`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import pyarrow as pa
+
+from storage.errors import SchemaMismatchError, UnknownTableError
+
+PARTITION_COLUMNS: tuple[str, ...] = ("run_id", "iteration")
+
+_PARTITION_FIELDS = [
+    pa.field("run_id", pa.string(), nullable=False),
+    pa.field("iteration", pa.int64(), nullable=False),
+]
+
+
+def _req(name: str, typ: pa.DataType) -> pa.Field:
+    return pa.field(name, typ, nullable=False)
+
+
+def _opt(name: str, typ: pa.DataType) -> pa.Field:
+    return pa.field(name, typ, nullable=True)
+
+
+def _schema(*fields: pa.Field) -> pa.Schema:
+    return pa.schema([*_PARTITION_FIELDS, *fields])
+
+
+_S = pa.string()
+_I64 = pa.int64()
+_I32 = pa.int32()
+_I8 = pa.int8()
+_F64 = pa.float64()
+_BOOL = pa.bool_()
+_TS = pa.timestamp("us", tz="UTC")
+
+TABLE_SCHEMAS: dict[str, pa.Schema] = {
+    "prompts": _schema(
+        _req("problem_id", _S),
+        _req("split", _S),
+        _req("question", _S),
+        _req("answer", _S),
+        _req("prompt_text", _S),
+    ),
+    "rollouts": _schema(
+        _req("problem_id", _S),
+        _req("sample_index", _I32),
+        _req("prompt_text", _S),
+        _req("completion", _S),
+        _req("n_prompt_tokens", _I32),
+        _req("n_completion_tokens", _I32),
+        _req("finish_reason", _S),
+        _req("temperature", _F64),
+        _req("top_p", _F64),
+        _req("seed", _I64),
+        _req("policy_checkpoint", _S),
+        _req("correct", _BOOL),
+        _opt("extracted_answer", _S),
+    ),
+    "orm_labels": _schema(
+        _req("problem_id", _S),
+        _req("sample_index", _I32),
+        _req("label", _I8),
+    ),
+    "prm_labels": _schema(
+        _req("problem_id", _S),
+        _req("sample_index", _I32),
+        _req("step_index", _I32),
+        _req("step_text", _S),
+        _req("step_end_token", _I32),
+        _req("n_completions", _I32),
+        _req("n_correct", _I32),
+        _req("hard_label", _I8),
+        _req("soft_label", _F64),
+        _opt("exact_label", _I8),
+    ),
+    "rm_train": _schema(
+        _req("rm_kind", _S),
+        _req("problem_id", _S),
+        _req("sample_index", _I32),
+        _opt("step_index", _I32),
+        _req("label", _F64),
+        _req("source", _S),
+        _req("origin_iteration", _I64),
+        _req("epoch", _I32),
+    ),
+    "policy_samples": _schema(
+        _req("step", _I64),
+        _req("problem_id", _S),
+        _req("sample_index", _I32),
+        _req("completion", _S),
+        _req("reward", _F64),
+        _req("reward_verifier", _F64),
+        _opt("reward_rm", _F64),
+        _req("reward_format", _F64),
+        _req("advantage", _F64),
+        _req("kl", _F64),
+        _req("ratio_mean", _F64),
+        _req("ratio_max", _F64),
+        _req("n_completion_tokens", _I32),
+        _req("correct", _BOOL),
+    ),
+    "eval": _schema(
+        _req("split", _S),
+        _req("metric", _S),
+        _opt("k", _I32),
+        _req("value", _F64),
+        _opt("stderr", _F64),
+        _req("n", _I64),
+    ),
+    "metrics": _schema(
+        _req("stage", _S),
+        _opt("step", _I64),
+        _req("name", _S),
+        _req("value", _F64),
+    ),
+    # The commit log: one file per committed stage attempt; its existence is the commit.
+    "stages": _schema(
+        _req("stage", _S),
+        _req("attempt", _I32),
+        _req("status", _S),
+        _req("started_at", _TS),
+        _req("committed_at", _TS),
+        _req("n_rows", _I64),
+        _req("outputs", _S),  # json: {table: rows written}
+        _req("info", _S),  # json: whatever the stage attached
+    ),
+}
+
+STAGES_TABLE = "stages"
+
+_DUCKDB_TYPES: dict[pa.DataType, str] = {
+    pa.string(): "VARCHAR",
+    pa.int64(): "BIGINT",
+    pa.int32(): "INTEGER",
+    pa.int8(): "TINYINT",
+    pa.float64(): "DOUBLE",
+    pa.bool_(): "BOOLEAN",
+    pa.timestamp("us", tz="UTC"): "TIMESTAMPTZ",
+}
+
+
+def table_schema(table: str) -> pa.Schema:
+    """The full schema of `table` (partition columns first); UnknownTableError if not a table."""
+    try:
+        return TABLE_SCHEMAS[table]
+    except KeyError:
+        raise UnknownTableError(
+            f"unknown table {table!r}; the tables are: {', '.join(sorted(TABLE_SCHEMAS))}"
+        ) from None
+
+
+def file_schema(table: str) -> pa.Schema:
+    """The schema of the Parquet files of `table`: the table schema without partition columns."""
+    schema = table_schema(table)
+    return pa.schema([f for f in schema if f.name not in PARTITION_COLUMNS])
+
+
+def duckdb_type(typ: pa.DataType) -> str:
+    """The DuckDB SQL type name for an Arrow type used in TABLE_SCHEMAS."""
+    return _DUCKDB_TYPES[typ]
+
+
+def _is_text(t: pa.DataType) -> bool:
+    return bool(pa.types.is_string(t) or pa.types.is_large_string(t) or pa.types.is_string_view(t))
+
+
+def _compatible(got: pa.DataType, expected: pa.DataType) -> bool:
+    """Whether an Arrow column of type `got` may be cast losslessly-checked into `expected`."""
+    checks = (
+        pa.types.is_integer,
+        pa.types.is_floating,
+        pa.types.is_timestamp,
+        _is_text,
+    )
+    return pa.types.is_null(got) or any(c(got) and c(expected) for c in checks)
+
+
+def _mismatch(table: str, field: pa.Field, got: str) -> SchemaMismatchError:
+    return SchemaMismatchError(
+        f"table {table!r}, column {field.name!r}: expected {field.type}, got {got}"
+    )
+
+
+def _column_from_arrow(table: str, field: pa.Field, col: pa.ChunkedArray) -> pa.ChunkedArray:
+    if col.type == field.type:
+        return col
+    if not _compatible(col.type, field.type):
+        raise _mismatch(table, field, str(col.type))
+    try:
+        return col.cast(field.type, safe=True)
+    except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as exc:
+        raise _mismatch(table, field, f"{col.type} with values that do not fit ({exc})") from exc
+
+
+def _column_from_python(table: str, field: pa.Field, values: list[Any]) -> pa.Array:
+    try:
+        return pa.array(values, type=field.type)
+    except (pa.ArrowInvalid, pa.ArrowTypeError, TypeError, OverflowError, ValueError):
+        pass
+    for v in values:
+        try:
+            pa.array([v], type=field.type)
+        except (pa.ArrowInvalid, pa.ArrowTypeError, TypeError, OverflowError, ValueError):
+            raise _mismatch(table, field, f"{type(v).__name__} value {v!r:.60}") from None
+    raise _mismatch(table, field, "values pyarrow cannot convert")
+
+
+def conform(
+    table: str,
+    rows: pa.Table | Sequence[Mapping[str, Any]],
+    *,
+    partition: Mapping[str, Any],
+) -> pa.Table:
+    """Check `rows` against `table`'s schema and return them in the file schema.
+
+    Partition columns may be given only if they equal `partition`; nullable columns may be
+    left out (null). A missing required column, an unknown column, a wrong type or a null in
+    a required column raises SchemaMismatchError naming the column and the expected type.
+    """
+    full = table_schema(table)
+    schema = file_schema(table)
+    columns: dict[str, pa.ChunkedArray | list[Any]]
+    if isinstance(rows, pa.Table):
+        columns = {name: rows.column(name) for name in rows.column_names}
+        n = rows.num_rows
+    else:
+        rows = list(rows)
+        n = len(rows)
+        names: dict[str, None] = {}
+        for row in rows:
+            if not isinstance(row, Mapping):
+                raise SchemaMismatchError(
+                    f"table {table!r}: rows must be dicts or a pyarrow Table, got {type(row)!r}"
+                )
+            names.update(dict.fromkeys(row))
+        columns = {name: [row.get(name) for row in rows] for name in names}
+    extra = [name for name in columns if name not in full.names]
+    if extra:
+        raise SchemaMismatchError(
+            f"table {table!r} has no column(s) {extra}; its columns are: {', '.join(full.names)}"
+        )
+    for name, expected in partition.items():
+        if name in columns:
+            col = columns.pop(name)
+            values = col.to_pylist() if isinstance(col, pa.ChunkedArray) else col
+            if any(v != expected for v in values):
+                raise SchemaMismatchError(
+                    f"table {table!r}, column {name!r}: rows must all be {expected!r} "
+                    "(it is set by the stage you write in)"
+                )
+    arrays: list[pa.Array | pa.ChunkedArray] = []
+    for field in schema:
+        if field.name not in columns:
+            if not field.nullable:
+                raise SchemaMismatchError(
+                    f"table {table!r}: missing required column {field.name!r} "
+                    f"(expected {field.type})"
+                )
+            arrays.append(pa.nulls(n, field.type))
+            continue
+        col = columns[field.name]
+        arr = (
+            _column_from_arrow(table, field, col)
+            if isinstance(col, pa.ChunkedArray)
+            else _column_from_python(table, field, col)
+        )
+        if not field.nullable and arr.null_count:
+            raise SchemaMismatchError(
+                f"table {table!r}, column {field.name!r} (expected {field.type}) is required "
+                f"but has {arr.null_count} null value(s)"
+            )
+        arrays.append(arr)
+    return pa.Table.from_arrays(arrays, schema=schema)

@@ -1,0 +1,508 @@
+"""The run store: append-only hive-partitioned Parquet tables, a stage commit log, run registry.
+
+Layout under the root:
+    tables/<table>/run_id=<id>/iteration=<k>/<stage>-<attempt>[-part<n>].parquet
+    tables/stages/run_id=<id>/iteration=<k>/<stage>-<attempt>.parquet   (the commit record)
+    runs/<run_id>/config.yaml, status.json, lock
+A data file is visible to readers only once its attempt's commit record exists.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import os
+import re
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from types import TracebackType
+from typing import Any
+
+import duckdb
+import pyarrow as pa
+import yaml
+
+from storage.atomic import TMP_PREFIX, atomic_write_parquet, atomic_write_text
+from storage.errors import (
+    ConfigMismatchError,
+    StageAlreadyCommittedError,
+    StoreError,
+    StorePathError,
+)
+from storage.lock import RunLock, acquire_lock
+from storage.scan import present_columns, quote_ident, resolve_corrupt, table_select_sql
+from storage.schemas import STAGES_TABLE, TABLE_SCHEMAS, conform, table_schema
+
+STORE_ENV = "ITERGRPO_STORE"
+DEFAULT_ROOT = "./itergrpo-store"
+
+_RUN_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
+_STAGE_RE = re.compile(r"^[A-Za-z0-9_]{1,64}$")
+_FILE_RE = re.compile(
+    r"^(?P<stage>[A-Za-z0-9_]+)-(?P<attempt>\d+)(?:-part(?P<part>\d+))?\.parquet$"
+)
+
+
+def validate_run_id(run_id: str) -> str:
+    """Return `run_id` if it is letters, digits, '-', '_', '.' (not starting with '.' or '-')."""
+    if not isinstance(run_id, str) or not _RUN_ID_RE.match(run_id):
+        raise ValueError(
+            f"invalid run id {run_id!r}: use 1-128 letters, digits, '-', '_' or '.', "
+            "starting with a letter or digit"
+        )
+    return run_id
+
+
+def validate_stage(stage: str) -> str:
+    """Return `stage` if it is letters, digits and '_' (it is part of file names)."""
+    if not isinstance(stage, str) or not _STAGE_RE.match(stage):
+        raise ValueError(f"invalid stage name {stage!r}: use letters, digits and '_' only")
+    return stage
+
+
+def _validate_iteration(iteration: int) -> int:
+    if isinstance(iteration, bool) or not isinstance(iteration, int) or iteration < 0:
+        raise ValueError(f"iteration must be an int >= 0 (got {iteration!r})")
+    return iteration
+
+
+def _now() -> dt.datetime:
+    return dt.datetime.now(dt.UTC)
+
+
+@dataclass(frozen=True)
+class DataFile:
+    """One Parquet file of a table, with what its path says about it."""
+
+    path: Path
+    table: str
+    run_id: str
+    iteration: int
+    stage: str
+    attempt: int
+    part: int = 0
+
+
+def _flat(config: Any, prefix: str = "") -> dict[str, Any]:
+    if isinstance(config, Mapping):
+        out: dict[str, Any] = {}
+        for key, value in config.items():
+            out.update(_flat(value, f"{prefix}.{key}" if prefix else str(key)))
+        return out or {prefix: {}}
+    return {prefix: config}
+
+
+def _config_diff(old: Any, new: Any) -> list[str]:
+    a, b = _flat(old), _flat(new)
+    return [k for k in dict.fromkeys([*a, *b]) if a.get(k, ...) != b.get(k, ...)]
+
+
+class RunStore:
+    """A store root. Reading needs no lock; writing goes through `open_run`."""
+
+    def __init__(self, root: str | Path | None = None) -> None:
+        raw = root if root is not None else os.environ.get(STORE_ENV) or DEFAULT_ROOT
+        self.root = Path(raw).expanduser().absolute()
+        if self.root.exists() and not self.root.is_dir():
+            raise StorePathError(
+                f"store path {self.root} is a file, not a directory; pass another --store "
+                f"or set {STORE_ENV}"
+            )
+
+    def __repr__(self) -> str:
+        return f"RunStore({str(self.root)!r})"
+
+    @property
+    def tables_dir(self) -> Path:
+        return self.root / "tables"
+
+    @property
+    def runs_dir(self) -> Path:
+        return self.root / "runs"
+
+    @property
+    def checkpoints_dir(self) -> Path:
+        return self.root / "checkpoints"
+
+    def run_dir(self, run_id: str) -> Path:
+        return self.runs_dir / validate_run_id(run_id)
+
+    def partition_dir(self, table: str, run_id: str, iteration: int) -> Path:
+        table_schema(table)
+        return self.tables_dir / table / f"run_id={run_id}" / f"iteration={iteration}"
+
+    # ---- writing -------------------------------------------------------------------------
+
+    def _check_writable(self) -> None:
+        try:
+            self.root.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise StorePathError(f"cannot create store directory {self.root}: {exc}") from exc
+        if not os.access(self.root, os.W_OK | os.X_OK):
+            raise StorePathError(
+                f"store directory {self.root} is not writable; pass another --store or set "
+                f"{STORE_ENV}"
+            )
+
+    def open_run(
+        self, run_id: str, config: Mapping[str, Any], *, force_config: bool = False
+    ) -> RunWriter:
+        """Lock `run_id` for writing and record (or check) its config; use as a context manager."""
+        validate_run_id(run_id)
+        self._check_writable()
+        run_dir = self.run_dir(run_id)
+        run_dir.mkdir(parents=True, exist_ok=True)
+        lock = acquire_lock(run_dir / "lock", run_id)
+        try:
+            self._record_config(run_id, dict(config), force_config)
+            if not (run_dir / "status.json").exists():
+                now = _now().isoformat()
+                status: dict[str, Any] = {
+                    "status": "created",
+                    "iterations_done": 0,
+                    "created_at": now,
+                }
+                status["updated_at"] = now
+                atomic_write_text(run_dir / "status.json", json.dumps(status))
+        except BaseException:
+            lock.release()
+            raise
+        return RunWriter(self, run_id, lock)
+
+    def _record_config(self, run_id: str, config: dict[str, Any], force: bool) -> None:
+        path = self.run_dir(run_id) / "config.yaml"
+        text = yaml.safe_dump(config, sort_keys=False, allow_unicode=True)
+        if not path.exists():
+            atomic_write_text(path, text)
+            return
+        old = yaml.safe_load(path.read_text()) or {}
+        diff = _config_diff(old, yaml.safe_load(text) or {})
+        if not diff:
+            return
+        if not force:
+            shown = ", ".join(diff[:5]) + (f" (+{len(diff) - 5} more)" if len(diff) > 5 else "")
+            raise ConfigMismatchError(
+                f"run {run_id!r} was started with a different config (differing keys: {shown}); "
+                "use a new run id, or force_config=True (--force-config) to replace it",
+                diff,
+            )
+        stamp = _now().strftime("%Y%m%dT%H%M%S%fZ")
+        atomic_write_text(path.with_name(f"config.{stamp}.yaml"), path.read_text())
+        atomic_write_text(path, text)
+
+    # ---- listing -------------------------------------------------------------------------
+
+    def _partitions(
+        self, table: str, run_id: str | None, iterations: Iterable[int] | None
+    ) -> list[tuple[str, int, Path]]:
+        base = self.tables_dir / table
+        wanted = None if iterations is None else {int(i) for i in iterations}
+        out = []
+        run_dirs = (
+            [base / f"run_id={run_id}"]
+            if run_id is not None
+            else sorted(base.glob("run_id=*"))
+            if base.is_dir()
+            else []
+        )
+        for rdir in run_dirs:
+            if not rdir.is_dir():
+                continue
+            rid = rdir.name.split("=", 1)[1]
+            for idir in rdir.glob("iteration=*"):
+                try:
+                    it = int(idir.name.split("=", 1)[1])
+                except ValueError:
+                    continue
+                if wanted is None or it in wanted:
+                    out.append((rid, it, idir))
+        return sorted(out, key=lambda x: (x[0], x[1]))
+
+    def data_files(
+        self,
+        table: str,
+        *,
+        run_id: str | None = None,
+        iterations: Iterable[int] | None = None,
+    ) -> list[DataFile]:
+        """All data files of `table` (committed or not), in path order."""
+        table_schema(table)
+        if run_id is not None:
+            validate_run_id(run_id)
+        out = []
+        for rid, it, pdir in self._partitions(table, run_id, iterations):
+            found = []
+            for name in os.listdir(pdir):
+                m = _FILE_RE.match(name)
+                if m:
+                    part = int(m["part"] or 0)
+                    found.append(
+                        DataFile(pdir / name, table, rid, it, m["stage"], int(m["attempt"]), part)
+                    )
+            out.extend(sorted(found, key=lambda f: (f.stage, f.attempt, f.part)))
+        return out
+
+    def _commits(
+        self, run_id: str | None = None, iterations: Iterable[int] | None = None
+    ) -> set[tuple[str, int, str, int]]:
+        return {
+            (f.run_id, f.iteration, f.stage, f.attempt)
+            for f in self.data_files(STAGES_TABLE, run_id=run_id, iterations=iterations)
+        }
+
+    def committed_files(
+        self,
+        table: str,
+        *,
+        run_id: str | None = None,
+        iterations: Iterable[int] | None = None,
+    ) -> list[Path]:
+        """Paths of the files of `table` that belong to committed stage attempts."""
+        its = None if iterations is None else list(iterations)
+        files = self.data_files(table, run_id=run_id, iterations=its)
+        if table == STAGES_TABLE:
+            return [f.path for f in files]
+        commits = self._commits(run_id, its)
+        return [f.path for f in files if (f.run_id, f.iteration, f.stage, f.attempt) in commits]
+
+    # ---- reading -------------------------------------------------------------------------
+
+    def read(
+        self,
+        table: str,
+        *,
+        run_id: str | None = None,
+        iterations: Iterable[int] | None = None,
+        columns: Sequence[str] | None = None,
+        where: str | None = None,
+    ) -> pa.Table:
+        """Committed rows of `table`, typed as TABLE_SCHEMAS says; `where` is a SQL condition."""
+        schema = table_schema(table)
+        cols = list(columns) if columns is not None else schema.names
+        unknown = [c for c in cols if c not in schema.names]
+        if unknown:
+            raise StoreError(
+                f"table {table!r} has no column(s) {unknown}; its columns are: "
+                f"{', '.join(schema.names)}"
+            )
+        out_schema = pa.schema([schema.field(c) for c in cols])
+        files = self.committed_files(table, run_id=run_id, iterations=iterations)
+        con = duckdb.connect(":memory:")
+        try:
+            while True:
+                try:
+                    source = table_select_sql(table, files, present_columns(con, files))
+                    sql = f"SELECT {', '.join(quote_ident(c) for c in cols)} FROM ({source})"
+                    if where:
+                        sql += f" WHERE {where}"
+                    result = con.sql(sql).to_arrow_table()
+                    break
+                except (duckdb.IOException, duckdb.InvalidInputException) as exc:
+                    files = resolve_corrupt(files, exc, skip=False)
+        finally:
+            con.close()
+        return result.cast(out_schema)
+
+    def committed_stages(self, run_id: str) -> list[dict[str, Any]]:
+        """The commit log of `run_id`, one dict per committed stage, in commit order."""
+        rows = self.read(STAGES_TABLE, run_id=validate_run_id(run_id)).to_pylist()
+        for row in rows:
+            row["outputs"] = json.loads(row["outputs"])
+            row["info"] = json.loads(row["info"])
+        return sorted(rows, key=lambda r: (r["committed_at"], r["iteration"]))
+
+    def run_ids(self) -> list[str]:
+        if not self.runs_dir.is_dir():
+            return []
+        return sorted(
+            p.name for p in self.runs_dir.iterdir() if p.is_dir() and _RUN_ID_RE.match(p.name)
+        )
+
+    def run_status(self, run_id: str) -> dict[str, Any]:
+        path = self.run_dir(run_id) / "status.json"
+        if not path.exists():
+            raise StoreError(f"no run {run_id!r} in store {self.root}")
+        status: dict[str, Any] = json.loads(path.read_text())
+        return status
+
+    def runs(self) -> list[dict[str, Any]]:
+        """One dict per run: run_id, status, iterations_done, created_at, updated_at, ..."""
+        out = []
+        for rid in self.run_ids():
+            try:
+                status = self.run_status(rid)
+            except (StoreError, ValueError):
+                status = {"status": "unknown"}
+            out.append({"run_id": rid, **status})
+        return out
+
+    def run_config(self, run_id: str) -> dict[str, Any]:
+        """The config `run_id` was started with."""
+        path = self.run_dir(run_id) / "config.yaml"
+        if not path.exists():
+            raise StoreError(f"no run {run_id!r} in store {self.root} (missing {path})")
+        config: dict[str, Any] = yaml.safe_load(path.read_text()) or {}
+        return config
+
+
+class RunWriter:
+    """Write access to one run, holding its lock until `close()` / the end of the with-block."""
+
+    def __init__(self, store: RunStore, run_id: str, lock: RunLock) -> None:
+        self.store = store
+        self.run_id = run_id
+        self._lock: RunLock | None = lock
+
+    def __enter__(self) -> RunWriter:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """Release the run lock (idempotent)."""
+        if self._lock is not None:
+            self._lock.release()
+            self._lock = None
+
+    def _check_open(self) -> None:
+        if self._lock is None:
+            raise StoreError(f"the writer of run {self.run_id!r} is closed")
+
+    def is_committed(self, iteration: int, stage: str) -> bool:
+        """Whether stage `stage` of `iteration` has a commit record (the caller then skips it)."""
+        prefix = f"{validate_stage(stage)}-"
+        pdir = self.store.partition_dir(STAGES_TABLE, self.run_id, _validate_iteration(iteration))
+        return pdir.is_dir() and any(
+            (m := _FILE_RE.match(n)) is not None and m["stage"] == stage
+            for n in os.listdir(pdir)
+            if n.startswith(prefix)
+        )
+
+    def stage(self, iteration: int, stage: str) -> StageAttempt:
+        """A new attempt of `stage` in `iteration`; use as a context manager."""
+        self._check_open()
+        return StageAttempt(self, _validate_iteration(iteration), validate_stage(stage))
+
+    def set_status(self, status: str, **fields: Any) -> None:
+        """Update runs/<run_id>/status.json (merged with the previous fields), atomically."""
+        self._check_open()
+        path = self.store.run_dir(self.run_id) / "status.json"
+        current = json.loads(path.read_text()) if path.exists() else {}
+        current.update(fields, status=status, updated_at=_now().isoformat())
+        atomic_write_text(path, json.dumps(current, default=str))
+
+
+class StageAttempt:
+    """One attempt of a stage: files written here are invisible until `commit()`."""
+
+    def __init__(self, writer: RunWriter, iteration: int, stage: str) -> None:
+        self.writer = writer
+        self.iteration = iteration
+        self.stage = stage
+        self.attempt = 0
+        self.info: dict[str, Any] = {}
+        self.committed = False
+        self._started_at: dt.datetime | None = None
+        self._outputs: dict[str, int] = {}
+        self._parts: dict[str, int] = {}
+
+    @property
+    def run_id(self) -> str:
+        return self.writer.run_id
+
+    def __enter__(self) -> StageAttempt:
+        self.begin()
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        if exc_type is None and not self.committed:
+            self.commit()
+
+    def begin(self) -> None:
+        """Refuse a committed stage, remove earlier uncommitted attempts, pick the number."""
+        self.writer._check_open()
+        if self.writer.is_committed(self.iteration, self.stage):
+            raise StageAlreadyCommittedError(
+                f"stage {self.stage!r} of iteration {self.iteration} of run {self.run_id!r} is "
+                "already committed; check writer.is_committed() and skip it"
+            )
+        store = self.writer.store
+        last = 0
+        for table in TABLE_SCHEMAS:
+            pdir = store.partition_dir(table, self.run_id, self.iteration)
+            if not pdir.is_dir():
+                continue
+            for name in os.listdir(pdir):
+                m = _FILE_RE.match(name)
+                if m and m["stage"] == self.stage:
+                    last = max(last, int(m["attempt"]))
+                    (pdir / name).unlink(missing_ok=True)
+                elif name.startswith(f"{TMP_PREFIX}{self.stage}-"):
+                    (pdir / name).unlink(missing_ok=True)
+        self.attempt = last + 1
+        self._started_at = _now()
+
+    def _check_writable(self) -> None:
+        if self._started_at is None:
+            raise StoreError("use the stage attempt as a context manager (or call begin())")
+        if self.committed:
+            raise StageAlreadyCommittedError(
+                f"stage {self.stage!r} of iteration {self.iteration} is already committed"
+            )
+
+    def write(self, table: str, rows: pa.Table | Sequence[Mapping[str, Any]]) -> Path:
+        """Validate `rows` against `table`'s schema and write them as one new file."""
+        self._check_writable()
+        if table == STAGES_TABLE:
+            raise StoreError("the 'stages' table is written by commit(), not by write()")
+        data = conform(table, rows, partition={"run_id": self.run_id, "iteration": self.iteration})
+        part = self._parts.get(table, 0)
+        self._parts[table] = part + 1
+        suffix = f"-part{part}" if part else ""
+        pdir = self.writer.store.partition_dir(table, self.run_id, self.iteration)
+        path = pdir / f"{self.stage}-{self.attempt}{suffix}.parquet"
+        atomic_write_parquet(path, data)
+        self._outputs[table] = self._outputs.get(table, 0) + data.num_rows
+        return path
+
+    def commit(self, info: Mapping[str, Any] | None = None) -> None:
+        """Make this attempt's files visible: one atomic write of its `stages` row."""
+        self._check_writable()
+        if self.writer.is_committed(self.iteration, self.stage):
+            raise StageAlreadyCommittedError(
+                f"stage {self.stage!r} of iteration {self.iteration} of run {self.run_id!r} "
+                "was committed by another attempt"
+            )
+        if info:
+            self.info.update(info)
+        try:
+            info_json = json.dumps(self.info, sort_keys=True)
+        except TypeError as exc:
+            raise StoreError(f"stage info must be JSON-serialisable: {exc}") from exc
+        assert self._started_at is not None
+        row = {
+            "stage": self.stage,
+            "attempt": self.attempt,
+            "status": "committed",
+            "started_at": self._started_at,
+            "committed_at": _now(),
+            "n_rows": sum(self._outputs.values()),
+            "outputs": json.dumps(self._outputs, sort_keys=True),
+            "info": info_json,
+        }
+        record = conform(STAGES_TABLE, [row], partition={})
+        pdir = self.writer.store.partition_dir(STAGES_TABLE, self.run_id, self.iteration)
+        atomic_write_parquet(pdir / f"{self.stage}-{self.attempt}.parquet", record)
+        self.committed = True
