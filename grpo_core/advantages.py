@@ -21,6 +21,9 @@ def outcome_advantages(
 ) -> Tensor:
     """Outcome advantages, spec section 4: (r - mean(r)) / (std(r) + eps) per group; (P, G)."""
     centred = rewards - rewards.mean(dim=-1, keepdim=True)
+    # equal rewards: exactly 0 (float rounding of the mean would be amplified by 1 / eps)
+    constant = rewards.amax(dim=-1, keepdim=True) == rewards.amin(dim=-1, keepdim=True)
+    centred = torch.where(constant, torch.zeros_like(centred), centred)
     if scaling == "none":
         return centred
     if scaling == "group_std":
@@ -45,7 +48,11 @@ def normalize_step_rewards(step_rewards: Tensor, step_mask: Tensor, eps: float =
     count = mask.sum(dim=(-2, -1), keepdim=True).clamp(min=1.0)
     mean = (step_rewards * mask).sum(dim=(-2, -1), keepdim=True) / count
     var = (((step_rewards - mean) * mask) ** 2).sum(dim=(-2, -1), keepdim=True) / count
-    return (step_rewards - mean) / (var.sqrt() + eps) * mask
+    valid = step_mask.bool()
+    high = step_rewards.masked_fill(~valid, float("-inf")).amax(dim=(-2, -1), keepdim=True)
+    low = step_rewards.masked_fill(~valid, float("inf")).amin(dim=(-2, -1), keepdim=True)
+    centred = torch.where(high == low, torch.zeros_like(step_rewards), step_rewards - mean)
+    return centred / (var.sqrt() + eps) * mask
 
 
 def step_rewards_to_token_advantages(

@@ -1,0 +1,144 @@
+"""Advantage estimators against GRPO_SPEC sections 4-6."""
+
+import pytest
+import torch
+from hypothesis import given
+from hypothesis import strategies as st
+
+from grpo_core.advantages import (
+    ADVANTAGE_ESTIMATORS,
+    AdvantageInputs,
+    get_adv_estimator,
+    outcome_advantages,
+    process_advantages,
+    process_advantages_batched,
+    rft_coefficients,
+    sft_coefficients,
+    step_rewards_to_token_advantages,
+    zero_advantage_group_fraction,
+)
+
+
+def test_outcome_vector_spec_4() -> None:
+    rewards = torch.tensor([[0.2, 0.8, 0.5, 0.3, 0.7]])
+    adv = outcome_advantages(rewards)[0]
+    std = rewards.std(unbiased=False)
+    assert float(std) == pytest.approx(0.228, abs=1e-3)
+    exact = (rewards[0] - 0.5) / (0.22804 + 1e-4)
+    assert torch.allclose(adv, exact, atol=1e-3)
+    # The spec prints these rounded to two decimals (exact values -1.315, -0.877, ...).
+    assert torch.allclose(adv, torch.tensor([-1.32, 1.32, 0.0, -0.88, 0.88]), atol=5e-3)
+
+
+def test_dr_grpo_scaling_drops_std() -> None:
+    rewards = torch.tensor([[0.2, 0.8, 0.5, 0.3, 0.7]])
+    adv = outcome_advantages(rewards, scaling="none")[0]
+    assert torch.allclose(adv, torch.tensor([-0.3, 0.3, 0.0, -0.2, 0.2]), atol=1e-6)
+
+
+group = st.lists(st.floats(-10, 10, allow_nan=False), min_size=2, max_size=8)
+
+
+@given(st.lists(group, min_size=1, max_size=4).filter(lambda g: len({len(x) for x in g}) == 1))
+def test_outcome_advantages_sum_to_zero_per_group(groups: list[list[float]]) -> None:
+    rewards = torch.tensor(groups, dtype=torch.float64)
+    for scaling in ("group_std", "none"):
+        adv = outcome_advantages(rewards, scaling=scaling)
+        assert torch.allclose(adv.sum(-1), torch.zeros(len(groups), dtype=torch.float64), atol=1e-6)
+
+
+@given(st.floats(-10, 10, allow_nan=False), st.integers(2, 16), st.integers(1, 4))
+def test_equal_rewards_give_zero_advantage(value: float, size: int, prompts: int) -> None:
+    rewards = torch.full((prompts, size), value)
+    assert torch.all(outcome_advantages(rewards) == 0)
+    assert zero_advantage_group_fraction(rewards) == 1.0
+
+
+def test_zero_advantage_group_fraction_counts_groups() -> None:
+    rewards = torch.tensor([[1.0, 1.0, 1.0], [0.0, 1.0, 0.0], [0.0, 0.0, 0.0], [1.0, 0.0, 0.0]])
+    assert zero_advantage_group_fraction(rewards) == 0.5
+
+
+def test_process_vector_spec_5() -> None:
+    # one output, 7 tokens; steps end at tokens 1, 3, 6 with normalised rewards .5, -.3, .8
+    normed = torch.tensor([0.5, -0.3, 0.8])
+    ends = torch.tensor([1, 3, 6])
+    adv = step_rewards_to_token_advantages(normed, torch.ones(3), ends, torch.ones(7))
+    assert torch.allclose(adv, torch.tensor([1.0, 1.0, 0.5, 0.5, 0.8, 0.8, 0.8]), atol=1e-6)
+
+
+def test_process_advantages_normalise_whole_group() -> None:
+    # output 0: steps [1, 0] ending at tokens 0 and 2; output 1: one step [0] ending at 1
+    step_rewards = torch.tensor([[1.0, 0.0], [0.0, 0.0]])
+    step_mask = torch.tensor([[1.0, 1.0], [1.0, 0.0]])
+    ends = torch.tensor([[0, 2], [1, 0]])
+    response_mask = torch.tensor([[1.0, 1.0, 1.0, 1.0], [1.0, 1.0, 0.0, 0.0]])
+    adv = process_advantages(step_rewards, step_mask, ends, response_mask)
+    mean, std = 1 / 3, (2 / 9) ** 0.5
+    hi, lo = (1 - mean) / (std + 1e-4), (0 - mean) / (std + 1e-4)
+    expected = torch.tensor([[hi + lo, lo, lo, 0.0], [lo, lo, 0.0, 0.0]])
+    assert torch.allclose(adv, expected, atol=1e-5)
+
+
+def test_process_batched_matches_per_group() -> None:
+    gen = torch.Generator().manual_seed(0)
+    rewards = torch.rand(3, 4, 5, generator=gen)
+    mask = (torch.rand(3, 4, 5, generator=gen) > 0.3).float()
+    ends = torch.sort(torch.randint(0, 9, (3, 4, 5), generator=gen), dim=-1).values
+    response_mask = torch.ones(3, 4, 9)
+    batched = process_advantages_batched(rewards, mask, ends, response_mask)
+    for p in range(3):
+        single = process_advantages(rewards[p], mask[p], ends[p], response_mask[p])
+        assert torch.allclose(batched[p], single)
+
+
+def test_step_end_out_of_range_is_an_error() -> None:
+    with pytest.raises(ValueError, match="step end"):
+        step_rewards_to_token_advantages(
+            torch.ones(1), torch.ones(1), torch.tensor([5]), torch.ones(3)
+        )
+
+
+def test_unified_paradigm_worked_example_spec_6() -> None:
+    rewards = torch.tensor([[0.9, 0.6, 0.2]])
+    correct = torch.tensor([[True, True, False]])
+    assert rft_coefficients(correct).tolist() == [[1.0, 1.0, 0.0]]
+    assert sft_coefficients(correct).tolist() == [[1.0, 1.0, 1.0]]
+    grpo = outcome_advantages(rewards)[0]
+    assert grpo[0] > 1.0 and 0 < grpo[1] < 0.5 and grpo[2] < -1.0
+
+
+def test_registry_names_and_token_broadcast() -> None:
+    assert set(ADVANTAGE_ESTIMATORS) == {
+        "grpo_outcome",
+        "grpo_process",
+        "dr_grpo",
+        "rft",
+        "online_rft",
+        "sft",
+    }
+    response_mask = torch.tensor([[1.0, 1.0, 0.0], [1.0, 0.0, 0.0]])
+    inputs = AdvantageInputs(
+        response_mask=response_mask,
+        rewards=torch.tensor([[1.0, 0.0]]),
+        correct=torch.tensor([[True, False]]),
+        step_rewards=torch.tensor([[[1.0], [0.0]]]),
+        step_mask=torch.ones(1, 2, 1),
+        step_ends=torch.tensor([[[1], [0]]]),
+    )
+    outcome = get_adv_estimator("grpo_outcome")(inputs, 1e-4)
+    assert torch.allclose(outcome, torch.tensor([[1.0, 1.0, 0.0], [-1.0, 0.0, 0.0]]), atol=1e-3)
+    assert get_adv_estimator("online_rft")(inputs, 1e-4).tolist() == [[1, 1, 0], [0, 0, 0]]
+    assert get_adv_estimator("sft")(inputs, 1e-4).tolist() == response_mask.tolist()
+    process = get_adv_estimator("grpo_process")(inputs, 1e-4)
+    assert torch.allclose(process, outcome, atol=1e-3)
+    with pytest.raises(ValueError, match="grpo_outcome"):
+        get_adv_estimator("ppo")
+
+
+@given(st.floats(-10, 10, allow_nan=False), st.integers(1, 5))
+def test_equal_step_rewards_give_zero_process_advantage(value: float, steps: int) -> None:
+    rewards = torch.full((3, steps), value)
+    ends = torch.arange(steps).expand(3, steps)
+    adv = process_advantages(rewards, torch.ones(3, steps), ends, torch.ones(3, steps + 1))
+    assert torch.all(adv == 0)
