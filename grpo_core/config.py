@@ -20,117 +20,119 @@ class GRPOConfig(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     beta: float = Field(
-        0.04,
+        default=0.04,
         ge=0.0,
         le=10.0,
         description="KL penalty weight in the loss, from 0 to 10 (paper: 0.04). "
         "0 skips the reference model entirely.",
     )
     kl_estimator: KLEstimator = Field(
-        "k3",
+        default="k3",
         description="KL estimator: 'k3' (paper, unbiased and non-negative), 'k1' (log ratio) "
         "or 'k2' (half squared log ratio).",
     )
     eps_low: float = Field(
-        0.2,
+        default=0.2,
         gt=0.0,
         lt=1.0,
         description="Lower clip range: ratios below 1 - eps_low are clipped; "
         "more than 0 and less than 1 (paper: 0.2).",
     )
     eps_high: float = Field(
-        0.2,
+        default=0.2,
         gt=0.0,
         le=10.0,
         description="Upper clip range: ratios above 1 + eps_high are clipped; more than 0, "
         "at most 10 (paper: 0.2, DAPO clip-higher: 0.28).",
     )
     loss_agg: LossAgg = Field(
-        "seq-mean-token-mean",
+        default="seq-mean-token-mean",
         description="Loss aggregation: 'seq-mean-token-mean' (paper, mean over tokens then "
         "sequences), 'token-mean' (DAPO, mean over all response tokens) or "
         "'seq-mean-token-sum-norm' (Dr. GRPO, token sum over the constant max_len_norm).",
     )
     adv_scaling: AdvScaling = Field(
-        "group_std",
+        default="group_std",
         description="Outcome advantage scaling: 'group_std' (paper, divide by the group std) "
         "or 'none' (Dr. GRPO, reward minus group mean).",
     )
     supervision: Supervision = Field(
-        "outcome",
+        default="outcome",
         description="'outcome' (one reward per output) or 'process' (one reward per step).",
     )
     adv_estimator: AdvEstimatorName | None = Field(
-        None,
+        default=None,
         description="Advantage estimator by name for ablations: 'grpo_outcome', 'grpo_process', "
         "'dr_grpo', 'rft', 'online_rft' or 'sft'. Empty: derived from supervision and "
         "adv_scaling.",
     )
     adv_eps: float = Field(
-        1e-4,
+        default=1e-4,
         gt=0.0,
         le=1.0,
         description="Added to the group std before dividing; more than 0, at most 1 (paper: 1e-4).",
     )
     mu: int = Field(
-        1,
+        default=1,
         ge=1,
         le=64,
         description="Inner epochs over each rollout batch, 1 to 64 (paper: 1).",
     )
     lr: float = Field(
-        1e-6,
+        default=1e-6,
         gt=0.0,
         le=1.0,
         description="Policy learning rate (AdamW), more than 0, at most 1 (paper: 1e-6).",
     )
-    weight_decay: float = Field(0.0, ge=0.0, le=1.0, description="AdamW weight decay, from 0 to 1.")
+    weight_decay: float = Field(
+        default=0.0, ge=0.0, le=1.0, description="AdamW weight decay, from 0 to 1."
+    )
     adam_beta1: float = Field(
-        0.9, ge=0.0, lt=1.0, description="AdamW beta1, from 0 up to (not including) 1."
+        default=0.9, ge=0.0, lt=1.0, description="AdamW beta1, from 0 up to (not including) 1."
     )
     adam_beta2: float = Field(
-        0.999, ge=0.0, lt=1.0, description="AdamW beta2, from 0 up to (not including) 1."
+        default=0.999, ge=0.0, lt=1.0, description="AdamW beta2, from 0 up to (not including) 1."
     )
     max_grad_norm: float = Field(
-        1.0,
+        default=1.0,
         gt=0.0,
         le=1e6,
         description="Gradient-norm clipping threshold, more than 0, at most 1e6 (paper: 1.0).",
     )
     micro_batch_size: int = Field(
-        8,
+        default=8,
         ge=1,
         le=65536,
         description="Rows per forward/backward pass (gradient accumulation), 1 to 65536. "
         "Changes memory use only, never the gradient.",
     )
     mini_batches_per_epoch: int = Field(
-        1,
+        default=1,
         ge=1,
         le=4096,
         description="Optimizer steps per inner epoch, 1 to 4096 (1: one step per epoch).",
     )
     warmup_steps: int = Field(
-        0, ge=0, le=1_000_000, description="Linear LR warm-up steps, 0 to 1,000,000."
+        default=0, ge=0, le=1_000_000, description="Linear LR warm-up steps, 0 to 1,000,000."
     )
     lr_schedule: LRSchedule = Field(
-        "constant",
+        default="constant",
         description="LR after warm-up: 'constant' or 'cosine' (decays to 0 at the last step).",
     )
     max_len_norm: int = Field(
-        1024,
+        default=1024,
         ge=1,
         le=1_000_000,
         description="Constant length dividing token sums in 'seq-mean-token-sum-norm', "
         "1 to 1,000,000; set it to the rollout's max new tokens (paper: 1024).",
     )
     use_sampling_logprobs_as_old: bool = Field(
-        False,
+        default=False,
         description="Use the rollout engine's sampling log-probs as pi_old instead of "
         "recomputing them with the training model.",
     )
     temperature: float = Field(
-        1.0,
+        default=1.0,
         gt=0.0,
         le=10.0,
         description="Sampling temperature the log-probs are computed at, more than 0, at most 10.",

@@ -217,7 +217,7 @@ def grpo_loss(
         ratio = torch.exp((logp - old_logp).clamp(-MAX_LOG_RATIO, MAX_LOG_RATIO))
         in_mask = mask.bool()
         metrics = {
-            "loss": float(loss),
+            "loss": float(loss.detach()),
             "policy_loss": float(aggregate(-surrogate)),
             "kl": _masked_mean(kl, maskf) if kl is not None else 0.0,
             "clip_frac_low": _masked_mean(clipped_low.float(), maskf),
