@@ -1,0 +1,316 @@
+"""Reward-model training: examples from label rows, BCE updates, and the record of what was seen.
+
+Continual training (GRPO_SPEC section 7): iteration 0 starts from the backbone, iteration
+k > 0 from the k-1 reward model, on new labels plus a replay sample of earlier ones. Every
+example is re-tokenized from (prompt text, completion text), so replayed rows read back from
+the store train exactly like new ones.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal, NamedTuple, cast
+
+import torch
+import torch.nn.functional as F
+from tqdm.auto import tqdm
+from transformers import PreTrainedModel, PreTrainedTokenizerBase
+
+from grpo_core.batching import build_policy_batch
+from grpo_core.policy import encode_prompt
+from grpo_core.steps import step_end_token_indices
+from reward_models.config import RewardModelConfig
+from reward_models.labelling import LabelledSample, OrmLabel, PrmLabel
+from reward_models.models import RewardModel, RMKind
+
+log = logging.getLogger(__name__)
+
+Source = Literal["new", "replay"]
+
+
+class SampleText(NamedTuple):
+    """The text of one output: the formatted prompt and the completion."""
+
+    prompt_text: str
+    completion: str
+
+
+@dataclass(frozen=True)
+class RMExample:
+    """One training sequence: prompt + completion ids, completion positions to read, targets.
+
+    read_positions index completion_ids (-1 reads the last prompt token, for an empty
+    completion); step_indices name the PRM steps of the targets (None for an ORM).
+    """
+
+    rm_kind: RMKind
+    prompt_ids: list[int]
+    completion_ids: list[int]
+    read_positions: list[int]
+    targets: list[float]
+    problem_id: str
+    sample_index: int
+    step_indices: list[int] | None
+    source: Source
+    origin_iteration: int
+
+    def __post_init__(self) -> None:
+        where = f"{self.rm_kind} example {self.problem_id}#{self.sample_index}"
+        if len(self.read_positions) != len(self.targets) or not self.targets:
+            raise ValueError(f"{where}: need one target per read position (and at least one)")
+        if self.step_indices is not None and len(self.step_indices) != len(self.targets):
+            raise ValueError(f"{where}: need one step index per target")
+        if any(not (0.0 <= t <= 1.0) for t in self.targets):  # NaN fails this too
+            raise ValueError(f"{where}: targets must be in [0, 1] (got {self.targets})")
+        if any(not (-1 <= p < len(self.completion_ids)) for p in self.read_positions):
+            raise ValueError(f"{where}: read positions {self.read_positions} out of range")
+        if self.source not in ("new", "replay"):
+            raise ValueError(f"{where}: source must be 'new' or 'replay' (got {self.source!r})")
+
+
+@dataclass(frozen=True)
+class TrainedRow:
+    """A row of `rm_train`: one label the trainer fitted in one epoch."""
+
+    rm_kind: RMKind
+    problem_id: str
+    sample_index: int
+    step_index: int | None
+    label: float
+    source: Source
+    origin_iteration: int
+    epoch: int
+
+
+def sample_texts(samples: Sequence[LabelledSample]) -> dict[tuple[str, int], SampleText]:
+    """Text lookup keyed (problem_id, sample_index) for the examples builders."""
+    return {
+        (s.problem.problem_id, s.sample_index): SampleText(s.prompt_text, s.completion)
+        for s in samples
+    }
+
+
+def encode_pair(
+    tokenizer: PreTrainedTokenizerBase, prompt_text: str, completion: str
+) -> tuple[list[int], list[int]]:
+    """(prompt ids, completion ids): the prompt as the rollout engine encodes it, the
+    completion without special tokens."""
+    completion_ids = tokenizer(completion, add_special_tokens=False)["input_ids"]
+    return encode_prompt(tokenizer, prompt_text), list(completion_ids)
+
+
+def _text(texts: Mapping[tuple[str, int], SampleText], key: tuple[str, int]) -> SampleText:
+    if key not in texts:
+        raise KeyError(f"no prompt/completion text for label row {key[0]}#{key[1]}")
+    return texts[key]
+
+
+def orm_examples(
+    rows: Sequence[OrmLabel],
+    texts: Mapping[tuple[str, int], SampleText],
+    tokenizer: PreTrainedTokenizerBase,
+    source: Source,
+    origin_iteration: int,
+) -> list[RMExample]:
+    """One example per ORM label, read at the last completion token."""
+    out = []
+    for row in rows:
+        prompt_ids, completion_ids = encode_pair(
+            tokenizer, *_text(texts, (row.problem_id, row.sample_index))
+        )
+        out.append(
+            RMExample(
+                "orm",
+                prompt_ids,
+                completion_ids,
+                [len(completion_ids) - 1],
+                [float(row.label)],
+                row.problem_id,
+                row.sample_index,
+                None,
+                source,
+                origin_iteration,
+            )
+        )
+    return out
+
+
+def prm_examples(
+    rows: Sequence[PrmLabel],
+    texts: Mapping[tuple[str, int], SampleText],
+    tokenizer: PreTrainedTokenizerBase,
+    label: Literal["hard", "soft"],
+    source: Source,
+    origin_iteration: int,
+) -> list[RMExample]:
+    """One example per output holding its labelled steps, read at recomputed step-end tokens."""
+    grouped: dict[tuple[str, int], list[PrmLabel]] = {}
+    for row in rows:
+        grouped.setdefault((row.problem_id, row.sample_index), []).append(row)
+    out = []
+    for key, steps in grouped.items():
+        prompt_ids, completion_ids = encode_pair(tokenizer, *_text(texts, key))
+        ends = step_end_token_indices(completion_ids, cast(Any, tokenizer))
+        steps = sorted(steps, key=lambda r: r.step_index)
+        if steps[-1].step_index >= len(ends):
+            raise ValueError(
+                f"PRM row {key[0]}#{key[1]} step {steps[-1].step_index}: the completion has "
+                f"only {len(ends)} steps"
+            )
+        out.append(
+            RMExample(
+                "prm",
+                prompt_ids,
+                completion_ids,
+                [ends[r.step_index] for r in steps],
+                [float(r.hard_label if label == "hard" else r.soft_label) for r in steps],
+                key[0],
+                key[1],
+                [r.step_index for r in steps],
+                source,
+                origin_iteration,
+            )
+        )
+    return out
+
+
+def replay_size(n_new: int, replay_ratio: float) -> int:
+    """Replay rows to add to n_new new rows so they make up replay_ratio of the mix."""
+    if not 0.0 <= replay_ratio < 1.0:
+        raise ValueError(f"replay_ratio must be in [0, 1) (got {replay_ratio})")
+    return round(n_new * replay_ratio / (1.0 - replay_ratio))
+
+
+def check_training_mix(examples: Sequence[RMExample], iteration: int) -> None:
+    """New examples must come from `iteration`, replayed ones from earlier iterations only."""
+    for e in examples:
+        ok = (
+            e.origin_iteration == iteration if e.source == "new" else e.origin_iteration < iteration
+        )
+        if not ok:
+            raise ValueError(
+                f"{e.source} example {e.problem_id}#{e.sample_index} comes from iteration "
+                f"{e.origin_iteration}, not allowed in the mix of iteration {iteration}"
+            )
+
+
+def load_or_init_reward_model(
+    prev_dir: str | Path | None,
+    init_source: str | Path | PreTrainedModel,
+    kind: RMKind,
+    tokenizer: PreTrainedTokenizerBase | None = None,
+    seed: int = 0,
+) -> RewardModel:
+    """The k-1 reward model from prev_dir (continual training), or a fresh one when None.
+
+    A prev_dir that holds no checkpoint is an error naming the path, never a silent restart.
+    """
+    if prev_dir is None:
+        return RewardModel.from_policy(init_source, kind, tokenizer, seed)
+    model = RewardModel.load(prev_dir)
+    if model.kind != kind:
+        raise ValueError(f"reward model at {prev_dir} is a {model.kind}, expected a {kind}")
+    return model
+
+
+def _check_examples(model: RewardModel, examples: Sequence[RMExample], max_length: int) -> None:
+    if not examples:
+        raise ValueError("no reward-model training examples: label some rollouts first")
+    for e in examples:
+        if e.rm_kind != model.kind:
+            raise ValueError(f"{e.rm_kind} example {e.problem_id} given to a {model.kind} model")
+        length = len(e.prompt_ids) + len(e.completion_ids)
+        if length > max_length:
+            raise ValueError(
+                f"example {e.problem_id}#{e.sample_index} has {length} tokens > "
+                f"reward_model.max_length {max_length}: raise max_length"
+            )
+
+
+def _batch_loss(
+    model: RewardModel, batch: Sequence[RMExample], pad_id: int
+) -> tuple[torch.Tensor, int]:
+    """Mean BCE-with-logits over every read position of the batch, and their count."""
+    policy_batch = build_policy_batch(
+        [e.prompt_ids for e in batch], [e.completion_ids for e in batch], pad_id, "right"
+    ).to(model.device)
+    logits = model(policy_batch.input_ids, policy_batch.attention_mask, policy_batch.position_ids)
+    rows = [r for r, e in enumerate(batch) for _ in e.read_positions]
+    cols = [len(e.prompt_ids) + p for e in batch for p in e.read_positions]
+    targets = torch.tensor([t for e in batch for t in e.targets], device=logits.device)
+    picked = logits[torch.tensor(rows), torch.tensor(cols)].float()
+    return F.binary_cross_entropy_with_logits(picked, targets), len(rows)
+
+
+def train_reward_model(
+    model: RewardModel,
+    examples: Sequence[RMExample],
+    cfg: RewardModelConfig,
+    seed: int,
+    progress: bool = True,
+) -> tuple[dict[str, float], list[TrainedRow]]:
+    """BCE training with AdamW in seeded shuffled mini-batches; metrics and the rows seen.
+
+    The records list one row per target per epoch, in the order the trainer used them.
+    """
+    _check_examples(model, examples, cfg.max_length)
+    pad_id = model.tokenizer.pad_token_id
+    optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.lr)
+    generator = torch.Generator().manual_seed(seed)
+    steps_per_epoch = math.ceil(len(examples) / cfg.batch_size)
+    records: list[TrainedRow] = []
+    epoch_losses: list[float] = []
+    model.train()
+    bar = tqdm(total=cfg.epochs * steps_per_epoch, desc=f"train {model.kind}", disable=not progress)
+    try:
+        for epoch in range(cfg.epochs):
+            order = torch.randperm(len(examples), generator=generator).tolist()
+            loss_sum, count = 0.0, 0
+            for start in range(0, len(order), cfg.batch_size):
+                batch = [examples[i] for i in order[start : start + cfg.batch_size]]
+                loss, n_targets = _batch_loss(model, batch, pad_id)
+                optimizer.zero_grad(set_to_none=True)
+                loss.backward()
+                torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+                optimizer.step()
+                loss_sum += loss.item() * n_targets
+                count += n_targets
+                records.extend(_records(batch, epoch))
+                bar.update(1)
+                bar.set_postfix(loss=f"{loss.item():.4f}")
+            epoch_losses.append(loss_sum / count)
+            log.info("%s epoch %d: loss %.4f", model.kind, epoch, epoch_losses[-1])
+    finally:
+        bar.close()
+        model.eval()
+    metrics: dict[str, float] = {
+        "loss_first_epoch": epoch_losses[0],
+        "loss_last_epoch": epoch_losses[-1],
+        "steps": float(cfg.epochs * steps_per_epoch),
+        "examples": float(len(examples)),
+        "targets": float(sum(len(e.targets) for e in examples)),
+        "examples_new": float(sum(e.source == "new" for e in examples)),
+        "examples_replay": float(sum(e.source == "replay" for e in examples)),
+    }
+    return metrics, records
+
+
+def _records(batch: Sequence[RMExample], epoch: int) -> list[TrainedRow]:
+    return [
+        TrainedRow(
+            e.rm_kind,
+            e.problem_id,
+            e.sample_index,
+            None if e.step_indices is None else e.step_indices[j],
+            target,
+            e.source,
+            e.origin_iteration,
+            epoch,
+        )
+        for e in batch
+        for j, target in enumerate(e.targets)
+    ]
