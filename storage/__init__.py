@@ -1,1 +1,31 @@
-"""storage package."""
+"""Run store: atomic hive-partitioned Parquet tables, stage commits, checkpoints, replay, SQL."""
+
+from storage.errors import (
+    ConfigMismatchError,
+    CorruptFileError,
+    RunLockedError,
+    SchemaMismatchError,
+    SqlReadOnlyError,
+    StageAlreadyCommittedError,
+    StoreError,
+    StorePathError,
+    UnknownTableError,
+)
+from storage.schemas import TABLE_SCHEMAS
+from storage.store import RunStore, RunWriter, StageAttempt
+
+__all__ = [
+    "TABLE_SCHEMAS",
+    "ConfigMismatchError",
+    "CorruptFileError",
+    "RunLockedError",
+    "RunStore",
+    "RunWriter",
+    "SchemaMismatchError",
+    "SqlReadOnlyError",
+    "StageAlreadyCommittedError",
+    "StageAttempt",
+    "StoreError",
+    "StorePathError",
+    "UnknownTableError",
+]

@@ -137,6 +137,16 @@ TABLE_SCHEMAS: dict[str, pa.Schema] = {
 
 STAGES_TABLE = "stages"
 
+# The columns that identify a row within one (run, iteration) of a table: replay hashes them.
+TABLE_KEYS: dict[str, tuple[str, ...]] = {
+    "prompts": ("problem_id",),
+    "rollouts": ("problem_id", "sample_index"),
+    "orm_labels": ("problem_id", "sample_index"),
+    "prm_labels": ("problem_id", "sample_index", "step_index"),
+    "rm_train": ("rm_kind", "problem_id", "sample_index", "step_index", "epoch"),
+    "policy_samples": ("step", "problem_id", "sample_index"),
+}
+
 _DUCKDB_TYPES: dict[pa.DataType, str] = {
     pa.string(): "VARCHAR",
     pa.int64(): "BIGINT",
