@@ -1,0 +1,175 @@
+"""The GRPO update: gradient accumulation, pi_old / reference handling, optimizer steps."""
+
+from typing import Any
+
+import pytest
+import torch
+from transformers import LlamaConfig, LlamaForCausalLM
+
+from grpo_core.batching import PolicyBatch, build_policy_batch
+from grpo_core.config import GRPOConfig, LossAgg
+from grpo_core.engine import TorchEngine
+from grpo_core.update import grpo_update
+
+MODES: list[LossAgg] = ["seq-mean-token-mean", "token-mean", "seq-mean-token-sum-norm"]
+
+
+def tiny_llama(seed: int = 0) -> LlamaForCausalLM:
+    torch.manual_seed(seed)
+    cfg = LlamaConfig(
+        vocab_size=12,
+        hidden_size=16,
+        intermediate_size=32,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        num_key_value_heads=2,
+        max_position_embeddings=64,
+    )
+    return LlamaForCausalLM(cfg)
+
+
+class RecordingEngine(TorchEngine):
+    """Records the accumulated gradient at each step instead of stepping."""
+
+    def __init__(self, model: torch.nn.Module) -> None:
+        super().__init__(model, lr=1e-3)
+        self.grads: list[list[torch.Tensor]] = []
+
+    def step(self) -> float:
+        self.grads.append([p.grad.clone() for p in self.params if p.grad is not None])
+        self.zero_grad()
+        return 0.0
+
+
+class RaisingModel(torch.nn.Module):
+    def forward(self, **kwargs: Any) -> None:
+        raise AssertionError("the reference model must not run when beta = 0")
+
+
+def ragged_batch(rows: int = 8) -> tuple[PolicyBatch, torch.Tensor]:
+    gen = torch.Generator().manual_seed(0)
+    prompts = [torch.randint(1, 12, (1 + i % 3,), generator=gen).tolist() for i in range(rows)]
+    completions = [
+        torch.randint(0, 12, ((5 * i) % 7,), generator=gen).tolist() for i in range(rows)
+    ]
+    batch = build_policy_batch(prompts, completions, pad_id=0, padding_side="left")
+    advantages = batch.expand_per_sequence(torch.randn(rows, generator=gen))
+    return batch, advantages
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("mu", [1, 2])
+def test_micro_batches_give_the_full_batch_gradient(mode: LossAgg, mu: int) -> None:
+    batch, advantages = ragged_batch()
+    assert 0 in batch.response_lengths.tolist()  # an empty response is in the batch
+    grads = []
+    for micro in (8, 2):
+        engine = RecordingEngine(tiny_llama())
+        cfg = GRPOConfig(loss_agg=mode, micro_batch_size=micro, mu=mu, max_len_norm=7)
+        grpo_update(
+            engine,
+            tiny_llama(seed=1),
+            batch,
+            advantages,
+            cfg,
+            generator=torch.Generator().manual_seed(0),
+        )
+        grads.append(engine.grads)
+    assert len(grads[0]) == mu
+    for full, accumulated in zip(grads[0][0], grads[1][0], strict=True):
+        assert torch.allclose(full, accumulated, atol=1e-6)
+    assert any(float(g.abs().max()) > 1e-4 for g in grads[0][0])
+
+
+def test_beta_zero_never_runs_the_reference_model() -> None:
+    batch, advantages = ragged_batch()
+    engine = TorchEngine(tiny_llama(), lr=1e-3)
+    metrics = grpo_update(engine, RaisingModel(), batch, advantages, GRPOConfig(beta=0.0))
+    assert metrics["kl"] == 0.0
+
+
+def test_beta_positive_needs_a_reference_model() -> None:
+    batch, advantages = ragged_batch()
+    with pytest.raises(ValueError, match="reference model"):
+        grpo_update(TorchEngine(tiny_llama(), lr=1e-3), None, batch, advantages, GRPOConfig())
+
+
+def count_forwards(model: torch.nn.Module) -> list[int]:
+    calls = [0]
+    model.register_forward_hook(lambda *_: calls.__setitem__(0, calls[0] + 1))
+    return calls
+
+
+@pytest.mark.parametrize(("mu", "expected"), [(1, 2), (3, 2 * 3 + 2)])
+def test_pi_old_forward_only_when_mu_above_one(mu: int, expected: int) -> None:
+    batch, advantages = ragged_batch()
+    model = tiny_llama()
+    calls = count_forwards(model)
+    cfg = GRPOConfig(beta=0.0, mu=mu, micro_batch_size=4)
+    metrics = grpo_update(TorchEngine(model, lr=1e-3), None, batch, advantages, cfg)
+    assert calls[0] == expected
+    assert metrics["optimizer_steps"] == mu
+    if mu == 1:
+        assert metrics["ratio_max"] == pytest.approx(1.0) and metrics["approx_kl_old"] == 0.0
+
+
+def test_sampling_logprobs_used_as_pi_old_only_when_configured() -> None:
+    batch, advantages = ragged_batch()
+    advantages = batch.response_mask.clone()  # all positive
+    model = tiny_llama()
+    with torch.no_grad():
+        current = TorchEngine(model, lr=1e-3).forward_logprobs(batch, 1.0)[0]
+    sampling = (current - 1.0) * batch.response_mask  # ratio e on every token
+    ignored = grpo_update(
+        TorchEngine(tiny_llama(), lr=1e-3), None, batch, advantages, GRPOConfig(beta=0.0), sampling
+    )
+    assert ignored["ratio_max"] == pytest.approx(1.0)
+    assert ignored["sampling_logprob_gap_max"] == pytest.approx(1.0, abs=1e-5)
+    cfg = GRPOConfig(beta=0.0, use_sampling_logprobs_as_old=True)
+    used = grpo_update(TorchEngine(tiny_llama(), lr=1e-3), None, batch, advantages, cfg, sampling)
+    assert used["clip_frac_high"] == pytest.approx(1.0)
+
+
+def test_mini_batches_and_epochs_count_optimizer_steps() -> None:
+    batch, advantages = ragged_batch()
+    engine = RecordingEngine(tiny_llama())
+    cfg = GRPOConfig(beta=0.0, mu=3, mini_batches_per_epoch=2, micro_batch_size=3)
+    metrics = grpo_update(engine, None, batch, advantages, cfg)
+    assert metrics["optimizer_steps"] == 6 and len(engine.grads) == 6
+    with pytest.raises(ValueError, match="mini_batches_per_epoch"):
+        grpo_update(
+            engine, None, batch, advantages, cfg.model_copy(update={"mini_batches_per_epoch": 9})
+        )
+
+
+def test_misaligned_advantages_are_an_error() -> None:
+    batch, _ = ragged_batch()
+    with pytest.raises(ValueError, match="response_to_full"):
+        grpo_update(
+            RecordingEngine(tiny_llama()), None, batch, torch.zeros(8, 3), GRPOConfig(beta=0)
+        )
+
+
+def test_update_changes_the_policy_and_reports_metrics() -> None:
+    batch, advantages = ragged_batch()
+    model = tiny_llama()
+    before = [p.detach().clone() for p in model.parameters()]
+    metrics = grpo_update(
+        TorchEngine(model, lr=1e-2), tiny_llama(1), batch, advantages, GRPOConfig()
+    )
+    assert any(not torch.equal(a, b) for a, b in zip(before, model.parameters(), strict=True))
+    for key in (
+        "loss",
+        "policy_loss",
+        "kl",
+        "clip_frac_low",
+        "clip_frac_high",
+        "approx_kl_old",
+        "entropy",
+        "zero_adv_seq_frac",
+        "response_length",
+        "grad_norm",
+        "lr",
+    ):
+        assert key in metrics
+    assert metrics["kl"] > 0 and metrics["grad_norm"] > 0

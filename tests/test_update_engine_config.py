@@ -1,0 +1,86 @@
+"""The plain-torch engine (schedule, clipping, state) and the GRPO config presets."""
+
+import math
+
+import pytest
+import torch
+from pydantic import ValidationError
+
+from grpo_core.config import GRPO_PRESETS, GRPOConfig
+from grpo_core.engine import TorchEngine, lr_multiplier
+
+
+def test_warmup_then_constant_or_cosine() -> None:
+    assert [lr_multiplier(s, 4, "constant", None) for s in range(6)] == [0.25, 0.5, 0.75, 1, 1, 1]
+    assert lr_multiplier(4, 4, "cosine", 14) == 1.0
+    assert lr_multiplier(9, 4, "cosine", 14) == pytest.approx(0.5)
+    assert lr_multiplier(14, 4, "cosine", 14) == pytest.approx(0.0)
+    with pytest.raises(ValueError, match="total_steps"):
+        TorchEngine(torch.nn.Linear(2, 2), lr=1.0, lr_schedule="cosine")
+
+
+def test_engine_clips_steps_and_restores_state() -> None:
+    model = torch.nn.Linear(3, 1, bias=False)
+    engine = TorchEngine(model, lr=0.1, max_grad_norm=0.5, warmup_steps=2)
+    assert engine.current_lr() == pytest.approx(0.05)
+    engine.backward((model(torch.ones(1, 3)) * 100).sum())
+    norm = engine.step()
+    assert norm == pytest.approx(100 * math.sqrt(3))
+    assert engine.current_lr() == pytest.approx(0.1)
+    assert all(p.grad is None for p in model.parameters())
+    state = engine.state_dict()
+    other = TorchEngine(torch.nn.Linear(3, 1, bias=False), lr=0.1, warmup_steps=2)
+    other.load_state_dict(state)
+    assert other.current_lr() == pytest.approx(0.1)
+
+
+def test_engine_skips_a_non_finite_step() -> None:
+    model = torch.nn.Linear(2, 1, bias=False)
+    before = model.weight.detach().clone()
+    engine = TorchEngine(model, lr=0.1)
+    engine.backward((model(torch.ones(1, 2)) * float("inf")).sum())
+    assert not math.isfinite(engine.step())
+    assert torch.equal(model.weight, before)
+
+
+def test_paper_preset_is_the_default() -> None:
+    paper = GRPOConfig.from_preset("paper")
+    assert paper == GRPOConfig()
+    assert (paper.beta, paper.eps_low, paper.eps_high, paper.mu, paper.lr) == (
+        0.04,
+        0.2,
+        0.2,
+        1,
+        1e-6,
+    )
+    assert paper.loss_agg == "seq-mean-token-mean" and paper.adv_scaling == "group_std"
+    assert paper.advantage_estimator == "grpo_outcome"
+
+
+def test_dr_grpo_and_dapo_presets() -> None:
+    dr = GRPOConfig.from_preset("dr_grpo", max_len_norm=48)
+    assert dr.advantage_estimator == "dr_grpo" and dr.loss_agg == "seq-mean-token-sum-norm"
+    assert dr.max_len_norm == 48
+    dapo = GRPOConfig.from_preset("dapo")
+    assert (dapo.eps_high, dapo.loss_agg, dapo.beta) == (0.28, "token-mean", 0.0)
+    assert GRPOConfig(supervision="process").advantage_estimator == "grpo_process"
+    assert GRPOConfig(adv_estimator="online_rft").advantage_estimator == "online_rft"
+
+
+def test_unknown_preset_lists_the_names() -> None:
+    with pytest.raises(ValueError, match=r"dapo.*dr_grpo.*paper"):
+        GRPOConfig.from_preset("ppo")
+
+
+@pytest.mark.parametrize(
+    "bad", [{"beta": -1.0}, {"eps_low": 1.0}, {"mu": 0}, {"loss_agg": "sum"}, {"kl_estimtor": "k3"}]
+)
+def test_invalid_values_and_unknown_fields_are_rejected(bad: dict[str, object]) -> None:
+    with pytest.raises(ValidationError):
+        GRPOConfig(**bad)  # type: ignore[arg-type]
+
+
+def test_every_field_describes_its_range() -> None:
+    for name, field in GRPOConfig.model_fields.items():
+        assert field.description and len(field.description) > 20, name
+    assert set(GRPO_PRESETS) == {"paper", "dr_grpo", "dapo"}
