@@ -1,0 +1,216 @@
+"""Run store: stage commits, crash safety, schema checks, config and status, bad input."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pyarrow as pa
+import pytest
+
+from storage.atomic import atomic_directory
+from storage.errors import (
+    ConfigMismatchError,
+    CorruptFileError,
+    SchemaMismatchError,
+    StageAlreadyCommittedError,
+    StorePathError,
+    UnknownTableError,
+)
+from storage.store import RunStore
+
+
+def orm_rows(n: int, start: int = 0) -> list[dict[str, object]]:
+    return [
+        {"problem_id": f"p{i}", "sample_index": i % 4, "label": i % 2}
+        for i in range(start, start + n)
+    ]
+
+
+def data_files(root: Path) -> list[str]:
+    return sorted(str(p.relative_to(root)) for p in (root / "tables").rglob("*") if p.is_file())
+
+
+def test_committed_stage_is_visible_and_reported(tmp_path: Path) -> None:
+    store = RunStore(tmp_path)
+    with store.open_run("r1", {"seed": 1}) as run:
+        assert not run.is_committed(0, "label")
+        with run.stage(0, "label") as attempt:
+            attempt.write("orm_labels", orm_rows(3))
+            attempt.write("orm_labels", orm_rows(2, start=3))
+            attempt.info["note"] = "first"
+        assert run.is_committed(0, "label")
+        assert not run.is_committed(1, "label")
+    table = store.read("orm_labels", run_id="r1")
+    assert table.column("problem_id").to_pylist() == ["p0", "p1", "p2", "p3", "p4"]
+    assert table.column("iteration").to_pylist() == [0] * 5
+    assert table.schema.field("label").type == pa.int8()
+    (log,) = store.committed_stages("r1")
+    assert (log["stage"], log["attempt"], log["n_rows"]) == ("label", 1, 5)
+    assert log["outputs"] == {"orm_labels": 5} and log["info"] == {"note": "first"}
+
+
+def test_exception_inside_stage_leaves_nothing_visible_and_rerun_cleans_up(
+    tmp_path: Path,
+) -> None:
+    store = RunStore(tmp_path)
+    with store.open_run("r1", {}) as run:
+        with pytest.raises(RuntimeError, match="boom"), run.stage(0, "label") as attempt:
+            attempt.write("orm_labels", orm_rows(4))
+            raise RuntimeError("boom")
+        assert not run.is_committed(0, "label")
+        assert store.read("orm_labels").num_rows == 0
+        assert data_files(tmp_path) == ["tables/orm_labels/run_id=r1/iteration=0/label-1.parquet"]
+
+        with run.stage(0, "label") as attempt:
+            attempt.write("orm_labels", orm_rows(2))
+        assert attempt.attempt == 2
+    assert data_files(tmp_path) == [
+        "tables/orm_labels/run_id=r1/iteration=0/label-2.parquet",
+        "tables/stages/run_id=r1/iteration=0/label-2.parquet",
+    ]
+    assert store.read("orm_labels").num_rows == 2
+
+
+def test_committed_stage_cannot_be_started_or_committed_again(tmp_path: Path) -> None:
+    with RunStore(tmp_path).open_run("r1", {}) as run:
+        with run.stage(0, "label") as attempt:
+            attempt.write("orm_labels", orm_rows(1))
+            attempt.commit({"explicit": True})
+            with pytest.raises(StageAlreadyCommittedError):
+                attempt.commit()
+            with pytest.raises(StageAlreadyCommittedError):
+                attempt.write("orm_labels", orm_rows(1))
+        with pytest.raises(StageAlreadyCommittedError, match="already committed"):
+            run.stage(0, "label").__enter__()
+    (log,) = RunStore(tmp_path).committed_stages("r1")
+    assert log["info"] == {"explicit": True}
+
+
+def test_other_stages_and_iterations_are_untouched_by_a_rerun(tmp_path: Path) -> None:
+    store = RunStore(tmp_path)
+    with store.open_run("r1", {}) as run:
+        with run.stage(0, "rollout") as a:
+            a.write("orm_labels", orm_rows(1))
+        with pytest.raises(KeyError), run.stage(0, "label") as a:
+            a.write("orm_labels", orm_rows(5))
+            raise KeyError
+        with run.stage(0, "label") as a:
+            a.write("orm_labels", orm_rows(2))
+    assert store.read("orm_labels").num_rows == 3
+
+
+def test_schema_mismatch_names_column_and_types(tmp_path: Path) -> None:
+    with RunStore(tmp_path).open_run("r1", {}) as run, run.stage(0, "label") as a:
+        with pytest.raises(SchemaMismatchError, match=r"'label'.*expected int8, got str"):
+            a.write("orm_labels", [{"problem_id": "p", "sample_index": 0, "label": "yes"}])
+        with pytest.raises(SchemaMismatchError, match=r"missing required column 'sample_index'"):
+            a.write("orm_labels", [{"problem_id": "p", "label": 1}])
+        with pytest.raises(SchemaMismatchError, match=r"no column\(s\) \['lable'\]"):
+            a.write("orm_labels", [{"problem_id": "p", "sample_index": 0, "lable": 1}])
+        bad = pa.table(
+            {"problem_id": ["p"], "sample_index": [0.5], "label": pa.array([1], pa.int8())}
+        )
+        with pytest.raises(
+            SchemaMismatchError, match=r"'sample_index'.*expected int32, got double"
+        ):
+            a.write("orm_labels", bad)
+        with pytest.raises(SchemaMismatchError, match=r"'problem_id'.*required"):
+            a.write("orm_labels", [{"problem_id": None, "sample_index": 0, "label": 1}])
+        with pytest.raises(UnknownTableError, match="orm_labels, policy_samples"):
+            a.write("orm_label", orm_rows(1))
+        a.write("orm_labels", pa.table({"problem_id": ["p"], "sample_index": [1], "label": [1]}))
+
+
+def test_nullable_columns_may_be_omitted(tmp_path: Path) -> None:
+    store = RunStore(tmp_path)
+    with store.open_run("r1", {}) as run, run.stage(0, "evaluate") as a:
+        a.write("eval", [{"split": "test", "metric": "greedy_acc", "value": 0.5, "n": 10}])
+    row = store.read("eval").to_pylist()[0]
+    assert row["k"] is None and row["stderr"] is None and row["value"] == 0.5
+
+
+def test_store_path_that_is_a_file_is_refused(tmp_path: Path) -> None:
+    path = tmp_path / "store"
+    path.write_text("not a directory")
+    with pytest.raises(StorePathError, match="is a file"):
+        RunStore(path)
+
+
+@pytest.mark.skipif(os.geteuid() == 0, reason="root can write anywhere")
+def test_store_path_not_writable_is_refused(tmp_path: Path) -> None:
+    tmp_path.chmod(0o500)
+    try:
+        with pytest.raises(StorePathError, match="not writable"):
+            RunStore(tmp_path).open_run("r1", {})
+    finally:
+        tmp_path.chmod(0o700)
+
+
+def test_store_root_from_env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("ITERGRPO_STORE", str(tmp_path / "s"))
+    assert RunStore().root == tmp_path / "s"
+
+
+def test_config_mismatch_is_refused_unless_forced(tmp_path: Path) -> None:
+    store = RunStore(tmp_path)
+    with store.open_run("r1", {"grpo": {"lr": 1e-6, "beta": 0.04}, "seed": 1}):
+        pass
+    with store.open_run("r1", {"grpo": {"lr": 1e-6, "beta": 0.04}, "seed": 1}):
+        pass
+    with pytest.raises(ConfigMismatchError, match=r"grpo\.beta, seed") as err:
+        store.open_run("r1", {"grpo": {"lr": 1e-6, "beta": 0.1}, "seed": 2})
+    assert err.value.keys == ["grpo.beta", "seed"]
+    assert store.run_config("r1")["grpo"]["beta"] == 0.04
+    with store.open_run("r1", {"grpo": {"lr": 1e-6, "beta": 0.1}}, force_config=True):
+        pass
+    assert store.run_config("r1") == {"grpo": {"lr": 1e-6, "beta": 0.1}}
+    (old,) = (tmp_path / "runs" / "r1").glob("config.*.yaml")
+    assert "beta: 0.04" in old.read_text()
+
+
+def test_invalid_run_id_is_refused(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="invalid run id"):
+        RunStore(tmp_path).open_run("../etc", {})
+
+
+def test_status_and_runs(tmp_path: Path) -> None:
+    store = RunStore(tmp_path)
+    with store.open_run("r1", {}) as run:
+        run.set_status("running", iterations_done=2)
+    (info,) = store.runs()
+    assert (info["run_id"], info["status"], info["iterations_done"]) == ("r1", "running", 2)
+    assert "created_at" in info
+    status = json.loads((tmp_path / "runs" / "r1" / "status.json").read_text())
+    assert status["status"] == "running"
+
+
+def test_corrupt_file_is_reported_with_its_path(tmp_path: Path) -> None:
+    store = RunStore(tmp_path)
+    with store.open_run("r1", {}) as run:
+        for k in range(2):
+            with run.stage(k, "label") as a:
+                a.write("orm_labels", orm_rows(3))
+    bad = store.committed_files("orm_labels", iterations=[1])[0]
+    bad.write_bytes(b"PAR1 garbage")
+    with pytest.raises(CorruptFileError) as err:
+        store.read("orm_labels")
+    assert err.value.path == bad and str(bad) in str(err.value)
+    assert store.read("orm_labels", iterations=[0]).num_rows == 3
+
+
+def test_atomic_directory_replaces_only_on_success(tmp_path: Path) -> None:
+    final = tmp_path / "ckpt"
+    with atomic_directory(final) as tmp:
+        (tmp / "a.txt").write_text("v1")
+    with pytest.raises(FileExistsError):
+        atomic_directory(final).__enter__()
+    with pytest.raises(RuntimeError), atomic_directory(final, overwrite=True) as tmp:
+        (tmp / "a.txt").write_text("v2")
+        raise RuntimeError
+    assert (final / "a.txt").read_text() == "v1"
+    with atomic_directory(final, overwrite=True) as tmp:
+        (tmp / "a.txt").write_text("v2")
+    assert (final / "a.txt").read_text() == "v2"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["ckpt"]
