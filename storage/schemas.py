@@ -244,6 +244,8 @@ def conform(
         n = rows.num_rows
     else:
         rows = list(rows)
+        if not rows:
+            return schema.empty_table()
         n = len(rows)
         names: dict[str, None] = {}
         for row in rows:
