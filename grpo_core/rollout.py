@@ -1,0 +1,163 @@
+"""HF rollout engine: batched sampling with a KV cache, left padding and sampling log-probs.
+
+Own decode loop over `model(...)` (not `model.generate`) so the log-probs are those of the
+distribution actually sampled from and the randomness is row-addressable: one uniform per
+(row, step) drawn up front from a per-call generator, so a row's sample does not depend on
+which other rows share its batch (up to float round-off of padded matmuls).
+"""
+
+from __future__ import annotations
+
+import torch
+from tqdm.auto import tqdm
+from transformers import PreTrainedModel, PreTrainedTokenizerBase
+
+from grpo_core.policy import encode_prompt, ensure_pad_token
+from grpo_core.rollout_types import FinishReason, RolloutBatch, SamplingParams
+
+
+def _stop_ids(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase) -> list[int]:
+    ids = {tokenizer.eos_token_id}
+    gen_eos = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
+    ids.update(gen_eos if isinstance(gen_eos, list) else [gen_eos])
+    return sorted(i for i in ids if i is not None)
+
+
+def sample_tokens(
+    logits: torch.Tensor, uniforms: torch.Tensor, params: SamplingParams
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Next tokens (B,) and their log-probs under softmax(logits / T) (B,), by inverse CDF.
+
+    logits (B, V) float32, uniforms (B,) in [0, 1). Greedy (argmax, log-prob of the T=1
+    distribution) when temperature == 0; top-p keeps the smallest set of most likely tokens
+    whose mass reaches top_p; the recorded log-prob is before top-p truncation.
+    """
+    if params.temperature == 0:
+        tokens = logits.argmax(dim=-1)
+        return tokens, torch.log_softmax(logits, -1).gather(1, tokens[:, None])[:, 0]
+    logp = torch.log_softmax(logits / params.temperature, dim=-1)
+    probs = logp.exp()
+    if params.top_p < 1.0:
+        sorted_p, order = probs.sort(dim=-1, descending=True)
+        keep = (sorted_p.cumsum(-1) - sorted_p) < params.top_p
+        sorted_p = sorted_p * keep
+    else:
+        sorted_p, order = probs, None
+    cdf = sorted_p.cumsum(-1)
+    target = (uniforms * cdf[:, -1]).clamp(max=cdf[:, -1] * (1 - 1e-6))
+    pick = torch.searchsorted(cdf, target[:, None], right=True).clamp(max=cdf.shape[1] - 1)
+    tokens = (pick if order is None else order.gather(1, pick))[:, 0]
+    return tokens, logp.gather(1, tokens[:, None])[:, 0]
+
+
+class HFRolloutEngine:
+    """`RolloutEngine` over any HF causal LM; `batch_size` rows (prompt x sample) per forward."""
+
+    def __init__(
+        self,
+        model: PreTrainedModel,
+        tokenizer: PreTrainedTokenizerBase,
+        batch_size: int = 256,
+        device: str | torch.device | None = None,
+        show_progress: bool = True,
+    ) -> None:
+        ensure_pad_token(tokenizer)
+        self.model, self.tokenizer = model, tokenizer
+        self.batch_size = batch_size
+        self.device = torch.device(device) if device else next(model.parameters()).device
+        self.show_progress = show_progress
+        self.stop_ids = _stop_ids(model, tokenizer)
+
+    def generate(
+        self, prompts: list[str], n: int, params: SamplingParams, seed: int
+    ) -> RolloutBatch:
+        """n samples per prompt, rows prompt-major; same inputs and seed give the same batch."""
+        if n < 1:
+            raise ValueError(f"n (samples per prompt) must be >= 1 (got {n})")
+        encoded = [encode_prompt(self.tokenizer, p) for p in prompts]
+        rows = [encoded[i] for i in range(len(prompts)) for _ in range(n)]
+        generator = torch.Generator().manual_seed(seed)
+        uniforms = torch.rand(len(rows), params.max_new_tokens, generator=generator)
+        out_ids: list[list[int]] = []
+        out_logp: list[list[float]] = []
+        reasons: list[FinishReason] = []
+        was_training = self.model.training
+        self.model.eval()
+        bar = tqdm(total=len(rows), desc="rollout", unit="seq", disable=not self.show_progress)
+        try:
+            for start in range(0, len(rows), self.batch_size):
+                chunk = rows[start : start + self.batch_size]
+                ids, logp, lengths, stopped = self._generate_chunk(
+                    chunk, uniforms[start : start + len(chunk)], params
+                )
+                for r, length in enumerate(lengths.tolist()):
+                    out_ids.append(ids[r, :length].tolist())
+                    out_logp.append(logp[r, :length].tolist())
+                    reasons.append("stop" if stopped[r] else "length")
+                bar.update(len(chunk))
+        finally:
+            bar.close()
+            self.model.train(was_training)
+        stop = set(self.stop_ids)
+        texts = [
+            str(
+                self.tokenizer.decode(
+                    c[:-1] if why == "stop" and c[-1] in stop else c, skip_special_tokens=True
+                )
+            )
+            for c, why in zip(out_ids, reasons, strict=True)
+        ]
+        return RolloutBatch(
+            prompt_index=[r // n for r in range(len(rows))],
+            prompt_ids=[list(r) for r in rows],
+            completion_ids=out_ids,
+            texts=texts,
+            finish_reasons=reasons,
+            logprobs=out_logp,
+        )
+
+    @torch.inference_mode()
+    def _generate_chunk(
+        self, prompts: list[list[int]], uniforms: torch.Tensor, params: SamplingParams
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, list[bool]]:
+        """Decode one left-padded chunk: ids (B, T), log-probs (B, T), lengths (B,), stopped."""
+        dev, pad = self.device, self.tokenizer.pad_token_id
+        bsz, width = len(prompts), max(len(p) for p in prompts)
+        input_ids = torch.full((bsz, width), pad, dtype=torch.long)
+        mask = torch.zeros((bsz, width), dtype=torch.long)
+        for r, p in enumerate(prompts):
+            input_ids[r, width - len(p) :] = torch.tensor(p)
+            mask[r, width - len(p) :] = 1
+        input_ids, mask, uniforms = input_ids.to(dev), mask.to(dev), uniforms.to(dev)
+        positions = (mask.cumsum(-1) - 1).clamp(min=0)
+        stop_ids = torch.tensor(self.stop_ids, device=dev)
+        steps = params.max_new_tokens
+        tokens_out = torch.full((bsz, steps), pad, dtype=torch.long, device=dev)
+        logp_out = torch.zeros((bsz, steps), dtype=torch.float32, device=dev)
+        lengths = torch.full((bsz,), steps, dtype=torch.long, device=dev)
+        finished = torch.zeros(bsz, dtype=torch.bool, device=dev)
+        past = None
+        step_ids, step_pos = input_ids, positions
+        for t in range(steps):
+            out = self.model(
+                input_ids=step_ids,
+                attention_mask=mask,
+                position_ids=step_pos,
+                past_key_values=past,
+                use_cache=True,
+            )
+            past = out.past_key_values
+            logits = out.logits[:, -1, :].float()
+            token, logp = sample_tokens(logits, uniforms[:, t], params)
+            token = torch.where(finished, torch.full_like(token, pad), token)
+            tokens_out[:, t] = token
+            logp_out[:, t] = torch.where(finished, torch.zeros_like(logp), logp)
+            hit_stop = torch.isin(token, stop_ids) & ~finished
+            lengths = torch.where(hit_stop, torch.full_like(lengths, t + 1), lengths)
+            finished |= hit_stop
+            if bool(finished.all()):
+                break
+            step_ids = token[:, None]
+            step_pos = step_pos[:, -1:] + 1
+            mask = torch.cat([mask, torch.ones((bsz, 1), dtype=mask.dtype, device=dev)], dim=1)
+        return tokens_out.cpu(), logp_out.cpu(), lengths.cpu(), finished.cpu().tolist()

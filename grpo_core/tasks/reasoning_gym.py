@@ -1,0 +1,91 @@
+"""Adapter for reasoning-gym's procedural tasks (`chain_sum`, `basic_arithmetic`, `gsm_symbolic`).
+
+reasoning-gym is optional (`pip install 'itergrpo[real]'`) and imported only when a task is built.
+Answers are extracted from the `####` line and scored with the dataset's `score_answer`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from typing import Any
+
+from grpo_core.answers import answers_match, extract_answer
+from grpo_core.tasks.base import Problem, Split
+from grpo_core.tasks.splits import split_of
+
+SUPPORTED = ("chain_sum", "basic_arithmetic", "gsm_symbolic")
+
+
+def _import_reasoning_gym() -> Any:
+    try:
+        import reasoning_gym
+    except ImportError as err:
+        raise ImportError(
+            "the reasoning_gym task needs the reasoning-gym package: pip install 'itergrpo[real]'"
+        ) from err
+    return reasoning_gym
+
+
+class ReasoningGymTask:
+    """One reasoning-gym dataset; `rg_kwargs` are its generator options (e.g. `max_terms`)."""
+
+    def __init__(
+        self, rg_task: str, rg_kwargs: dict[str, Any] | None = None, test_fraction: float = 0.2
+    ) -> None:
+        if rg_task not in SUPPORTED:
+            raise ValueError(f"reasoning_gym rg_task must be one of {SUPPORTED} (got {rg_task!r})")
+        self._rg = _import_reasoning_gym()
+        self.rg_task, self.rg_kwargs = rg_task, dict(rg_kwargs or {})
+        self.test_fraction = test_fraction
+        self.name = f"reasoning_gym/{rg_task}"
+        self._scorer = self._rg.create_dataset(rg_task, size=1, seed=0, **self.rg_kwargs)
+
+    def problems(self, split: Split, n: int, seed: int) -> list[Problem]:
+        """`n` problems of `split`, generated in chunks from derived seeds, split by hash."""
+        out: list[Problem] = []
+        chunk, attempt = max(2 * n, 16), 0
+        while len(out) < n:
+            if attempt > 50:
+                raise RuntimeError(
+                    f"reasoning_gym/{self.rg_task}: only {len(out)} distinct {split} problems "
+                    f"of {n} after {attempt} chunks; widen the generator options"
+                )
+            derived = int(hashlib.sha256(f"{seed}/{split}/{attempt}".encode()).hexdigest()[:8], 16)
+            dataset = self._rg.create_dataset(
+                self.rg_task, size=chunk, seed=derived, **self.rg_kwargs
+            )
+            for entry in dataset:
+                if len(out) == n:
+                    break
+                if split_of(entry["question"], self.test_fraction) == split:
+                    out.append(self._problem(entry, split, seed, len(out)))
+            attempt += 1
+        return out
+
+    def _problem(self, entry: dict[str, Any], split: Split, seed: int, i: int) -> Problem:
+        cot = entry.get("metadata", {}).get("answer_cot")
+        solution = cot if isinstance(cot, str) and "####" in cot else None
+        return Problem(
+            problem_id=f"{self.name}-{split}-{seed}-{i}",
+            question=entry["question"],
+            answer=str(entry["answer"]),
+            solution=solution,
+            meta={"rg_metadata": json.dumps(entry.get("metadata", {}), default=str)},
+        )
+
+    def is_correct(self, problem: Problem, completion: str) -> bool:
+        pred = extract_answer(completion)
+        if pred is None:
+            return False
+        if answers_match(pred, problem.answer):
+            return True
+        entry = {
+            "question": problem.question,
+            "answer": problem.answer,
+            "metadata": json.loads(problem.meta.get("rg_metadata", "{}")),
+        }
+        return float(self._scorer.score_answer(pred, entry)) >= 1.0
+
+    def step_labels(self, problem: Problem, completion: str) -> list[bool] | None:
+        return None

@@ -1,0 +1,89 @@
+"""Build a task from its config: `make_task(TaskConfig(name="arith", ...))`."""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from grpo_core.tasks.base import Task
+
+
+class TaskConfig(BaseModel):
+    """Which task to train and evaluate on, and its difficulty knobs."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    name: Literal["arith", "reasoning_gym", "local_files"] = Field(
+        default="arith",
+        description="arith: built-in arithmetic chains; reasoning_gym: a reasoning-gym dataset "
+        "(needs itergrpo[real]); local_files: GSM8K-format jsonl/parquet on local disk.",
+    )
+    min_steps: int = Field(
+        default=2, ge=1, le=20, description="arith: fewest operations per chain (1-20)."
+    )
+    max_steps: int = Field(
+        default=4,
+        ge=1,
+        le=20,
+        description="arith: most operations per chain (>= min_steps, <= 20).",
+    )
+    operand_max: int = Field(
+        default=9,
+        ge=1,
+        le=10**6,
+        description="arith: operands are drawn from 1..operand_max (9: one digit).",
+    )
+    operators: str = Field(
+        default="+-", description="arith: operators to draw from, a non-empty subset of '+-*'."
+    )
+    test_fraction: float = Field(
+        default=0.2,
+        gt=0.0,
+        lt=1.0,
+        description="Share of all questions held out as test, by hash (0-1).",
+    )
+    rg_task: Literal["chain_sum", "basic_arithmetic", "gsm_symbolic"] = Field(
+        default="chain_sum", description="reasoning_gym: which dataset."
+    )
+    rg_kwargs: dict[str, Any] = Field(
+        default_factory=dict,
+        description="reasoning_gym: generator options, e.g. {'min_terms': 2, 'max_terms': 2}.",
+    )
+    path: str | None = Field(
+        default=None, description="local_files: jsonl/parquet file with question/answer columns."
+    )
+    test_path: str | None = Field(
+        default=None,
+        description="local_files: optional separate test file; else a hash split of path.",
+    )
+
+    @model_validator(mode="after")
+    def _check(self) -> TaskConfig:
+        if self.min_steps > self.max_steps:
+            raise ValueError(
+                f"task.min_steps ({self.min_steps}) must be <= task.max_steps ({self.max_steps})"
+            )
+        if not self.operators or set(self.operators) - set("+-*"):
+            raise ValueError(f"task.operators must be a subset of '+-*' (got {self.operators!r})")
+        if self.name == "local_files" and not self.path:
+            raise ValueError("task.path is required when task.name is 'local_files'")
+        return self
+
+
+def make_task(cfg: TaskConfig) -> Task:
+    """The task `cfg` names, with its knobs applied."""
+    if cfg.name == "arith":
+        from grpo_core.tasks.arith import ArithTask
+
+        return ArithTask(
+            cfg.min_steps, cfg.max_steps, cfg.operand_max, cfg.operators, cfg.test_fraction
+        )
+    if cfg.name == "reasoning_gym":
+        from grpo_core.tasks.reasoning_gym import ReasoningGymTask
+
+        return ReasoningGymTask(cfg.rg_task, cfg.rg_kwargs, cfg.test_fraction)
+    from grpo_core.tasks.local_files import LocalFilesTask
+
+    assert cfg.path is not None
+    return LocalFilesTask(cfg.path, cfg.test_path, cfg.test_fraction)

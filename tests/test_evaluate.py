@@ -1,0 +1,45 @@
+import itertools
+import math
+
+import pytest
+
+from grpo_core.evaluate import EvalConfig, maj_at_k, majority_answer, pass_at_k
+
+
+@pytest.mark.parametrize("n", [1, 2, 3, 5, 6])
+def test_pass_at_k_equals_brute_force_over_subsets(n: int) -> None:
+    for c in range(n + 1):
+        outcomes = [True] * c + [False] * (n - c)
+        for k in range(1, n + 1):
+            subsets = list(itertools.combinations(outcomes, k))
+            brute = sum(any(s) for s in subsets) / len(subsets)
+            assert pass_at_k(n, c, k) == pytest.approx(brute, abs=1e-12)
+
+
+def test_pass_at_k_stable_for_large_n() -> None:
+    assert pass_at_k(1000, 1, 1) == pytest.approx(0.001)
+    assert pass_at_k(1000, 10, 100) == pytest.approx(1 - math.comb(990, 100) / math.comb(1000, 100))
+    with pytest.raises(ValueError, match="k <= n"):
+        pass_at_k(4, 1, 5)
+
+
+def test_majority_tie_goes_to_answer_seen_first() -> None:
+    assert majority_answer(["7", "5", "5", "7"]) == "7"
+    assert majority_answer([None, "5", "7", "7", "5"]) == "5"
+    assert majority_answer(["1,000", "1000", "3", "3", "3"]) == "3"
+    assert majority_answer([None, None]) is None
+
+
+def test_maj_at_k_uses_first_k_and_ignores_missing_answers() -> None:
+    answers = [None, None, "4", "5", "5", "5"]
+    assert maj_at_k(answers, "4", 1) == 0.0
+    assert maj_at_k(answers, "4", 3) == 1.0
+    assert maj_at_k(answers, "4", 4) == 1.0  # tie 4 vs 5: 4 came first
+    assert maj_at_k(answers, "5", 6) == 1.0
+
+
+def test_default_ks_are_powers_of_two() -> None:
+    assert EvalConfig(n_samples=8).k_values() == [1, 2, 4, 8]
+    assert EvalConfig(n_samples=6).k_values() == [1, 2, 4]
+    with pytest.raises(ValueError, match=r"1\.\.n_samples"):
+        EvalConfig(n_samples=4, ks=[8]).k_values()

@@ -1,0 +1,60 @@
+from pathlib import Path
+
+import pytest
+import torch
+
+from grpo_core.policy import (
+    PolicyConfig,
+    build_char_tokenizer,
+    build_policy,
+    create_tiny_policy,
+    encode_prompt,
+    ensure_pad_token,
+    format_prompt,
+    load_policy,
+)
+
+
+def test_char_tokenizer_round_trips_one_token_per_character() -> None:
+    tok = build_char_tokenizer()
+    text = "Q: 3+4-2\nA:\n3+4=7\n#### 5"
+    ids = tok(text, add_special_tokens=False)["input_ids"]
+    assert len(ids) == len(text)
+    assert tok.decode(ids) == text
+    assert tok(text)["input_ids"][0] == tok.bos_token_id
+    assert {tok.pad_token_id, tok.eos_token_id, tok.bos_token_id} == {0, 1, 2}
+
+
+def test_tiny_policy_is_seeded_and_saves_like_any_hf_model(tmp_path: Path) -> None:
+    tok = build_char_tokenizer()
+    cfg = PolicyConfig(seed=7)
+    a, b = create_tiny_policy(cfg, tok), create_tiny_policy(cfg, tok)
+    assert all(torch.equal(x, y) for x, y in zip(a.parameters(), b.parameters(), strict=True))
+    a.save_pretrained(tmp_path)
+    tok.save_pretrained(tmp_path)
+    model, loaded_tok = load_policy(tmp_path)
+    ids = torch.tensor([encode_prompt(loaded_tok, "Q: 1+1\nA:\n")])
+    assert torch.allclose(model(ids).logits, a(ids).logits, atol=1e-6)
+    assert (
+        loaded_tok.decode(loaded_tok("7-2=5\n")["input_ids"], skip_special_tokens=True) == "7-2=5\n"
+    )
+
+
+def test_build_policy_kinds(tmp_path: Path) -> None:
+    model, tok = build_policy(PolicyConfig(kind="tiny", n_layers=1))
+    assert model.config.num_hidden_layers == 1 and model.config.vocab_size == len(tok)
+    with pytest.raises(ValueError, match=r"policy\.path"):
+        build_policy(PolicyConfig(kind="local"))
+    with pytest.raises(FileNotFoundError, match=r"config\.json"):
+        load_policy(tmp_path)
+    with pytest.raises(ValueError, match="divisible"):
+        create_tiny_policy(PolicyConfig(hidden_size=130), tok)
+
+
+def test_plain_prompt_and_pad_rule() -> None:
+    tok = build_char_tokenizer()
+    assert format_prompt(tok, "3+4") == "Q: 3+4\nA:\n"
+    tok.pad_token = None
+    with pytest.warns(UserWarning, match="EOS"):
+        ensure_pad_token(tok)
+    assert tok.pad_token_id == tok.eos_token_id

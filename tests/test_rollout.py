@@ -1,0 +1,123 @@
+import pytest
+import torch
+from transformers import PreTrainedModel, PreTrainedTokenizerBase
+
+from grpo_core.policy import PolicyConfig, build_char_tokenizer, create_tiny_policy, format_prompt
+from grpo_core.rollout import HFRolloutEngine, sample_tokens
+from grpo_core.rollout_types import SamplingParams
+
+QUESTIONS = ["3", "3+4-2", "1+2-3+4-5+6-7+8-9+1-2+3-4+5-6"]  # very different prompt lengths
+
+
+@pytest.fixture(scope="module")
+def policy() -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
+    tok = build_char_tokenizer()
+    model = create_tiny_policy(PolicyConfig(seed=1), tok)
+    with torch.no_grad():  # make EOS likely so some rows stop early
+        model.lm_head.weight[tok.eos_token_id] *= 0  # tied: also zeroes the EOS embedding
+        model.model.norm.weight.mul_(3)
+    return model, tok
+
+
+def prompts(tok: PreTrainedTokenizerBase) -> list[str]:
+    return [format_prompt(tok, q) for q in QUESTIONS]
+
+
+def recomputed_logprobs(
+    model: PreTrainedModel, prompt: list[int], completion: list[int], temperature: float
+) -> torch.Tensor:
+    with torch.no_grad():
+        logits = model(torch.tensor([prompt + completion])).logits[0].float()
+    logp = torch.log_softmax(logits / temperature, -1)[len(prompt) - 1 : -1]
+    return logp.gather(1, torch.tensor(completion)[:, None])[:, 0]
+
+
+def test_same_seed_same_batch_and_batch_size_does_not_matter(
+    policy: tuple[PreTrainedModel, PreTrainedTokenizerBase],
+) -> None:
+    model, tok = policy
+    params = SamplingParams(max_new_tokens=24, temperature=1.0)
+    a = HFRolloutEngine(model, tok, batch_size=4, show_progress=False).generate(
+        prompts(tok), 3, params, seed=5
+    )
+    b = HFRolloutEngine(model, tok, batch_size=4, show_progress=False).generate(
+        prompts(tok), 3, params, seed=5
+    )
+    c = HFRolloutEngine(model, tok, batch_size=9, show_progress=False).generate(
+        prompts(tok), 3, params, seed=5
+    )
+    d = HFRolloutEngine(model, tok, batch_size=4, show_progress=False).generate(
+        prompts(tok), 3, params, seed=6
+    )
+    assert a.completion_ids == b.completion_ids and a.logprobs == b.logprobs
+    assert a.completion_ids == c.completion_ids
+    assert a.completion_ids != d.completion_ids
+    assert a.prompt_index == [0, 0, 0, 1, 1, 1, 2, 2, 2]
+
+
+@pytest.mark.parametrize(("temperature", "top_p"), [(1.0, 1.0), (0.7, 0.9)])
+def test_sampling_logprobs_match_full_forward_in_padded_batch(
+    policy: tuple[PreTrainedModel, PreTrainedTokenizerBase], temperature: float, top_p: float
+) -> None:
+    model, tok = policy
+    params = SamplingParams(max_new_tokens=24, temperature=temperature, top_p=top_p)
+    batch = HFRolloutEngine(model, tok, batch_size=64, show_progress=False).generate(
+        prompts(tok), 4, params, seed=0
+    )
+    for r in range(len(batch)):
+        expected = recomputed_logprobs(
+            model, batch.prompt_ids[r], batch.completion_ids[r], temperature
+        )
+        assert torch.allclose(torch.tensor(batch.logprobs[r]), expected, atol=1e-4)
+
+
+def test_finish_reasons_lengths_and_texts(
+    policy: tuple[PreTrainedModel, PreTrainedTokenizerBase],
+) -> None:
+    model, tok = policy
+    batch = HFRolloutEngine(model, tok, show_progress=False).generate(
+        prompts(tok), 8, SamplingParams(max_new_tokens=10), seed=0
+    )
+    assert set(batch.finish_reasons) == {"stop", "length"}
+    for ids, reason, text, logp in zip(
+        batch.completion_ids, batch.finish_reasons, batch.texts, batch.logprobs, strict=True
+    ):
+        assert len(ids) == len(logp)
+        if reason == "stop":
+            assert ids[-1] == tok.eos_token_id and tok.eos_token_id not in ids[:-1]
+            assert text == tok.decode(ids[:-1], skip_special_tokens=True)
+        else:
+            assert len(ids) == 10 and tok.eos_token_id not in ids
+            assert text == tok.decode(ids, skip_special_tokens=True)
+
+
+def test_greedy_equals_argmax_continuation(
+    policy: tuple[PreTrainedModel, PreTrainedTokenizerBase],
+) -> None:
+    model, tok = policy
+    batch = HFRolloutEngine(model, tok, show_progress=False).generate(
+        prompts(tok), 2, SamplingParams(max_new_tokens=12, temperature=0.0), seed=0
+    )
+    for r in range(len(batch)):
+        ids = list(batch.prompt_ids[r])
+        expected = []
+        for _ in range(12):
+            with torch.no_grad():
+                nxt = int(model(torch.tensor([ids])).logits[0, -1].argmax())
+            expected.append(nxt)
+            ids.append(nxt)
+            if nxt == tok.eos_token_id:
+                break
+        assert batch.completion_ids[r] == expected
+    assert batch.completion_ids[0] == batch.completion_ids[1]
+
+
+def test_top_p_samples_only_from_the_nucleus() -> None:
+    logits = torch.log(torch.tensor([[0.5, 0.3, 0.15, 0.05]])).repeat(1000, 1)
+    tokens, logp = sample_tokens(
+        logits,
+        torch.rand(1000, generator=torch.Generator().manual_seed(0)),
+        SamplingParams(top_p=0.8),
+    )
+    assert set(tokens.tolist()) == {0, 1}
+    assert torch.allclose(logp[tokens == 1], torch.log(torch.tensor(0.3)))

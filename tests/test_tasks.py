@@ -1,0 +1,121 @@
+import json
+from pathlib import Path
+
+import pytest
+from pydantic import ValidationError
+
+from grpo_core.tasks import TaskConfig, make_task
+from grpo_core.tasks.arith import ArithTask
+from grpo_core.tasks.base import Problem
+
+
+def test_arith_is_deterministic_per_seed_and_splits_do_not_overlap() -> None:
+    task = ArithTask()
+    assert task.problems("train", 50, seed=3) == task.problems("train", 50, seed=3)
+    assert task.problems("train", 50, seed=3) != task.problems("train", 50, seed=4)
+    train = {p.question for p in task.problems("train", 2000, seed=0)}
+    test = {p.question for p in task.problems("test", 500, seed=1)}
+    assert not train & test
+
+
+def test_arith_gold_solutions_are_correct_step_by_step() -> None:
+    task = ArithTask(min_steps=1, max_steps=5, operand_max=99, operators="+-*")
+    for p in task.problems("train", 200, seed=0):
+        assert p.solution is not None
+        assert task.is_correct(p, p.solution)
+        assert all(task.step_labels(p, p.solution) or [False])
+        assert str(eval(p.question)) == p.answer  # question precedence = chain order
+
+
+def test_arith_question_parenthesises_products() -> None:
+    p = Problem("x", "(3+4)*2", "14", "3+4=7\n7*2=14\n#### 14")
+    assert ArithTask(operators="+*").step_labels(p, p.solution or "") == [True, True, True]
+
+
+@pytest.mark.parametrize(
+    ("completion", "labels", "correct"),
+    [
+        ("3+4=7\n7-2=5\n#### 5", [True, True, True], True),
+        ("3+4=8\n8-2=6\n#### 6", [False, False, False], False),  # consistent, wrong w.r.t. q
+        ("3+4=7\n7+2=9\n#### 9", [True, False, False], False),  # wrong operator
+        ("3+4=7\n7-3=4\n#### 4", [True, False, False], False),  # wrong operand
+        ("3 + 4 = 7\n\n7 - 2 = 5\n####  5", [True, True, True], True),  # spaces, blank line
+        ("3+4=8\n7-2=5\n#### 5", [False, True, True], True),  # recovers from a slip
+        ("#### 5", [True], True),
+        ("3+4=7\n7-2=5\n5+0=5\n#### 5", [True, True, False, True], True),  # extra step
+        ("3+4=7\n7-2=5", [True, True], False),  # no final answer
+        ("7\n#### 5\n#### 6", [False, True, False], False),  # last #### counts
+    ],
+)
+def test_arith_step_labels_and_verifier(completion: str, labels: list[bool], correct: bool) -> None:
+    task = ArithTask()
+    problem = Problem("p", "3+4-2", "5", "3+4=7\n7-2=5\n#### 5")
+    assert task.step_labels(problem, completion) == labels
+    assert task.is_correct(problem, completion) is correct
+
+
+def test_arith_corrupt_injects_one_wrong_step() -> None:
+    import random
+
+    task = ArithTask()
+    p = task.problems("train", 1, seed=0)[0]
+    bad = task.corrupt(p, random.Random(0))
+    labels = task.step_labels(p, bad)
+    assert labels is not None and not all(labels)
+    assert not task.is_correct(p, bad)
+
+
+def test_task_config_validates_and_builds() -> None:
+    assert make_task(TaskConfig(max_steps=3)).name == "arith"
+    with pytest.raises(ValidationError, match="min_steps"):
+        TaskConfig(min_steps=5, max_steps=2)
+    with pytest.raises(ValidationError):
+        TaskConfig(operators="/")
+    with pytest.raises(ValidationError):
+        TaskConfig.model_validate({"unknown_knob": 1})
+    with pytest.raises(ValidationError, match="path"):
+        TaskConfig(name="local_files")
+
+
+@pytest.mark.parametrize("fmt", ["jsonl", "parquet"])
+def test_local_files_reads_gsm8k_format(tmp_path: Path, fmt: str) -> None:
+    rows = [
+        {
+            "question": f"Tom has {i} apples and buys 2. How many?",
+            "answer": f"{i}+2=<<{i}+2={i + 2}>>{i + 2}\n#### {i + 2:,}",
+        }
+        for i in range(998, 1030)
+    ]
+    path = tmp_path / f"gsm.{fmt}"
+    if fmt == "jsonl":
+        path.write_text("\n".join(json.dumps(r) for r in rows))
+    else:
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+
+        pq.write_table(pa.Table.from_pylist(rows), path)
+    task = make_task(TaskConfig(name="local_files", path=str(path), test_fraction=0.5))
+    train, test = task.problems("train", 100, 0), task.problems("test", 100, 0)
+    assert len(train) + len(test) == len(rows)
+    assert not {p.question for p in train} & {p.question for p in test}
+    p = train[0]
+    assert "<<" not in (p.solution or "")
+    assert task.is_correct(p, f"#### {p.answer}") and "," not in p.answer
+    assert task.step_labels(p, "x") is None
+
+
+def test_reasoning_gym_adapter() -> None:
+    pytest.importorskip("reasoning_gym", reason="reasoning-gym not installed (itergrpo[real])")
+    task = make_task(
+        TaskConfig(name="reasoning_gym", rg_task="chain_sum", rg_kwargs={"max_terms": 3})
+    )
+    train, test = task.problems("train", 20, 0), task.problems("test", 20, 0)
+    assert train == task.problems("train", 20, 0)
+    assert not {p.question for p in train} & {p.question for p in test}
+    p = train[0]
+    assert task.is_correct(p, f"work\n#### {p.answer}")
+    assert not task.is_correct(p, "no answer")
+    gsm = make_task(TaskConfig(name="reasoning_gym", rg_task="gsm_symbolic")).problems(
+        "train", 2, 0
+    )
+    assert gsm[0].solution is not None and gsm[0].solution.rstrip().endswith(gsm[0].answer)
