@@ -3,7 +3,11 @@ import math
 
 import pytest
 
-from grpo_core.evaluate import EvalConfig, maj_at_k, majority_answer, pass_at_k
+from grpo_core.evaluate import EvalConfig, evaluate_policy, maj_at_k, majority_answer, pass_at_k
+from grpo_core.policy import build_char_tokenizer
+from grpo_core.rollout_types import RolloutBatch, SamplingParams
+from grpo_core.tasks.arith import ArithTask
+from grpo_core.tasks.base import Problem
 
 
 @pytest.mark.parametrize("n", [1, 2, 3, 5, 6])
@@ -43,3 +47,45 @@ def test_default_ks_are_powers_of_two() -> None:
     assert EvalConfig(n_samples=6).k_values() == [1, 2, 4]
     with pytest.raises(ValueError, match=r"1\.\.n_samples"):
         EvalConfig(n_samples=4, ks=[8]).k_values()
+
+
+class ScriptedEngine:
+    """Greedy answers `greedy`; sample j of prompt i answers `samples[i][j]`."""
+
+    def __init__(self, greedy: list[str], samples: list[list[str]]) -> None:
+        self.greedy, self.samples = greedy, samples
+
+    def generate(
+        self, prompts: list[str], n: int, params: SamplingParams, seed: int
+    ) -> RolloutBatch:
+        texts = self.greedy if params.temperature == 0 else [t for row in self.samples for t in row]
+        return RolloutBatch(
+            prompt_index=[r // n for r in range(len(texts))],
+            prompt_ids=[[1]] * len(texts),
+            completion_ids=[[0] * len(t) for t in texts],
+            texts=texts,
+            finish_reasons=["stop"] * len(texts),
+            logprobs=[[0.0] * len(t) for t in texts],
+        )
+
+
+def test_evaluate_policy_reports_paper_metrics() -> None:
+    problems = [Problem("a", "1+1", "2"), Problem("b", "2+2", "4")]
+    engine = ScriptedEngine(
+        greedy=["#### 2", "#### 5"],
+        samples=[["#### 2", "#### 3", "#### 3", "#### 2"], ["x", "#### 4", "#### 5", "#### 6"]],
+    )
+    rows = evaluate_policy(
+        engine, build_char_tokenizer(), ArithTask(), problems, EvalConfig(n_samples=4), seed=0
+    )
+    got = {(r.metric, r.k): r.value for r in rows}
+    assert got[("greedy_accuracy", 1)] == 0.5
+    assert got[("sampled_accuracy", 1)] == pytest.approx((2 / 4 + 1 / 4) / 2)
+    assert got[("format_rate", 1)] == pytest.approx(7 / 8)
+    assert got[("pass@k", 4)] == 1.0
+    assert got[("pass@k", 1)] == pytest.approx(got[("sampled_accuracy", 1)])
+    # maj@2 blocks: a: [2,3]->2 ok, [3,2]->3 no; b: [x,4]->4 ok, [5,6]->5 no
+    assert got[("maj@k", 2)] == 0.5
+    assert got[("maj@k", 4)] == 1.0  # ties go to the answer seen first: a -> 2, b -> 4
+    se = next(r.stderr for r in rows if r.metric == "greedy_accuracy")
+    assert se == pytest.approx(0.5)
