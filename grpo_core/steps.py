@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import Any, Protocol
 
 
-class _Decoder(Protocol):
+class Decoder(Protocol):
     def decode(self, token_ids: Any, skip_special_tokens: bool = ..., **kwargs: Any) -> Any: ...
 
 
@@ -31,7 +31,7 @@ def split_steps(completion: str) -> list[str]:
     return [completion[a:b] for a, b in step_spans(completion)]
 
 
-def step_end_token_indices(completion_ids: list[int], tokenizer: _Decoder) -> list[int]:
+def step_end_token_indices(completion_ids: list[int], tokenizer: Decoder) -> list[int]:
     """For each step of the decoded completion, the index of the token holding its last character.
 
     The text is `tokenizer.decode(completion_ids, skip_special_tokens=True)`, as the rollout

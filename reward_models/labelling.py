@@ -11,17 +11,12 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, fields
-from typing import Any, Protocol, TypeVar
+from typing import Any, TypeVar
 
 from grpo_core.rollout_types import RolloutEngine, SamplingParams
-from grpo_core.steps import split_steps, step_end_token_indices, step_spans
+from grpo_core.steps import Decoder, split_steps, step_end_token_indices, step_spans
 from grpo_core.tasks.base import Problem, Task
 from reward_models.config import LabellingConfig
-
-
-class _Decoder(Protocol):
-    def decode(self, token_ids: list[int], skip_special_tokens: bool = ...) -> str: ...
-
 
 _Row = TypeVar("_Row", bound="OrmLabel | PrmLabel")
 
@@ -131,7 +126,7 @@ def _exact_labels(task: Task, sample: LabelledSample, n_steps: int) -> list[int 
 
 def prm_labels_monte_carlo(
     engine: RolloutEngine,
-    tokenizer: _Decoder,
+    tokenizer: Decoder,
     task: Task,
     samples: Sequence[LabelledSample],
     cfg: LabellingConfig,

@@ -109,6 +109,8 @@ TABLE_SCHEMAS: dict[str, pa.Schema] = {
         _req("correct", _BOOL),
     ),
     "eval": _schema(
+        # Which policy was evaluated: policy_0 (before RL), policy_k+1 after iteration k.
+        _req("policy_iteration", _I64),
         _req("split", _S),
         _req("metric", _S),
         _opt("k", _I32),

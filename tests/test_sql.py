@@ -20,7 +20,7 @@ def store(tmp_path: Path) -> RunStore:
     """Iteration 0 committed (3 eval rows), iteration 1 written but never committed."""
     store = RunStore(tmp_path / "store")
     rows = [
-        {"split": "test", "metric": m, "k": k, "value": v, "n": 50}
+        {"policy_iteration": 1, "split": "test", "metric": m, "k": k, "value": v, "n": 50}
         for m, k, v in [("greedy_acc", None, 0.25), ("pass@4", 4, 0.5), ("maj@4", 4, 0.375)]
     ]
     with store.open_run("r1", {}) as run:

@@ -126,7 +126,18 @@ def test_schema_mismatch_names_column_and_types(tmp_path: Path) -> None:
 def test_nullable_columns_may_be_omitted(tmp_path: Path) -> None:
     store = RunStore(tmp_path)
     with store.open_run("r1", {}) as run, run.stage(0, "evaluate") as a:
-        a.write("eval", [{"split": "test", "metric": "greedy_acc", "value": 0.5, "n": 10}])
+        a.write(
+            "eval",
+            [
+                {
+                    "policy_iteration": 0,
+                    "split": "test",
+                    "metric": "greedy_acc",
+                    "value": 0.5,
+                    "n": 10,
+                }
+            ],
+        )
     row = store.read("eval").to_pylist()[0]
     assert row["k"] is None and row["stderr"] is None and row["value"] == 0.5
 
