@@ -12,6 +12,7 @@ import importlib
 import json
 import logging
 import math
+import os
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -208,7 +209,9 @@ def cmd_runs(args: argparse.Namespace) -> int:
 
 COMMANDS: dict[str, AddCommand] = {"sql": add_sql, "tables": add_tables, "runs": add_runs}
 # "module": ("function adding subparsers", (commands it adds)); imported on demand.
-LAZY_COMMANDS: dict[str, tuple[str, tuple[str, ...]]] = {}
+LAZY_COMMANDS: dict[str, tuple[str, tuple[str, ...]]] = {
+    "flows.run_commands": ("add_run_commands", ("run", "demo", "resume", "report", "serve")),
+}
 
 
 def build_parser(command: str | None) -> argparse.ArgumentParser:
@@ -226,6 +229,12 @@ def build_parser(command: str | None) -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     args_list = sys.argv[1:] if argv is None else argv
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    # Per-file "Loading weights" bars from transformers would drown the stage bars.
+    os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+    os.environ.setdefault("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1")
+    # Our own progress lines (stage starts, metrics) are INFO; libraries stay at WARNING.
+    for name in ("itergrpo", "flows", "grpo_core", "reward_models", "storage"):
+        logging.getLogger(name).setLevel(logging.INFO)
     command = next((a for a in args_list if not a.startswith("-")), None)
     known = command in COMMANDS or any(command in n for _, n in LAZY_COMMANDS.values())
     parser = build_parser(command if known else None)

@@ -1,0 +1,213 @@
+"""The run configuration: one typed tree, loaded from YAML, that is also the Prefect form.
+
+Sections owned by the component packages (task, policy, warm start, GRPO algorithm,
+evaluation, reward models, labelling) are imported from them; this module adds the
+recipe-level sections (run, store, rollout, GRPO stage) and the YAML/override loader.
+Pydantic bounds are not shown by the Prefect UI form, so every description states them.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from grpo_core.config import GRPOConfig
+from grpo_core.evaluate import EvalConfig
+from grpo_core.policy import PolicyConfig
+from grpo_core.tasks.registry import TaskConfig
+from grpo_core.warm_start import WarmStartConfig
+from reward_models.config import LabellingConfig, RewardModelConfig
+
+CONFIG_DIR = Path(__file__).resolve().parent.parent / "configs"
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+
+class RunSection(_Section):
+    """Identity, length and determinism of a run."""
+
+    run_id: str | None = Field(
+        None,
+        description="Run id (letters, digits, '-', '_', '.'); empty: derived from the "
+        "preset name and the time. Reusing an id resumes that run.",
+    )
+    seed: int = Field(0, ge=0, description="Base seed of everything random (>= 0).")
+    iterations: int = Field(3, ge=1, le=1000, description="Iterations of Algorithm 1 (1 to 1000).")
+    device: Literal["auto", "cpu", "cuda"] = Field(
+        "auto", description="Where models run: auto (cuda if available), cpu or cuda."
+    )
+    num_threads: int | None = Field(
+        None, ge=1, le=256, description="torch CPU threads (1 to 256); empty: torch default."
+    )
+    warm_start: bool = Field(
+        True, description="Run supervised warm start (SFT) before iteration 0."
+    )
+
+
+class StoreSection(_Section):
+    """Where the run store lives."""
+
+    root: str = Field(
+        "",
+        description="Run store directory; empty: $ITERGRPO_STORE or ./itergrpo-store.",
+    )
+
+    def resolved_root(self) -> Path:
+        return Path(self.root or os.environ.get("ITERGRPO_STORE") or "./itergrpo-store")
+
+
+class RolloutSection(_Section):
+    """Exploration samples labelled for the reward models each iteration."""
+
+    prompts: int = Field(32, ge=1, le=100_000, description="Prompts sampled (1 to 100000).")
+    group_size: int = Field(
+        4, ge=1, le=1024, description="Outputs per prompt G for labelling (1 to 1024)."
+    )
+    temperature: float = Field(1.0, ge=0.0, le=2.0, description="Sampling temperature (0 to 2).")
+    top_p: float = Field(1.0, gt=0.0, le=1.0, description="Nucleus sampling mass (0 < p <= 1).")
+    max_new_tokens: int = Field(
+        48, ge=1, le=8192, description="Longest completion in tokens (1 to 8192)."
+    )
+    batch_size: int = Field(
+        256, ge=1, le=65536, description="Sequences generated together (1 to 65536)."
+    )
+
+
+class RewardWeights(_Section):
+    """How the scalar reward of a GRPO sample is assembled (weights >= 0)."""
+
+    verifier: float = Field(
+        1.0, ge=0.0, description="Weight of the verifier's 1/0 correctness (>= 0)."
+    )
+    orm: float = Field(0.0, ge=0.0, description="Weight of the ORM probability (>= 0).")
+    format: float = Field(
+        0.0, ge=0.0, description="Weight of the format reward: 1 if a '#### x' line ends (>= 0)."
+    )
+
+
+class GRPOStageSection(_Section):
+    """The online GRPO stage: M steps of sample -> reward -> advantages -> mu updates."""
+
+    steps: int = Field(10, ge=1, le=1_000_000, description="GRPO steps M per iteration (>= 1).")
+    prompts_per_step: int = Field(32, ge=1, le=65536, description="Prompts per step (>= 1).")
+    group_size: int = Field(
+        8, ge=2, le=1024, description="Outputs per prompt G (2 to 1024): advantages need >= 2."
+    )
+    max_new_tokens: int = Field(48, ge=1, le=8192, description="Longest completion (1 to 8192).")
+    rewards: RewardWeights = Field(default_factory=RewardWeights)
+    checkpoint_every: int = Field(
+        5, ge=1, description="Save weights, optimizer, RNG and data cursor every N steps (>= 1)."
+    )
+    algo: GRPOConfig = Field(
+        default_factory=GRPOConfig,
+        description="The update itself (loss, KL, clipping, optimizer, supervision, sampling "
+        "temperature); see grpo_core/config.py and its presets paper, dr_grpo, dapo.",
+    )
+
+
+class ItergrpoConfig(_Section):
+    """Everything a run needs. Loaded from YAML (configs/*.yaml), form of the Prefect flow."""
+
+    run: RunSection = Field(default_factory=RunSection)
+    store: StoreSection = Field(default_factory=StoreSection)
+    task: TaskConfig = Field(default_factory=TaskConfig)
+    policy: PolicyConfig = Field(default_factory=PolicyConfig)
+    warm_start: WarmStartConfig = Field(default_factory=WarmStartConfig)
+    rollout: RolloutSection = Field(default_factory=RolloutSection)
+    labelling: LabellingConfig = Field(default_factory=LabellingConfig)
+    reward_models: RewardModelConfig = Field(default_factory=RewardModelConfig)
+    grpo: GRPOStageSection = Field(default_factory=GRPOStageSection)
+    evaluation: EvalConfig = Field(default_factory=EvalConfig)
+
+    @model_validator(mode="after")
+    def _rewards_are_available(self) -> ItergrpoConfig:
+        if self.grpo.rewards.orm > 0 and not self.reward_models.use_orm:
+            raise ValueError(
+                "grpo.rewards.orm > 0 needs reward_models.use_orm = true (no ORM is trained)"
+            )
+        if self.grpo.algo.supervision == "process" and not self.reward_models.use_prm:
+            raise ValueError(
+                "grpo.algo.supervision = process needs reward_models.use_prm = true "
+                "(no PRM is trained)"
+            )
+        return self
+
+
+class ConfigError(ValueError):
+    """A config file or override that cannot be used; the message names the field."""
+
+
+def _set_path(tree: dict[str, Any], dotted: str, value: Any) -> None:
+    keys = dotted.split(".")
+    node = tree
+    for key in keys[:-1]:
+        child = node.setdefault(key, {})
+        if not isinstance(child, dict):
+            raise ConfigError(f"--set {dotted}: '{key}' is a value, not a section")
+        node = child
+    node[keys[-1]] = value
+
+
+def parse_override(text: str) -> tuple[str, Any]:
+    """`a.b=value` -> ("a.b", value parsed as YAML, so 3, 0.5, true, [1, 2] keep their types)."""
+    if "=" not in text:
+        raise ConfigError(f"--set {text!r}: expected KEY=VALUE, e.g. grpo.steps=20")
+    key, raw = text.split("=", 1)
+    key = key.strip()
+    if not key:
+        raise ConfigError(f"--set {text!r}: empty key")
+    return key, yaml.safe_load(raw) if raw.strip() else None
+
+
+def preset_path(name: str) -> Path:
+    """configs/<name>.yaml, or an error listing the presets."""
+    path = CONFIG_DIR / f"{name}.yaml"
+    if not path.is_file():
+        known = sorted(p.stem for p in CONFIG_DIR.glob("*.yaml"))
+        raise ConfigError(f"unknown preset {name!r}; presets: {', '.join(known)}")
+    return path
+
+
+def load_config(
+    path: str | Path | None = None, overrides: list[str] | tuple[str, ...] = ()
+) -> ItergrpoConfig:
+    """Read YAML (a path or a preset name), apply `a.b=value` overrides, validate."""
+    tree: dict[str, Any] = {}
+    if path is not None:
+        file = Path(path)
+        if not file.is_file():
+            file = preset_path(str(path))
+        loaded = yaml.safe_load(file.read_text()) or {}
+        if not isinstance(loaded, dict):
+            raise ConfigError(f"{file}: top level must be a mapping of sections")
+        tree = loaded
+    for item in overrides:
+        key, value = parse_override(item)
+        _set_path(tree, key, value)
+    return validate_config(tree)
+
+
+def validate_config(tree: dict[str, Any]) -> ItergrpoConfig:
+    """Validate a config tree; errors name each field, the value and the rule."""
+    try:
+        return ItergrpoConfig.model_validate(tree)
+    except ValidationError as exc:
+        lines = []
+        for err in exc.errors():
+            where = ".".join(str(p) for p in err["loc"]) or "(top level)"
+            got = ""
+            if "input" in err and err["type"] != "missing":
+                shown = repr(err["input"])
+                got = f" (got {shown[:77] + '...' if len(shown) > 80 else shown})"
+            lines.append(f"  {where}: {err['msg']}{got}")
+        raise ConfigError("invalid config:\n" + "\n".join(lines)) from None
+
+
+def config_to_yaml(cfg: ItergrpoConfig) -> str:
+    return yaml.safe_dump(cfg.model_dump(mode="json"), sort_keys=False)

@@ -1,0 +1,334 @@
+"""The GRPO stage of iteration k: M steps of online sampling -> reward -> advantages -> update.
+
+policy_k is both the starting point and the frozen reference (reference := policy). The
+stage checkpoints weights, optimizer, RNG and the step cursor every `checkpoint_every`
+steps; a rerun resumes from there, and the rows of finished steps travel with the
+checkpoint so the committed `policy_samples` hold every step exactly once.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import torch
+
+from flows.common import (
+    GRPO,
+    GRPO_PROGRESS,
+    INTERRUPT,
+    ORM,
+    POLICY,
+    PRM,
+    ProgressFn,
+    StageResult,
+    ckpt,
+    derive_seed,
+    log,
+    metric_rows,
+    require_checkpoint,
+    resolve_device,
+)
+from flows.config import ItergrpoConfig
+from flows.model_io import policy_at, save_model, to_device
+from grpo_core.advantages import AdvantageInputs, get_adv_estimator
+from grpo_core.answers import format_reward
+from grpo_core.batching import build_policy_batch
+from grpo_core.engine import TorchEngine
+from grpo_core.policy import format_prompt, load_policy
+from grpo_core.rollout import HFRolloutEngine
+from grpo_core.rollout_types import RolloutBatch, SamplingParams
+from grpo_core.tasks.base import Problem, Task
+from grpo_core.tasks.registry import make_task
+from grpo_core.update import grpo_update
+from reward_models.models import RewardModel
+from reward_models.scoring import score_outcome, score_steps
+from storage.checkpoints import (
+    capture_rng_state,
+    load_training_state,
+    restore_rng_state,
+    save_checkpoint,
+    save_training_state,
+)
+from storage.store import RunWriter
+
+SAMPLES_FILE = "policy_samples.parquet"
+METRICS_FILE = "metrics.parquet"
+
+
+@dataclass
+class StepRewards:
+    """Rewards of one GRPO step's P x G outputs (flattened prompt-major)."""
+
+    total: torch.Tensor  # (B,) outcome reward used for advantages
+    verifier: torch.Tensor  # (B,) 1/0
+    fmt: torch.Tensor  # (B,) 1/0
+    rm: torch.Tensor | None  # (B,) ORM probability, or mean PRM step score
+    step_scores: list[list[float]] | None  # PRM scores per step (process supervision)
+    step_ends: list[list[int]] | None  # completion-token index where each step ends
+
+
+def compute_rewards(
+    cfg: ItergrpoConfig,
+    task: Task,
+    problems: list[Problem],
+    prompts: list[str],
+    batch: RolloutBatch,
+    orm: RewardModel | None,
+    prm: RewardModel | None,
+) -> StepRewards:
+    """Weighted verifier + format + ORM reward; PRM step scores under process supervision."""
+    weights = cfg.grpo.rewards
+    owners = [problems[i] for i in batch.prompt_index]
+    row_prompts = [prompts[i] for i in batch.prompt_index]
+    verifier = torch.tensor(
+        [float(task.is_correct(p, t)) for p, t in zip(owners, batch.texts, strict=True)]
+    )
+    fmt = torch.tensor([format_reward(t) for t in batch.texts])
+    total = weights.verifier * verifier + weights.format * fmt
+    rm = None
+    if orm is not None and weights.orm > 0:
+        rm = score_outcome(orm, orm.tokenizer, row_prompts, batch.texts).float().cpu()
+        total = total + weights.orm * rm
+    step_scores = step_ends = None
+    if cfg.grpo.algo.supervision == "process":
+        assert prm is not None
+        scored = score_steps(prm, prm.tokenizer, row_prompts, batch.texts)
+        # The verifier/format part of the outcome reward is added to the last step, so a
+        # process-supervised run can still be anchored to the checked answer.
+        step_scores = [
+            [*s[:-1], s[-1] + float(extra)] if s else []
+            for s, extra in zip(scored.scores, total.tolist(), strict=True)
+        ]
+        step_ends = scored.step_end_tokens
+        rm = torch.tensor([sum(s) / len(s) if s else 0.0 for s in scored.scores])
+    return StepRewards(total, verifier, fmt, rm, step_scores, step_ends)
+
+
+def _pad_steps(
+    values: list[list[float]], ends: list[list[int]], shape: tuple[int, int]
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Ragged per-output step lists -> (P, G, S) rewards, mask and end indices."""
+    width = max((len(v) for v in values), default=0) or 1
+    rewards = torch.zeros(len(values), width)
+    mask = torch.zeros(len(values), width, dtype=torch.bool)
+    end_idx = torch.zeros(len(values), width, dtype=torch.long)
+    for r, (vals, idx) in enumerate(zip(values, ends, strict=True)):
+        rewards[r, : len(vals)] = torch.tensor(vals)
+        mask[r, : len(vals)] = True
+        end_idx[r, : len(idx)] = torch.tensor(idx, dtype=torch.long)
+    return (
+        rewards.reshape(*shape, width),
+        mask.reshape(*shape, width),
+        end_idx.reshape(*shape, width),
+    )
+
+
+def token_advantages(
+    cfg: ItergrpoConfig, rewards: StepRewards, response_mask: torch.Tensor, shape: tuple[int, int]
+) -> torch.Tensor:
+    """(B, T) advantages in response coordinates from the configured estimator."""
+    algo = cfg.grpo.algo
+    inputs = AdvantageInputs(
+        response_mask=response_mask,
+        rewards=rewards.total.reshape(shape),
+        correct=rewards.verifier.reshape(shape),
+    )
+    if rewards.step_scores is not None and rewards.step_ends is not None:
+        step_rewards, step_mask, step_ends = _pad_steps(
+            rewards.step_scores, rewards.step_ends, shape
+        )
+        inputs = AdvantageInputs(
+            response_mask=response_mask,
+            rewards=inputs.rewards,
+            correct=inputs.correct,
+            step_rewards=step_rewards,
+            step_mask=step_mask,
+            step_ends=step_ends,
+        )
+    return get_adv_estimator(algo.advantage_estimator)(inputs, algo.adv_eps)
+
+
+def _load_rms(
+    cfg: ItergrpoConfig, run: RunWriter, k: int, device: torch.device
+) -> tuple[RewardModel | None, RewardModel | None]:
+    orm = prm = None
+    if cfg.grpo.rewards.orm > 0:
+        path = require_checkpoint(ckpt(cfg, run.run_id, ORM, k), f"orm_{k}")
+        orm = RewardModel.load(path, device=device).eval()
+    if cfg.grpo.algo.supervision == "process":
+        path = require_checkpoint(ckpt(cfg, run.run_id, PRM, k), f"prm_{k}")
+        prm = RewardModel.load(path, device=device).eval()
+    return orm, prm
+
+
+def _save_progress(
+    path: Path,
+    model: Any,
+    tokenizer: Any,
+    engine: TorchEngine,
+    next_step: int,
+    sample_rows: list[dict[str, Any]],
+    metric_log: list[dict[str, Any]],
+) -> None:
+    def write(tmp: Path) -> None:
+        model.save_pretrained(tmp, safe_serialization=True)
+        tokenizer.save_pretrained(tmp)
+        save_training_state(
+            tmp,
+            optimizer_state=engine.state_dict(),
+            rng_state=capture_rng_state(),
+            extra={"next_step": next_step},
+        )
+        pq.write_table(pa.Table.from_pylist(sample_rows), tmp / SAMPLES_FILE)
+        pq.write_table(pa.Table.from_pylist(metric_log), tmp / METRICS_FILE)
+
+    save_checkpoint(path, write, overwrite=True)
+
+
+def _resume_point(
+    path: Path, model: Any, engine: TorchEngine
+) -> tuple[int, list[dict[str, Any]], list[dict[str, Any]]]:
+    if not (path / "config.json").is_file():
+        return 0, [], []
+    from safetensors.torch import load_file
+
+    model.load_state_dict(load_file(str(path / "model.safetensors")), strict=False)
+    state = load_training_state(path)
+    engine.load_state_dict(state["optimizer_state"])
+    restore_rng_state(state["rng_state"])
+    samples = pq.read_table(path / SAMPLES_FILE).to_pylist()
+    metrics = pq.read_table(path / METRICS_FILE).to_pylist()
+    log.info("GRPO: resuming at step %d from %s", state["extra"]["next_step"], path)
+    return int(state["extra"]["next_step"]), samples, metrics
+
+
+def grpo_stage(
+    cfg: ItergrpoConfig, run: RunWriter, iteration: int, progress: ProgressFn
+) -> StageResult:
+    """M GRPO steps on policy_k against reference policy_k and rm_k -> policy_{k+1}."""
+    g, algo, k = cfg.grpo, cfg.grpo.algo, iteration
+    device = resolve_device(cfg)
+    task = make_task(cfg.task)
+    policy_dir = require_checkpoint(ckpt(cfg, run.run_id, POLICY, k), f"policy_{k}")
+    model, tokenizer = policy_at(cfg, run, k)
+    reference = None
+    if algo.beta > 0:  # beta = 0 never loads the reference (no forward pass, no memory)
+        reference = to_device(load_policy(policy_dir)[0], cfg)
+        reference.eval().requires_grad_(False)
+    orm, prm = _load_rms(cfg, run, k, device)
+    engine = TorchEngine(
+        model,
+        lr=algo.lr,
+        weight_decay=algo.weight_decay,
+        betas=(algo.adam_beta1, algo.adam_beta2),
+        max_grad_norm=algo.max_grad_norm,
+        warmup_steps=algo.warmup_steps,
+        lr_schedule=algo.lr_schedule,
+        total_steps=g.steps * algo.mu * algo.mini_batches_per_epoch,
+    )
+    sampler = HFRolloutEngine(
+        model, tokenizer, batch_size=cfg.rollout.batch_size, show_progress=False
+    )
+    progress_dir = ckpt(cfg, run.run_id, GRPO_PROGRESS, k)
+    start, sample_rows, metric_log = _resume_point(progress_dir, model, engine)
+    pool = task.problems(
+        "train", g.steps * g.prompts_per_step, seed=derive_seed(cfg.run.seed, GRPO, k)
+    )
+    params = SamplingParams(max_new_tokens=g.max_new_tokens, temperature=algo.temperature)
+    for step in range(start, g.steps):
+        problems = pool[step * g.prompts_per_step : (step + 1) * g.prompts_per_step]
+        prompts = [format_prompt(tokenizer, p.question) for p in problems]
+        step_seed = derive_seed(cfg.run.seed, GRPO, k, step)
+        model.eval()
+        batch = sampler.generate(prompts, g.group_size, params, seed=step_seed)
+        rewards = compute_rewards(cfg, task, problems, prompts, batch, orm, prm)
+        shape = (len(problems), g.group_size)
+        # Advantages are computed on the CPU in response coordinates, then placed at the
+        # completion columns of the padded batch (B, L) the update consumes.
+        cpu_batch = build_policy_batch(
+            batch.prompt_ids, batch.completion_ids, tokenizer.pad_token_id
+        )
+        response_mask = cpu_batch.full_to_response(cpu_batch.response_mask)
+        advantages = token_advantages(cfg, rewards, response_mask, shape)
+        old = (
+            cpu_batch.lists_to_full(batch.logprobs).to(device)
+            if algo.use_sampling_logprobs_as_old
+            else None
+        )
+        model.train()
+        stats = grpo_update(
+            engine,
+            reference,
+            cpu_batch.to(device),
+            cpu_batch.response_to_full(advantages).to(device),
+            algo,
+            old_logprobs=old,
+            generator=torch.Generator().manual_seed(step_seed),
+        )
+        stats["reward_mean"] = float(rewards.total.mean())
+        stats["accuracy"] = float(rewards.verifier.mean())
+        metric_log += metric_rows(GRPO, stats, step)
+        sample_rows += _sample_rows(step, problems, batch, rewards, advantages, stats, g.group_size)
+        progress(
+            (step + 1) / g.steps,
+            f"GRPO step {step + 1}/{g.steps}: reward {stats['reward_mean']:.3f}",
+        )
+        log.info(
+            "GRPO iter %d step %d: reward %.3f acc %.3f kl %.4f",
+            k,
+            step,
+            stats["reward_mean"],
+            stats["accuracy"],
+            stats.get("kl", float("nan")),
+        )
+        done = step + 1
+        if done % g.checkpoint_every == 0 or done == g.steps or INTERRUPT.requested:
+            _save_progress(progress_dir, model, tokenizer, engine, done, sample_rows, metric_log)
+        INTERRUPT.check()
+    save_model(ckpt(cfg, run.run_id, POLICY, k + 1), model, tokenizer)
+    with run.stage(k, GRPO) as attempt:
+        attempt.write("policy_samples", sample_rows)
+        attempt.write("metrics", metric_log)
+    summary = {
+        name: sum(r["value"] for r in metric_log if r["name"] == name) / max(g.steps, 1)
+        for name in ("reward_mean", "accuracy", "kl")
+    }
+    return StageResult(GRPO, k, metrics=summary)
+
+
+def _sample_rows(
+    step: int,
+    problems: list[Problem],
+    batch: RolloutBatch,
+    rewards: StepRewards,
+    advantages: torch.Tensor,
+    stats: dict[str, float],
+    group_size: int,
+) -> list[dict[str, Any]]:
+    lengths = [len(ids) for ids in batch.completion_ids]
+    seq_adv = [
+        float(advantages[r, : max(n, 1)].mean()) if n else 0.0 for r, n in enumerate(lengths)
+    ]
+    return [
+        {
+            "step": step,
+            "problem_id": problems[batch.prompt_index[r]].problem_id,
+            "sample_index": r % group_size,
+            "completion": batch.texts[r],
+            "reward": float(rewards.total[r]),
+            "reward_verifier": float(rewards.verifier[r]),
+            "reward_rm": None if rewards.rm is None else float(rewards.rm[r]),
+            "reward_format": float(rewards.fmt[r]),
+            "advantage": seq_adv[r],
+            "kl": stats.get("kl", 0.0),
+            "ratio_mean": stats.get("ratio_mean", 1.0),
+            "ratio_max": stats.get("ratio_max", 1.0),
+            "n_completion_tokens": lengths[r],
+            "correct": bool(rewards.verifier[r] > 0),
+        }
+        for r in range(len(batch))
+    ]

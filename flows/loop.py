@@ -1,0 +1,120 @@
+"""Algorithm 1 as a loop over stage functions; who executes a stage (plain call or Prefect
+task) is injected, so the same loop runs in tests, from the CLI and in the Prefect flow."""
+
+from __future__ import annotations
+
+import logging
+import re
+import time
+from collections.abc import Callable
+from datetime import UTC, datetime
+
+from flows import stages
+from flows.common import (
+    EVALUATE,
+    GRPO,
+    INTERRUPT,
+    LABEL,
+    ROLLOUT,
+    TRAIN_RM,
+    WARM_START,
+    ProgressFn,
+    RunInterrupted,
+    StageResult,
+    apply_threads,
+    no_progress,
+)
+from flows.config import ItergrpoConfig
+from storage.store import RunStore, RunWriter
+
+log = logging.getLogger("itergrpo")
+
+StageFn = Callable[[ItergrpoConfig, RunWriter, int, ProgressFn], StageResult]
+# execute(stage_name, iteration, fn) -> result. The default calls fn directly.
+Executor = Callable[[str, int, StageFn], StageResult]
+
+STAGE_FUNCTIONS: dict[str, StageFn] = {
+    WARM_START: stages.warm_start_stage,
+    ROLLOUT: stages.rollout_stage,
+    LABEL: stages.label_stage,
+    TRAIN_RM: stages.train_rm_stage,
+    GRPO: stages.grpo_stage,
+    EVALUATE: stages.evaluate_stage,
+}
+
+
+def default_run_id(preset: str = "run") -> str:
+    stamp = datetime.now(UTC).strftime("%Y%m%d-%H%M%S")
+    return f"{re.sub(r'[^A-Za-z0-9_.-]', '-', preset)}-{stamp}"
+
+
+def planned_stages(cfg: ItergrpoConfig) -> list[tuple[str, int]]:
+    """Every (stage, iteration) of the run, in order. The warm start also evaluates policy_0."""
+    plan = [(WARM_START, 0)]
+    for k in range(cfg.run.iterations):
+        plan.extend((name, k) for name in (ROLLOUT, LABEL, TRAIN_RM, GRPO, EVALUATE))
+    return plan
+
+
+def call_directly(
+    cfg: ItergrpoConfig, run: RunWriter, progress: ProgressFn = no_progress
+) -> Executor:
+    def execute(name: str, iteration: int, fn: StageFn) -> StageResult:
+        return fn(cfg, run, iteration, progress)
+
+    return execute
+
+
+def run_loop(
+    cfg: ItergrpoConfig,
+    run: RunWriter,
+    execute: Executor,
+    on_stage_done: Callable[[StageResult], None] | None = None,
+) -> list[StageResult]:
+    """Run every planned stage not yet committed; committed ones are skipped (resume)."""
+    results: list[StageResult] = []
+    for name, iteration in planned_stages(cfg):
+        INTERRUPT.check()
+        if run.is_committed(iteration, name):
+            result = StageResult(name, iteration, skipped=True)
+        else:
+            log.info("iteration %d: %s", iteration, name)
+            start = time.perf_counter()
+            result = execute(name, iteration, STAGE_FUNCTIONS[name])
+            result.seconds = time.perf_counter() - start
+            log.info("iteration %d: %s done in %.1f s", iteration, name, result.seconds)
+        results.append(result)
+        if name == EVALUATE:
+            run.set_status("running", iterations_done=iteration + 1)
+        if on_stage_done is not None:
+            on_stage_done(result)
+    return results
+
+
+def execute_run(
+    cfg: ItergrpoConfig,
+    *,
+    force_config: bool = False,
+    make_executor: Callable[[ItergrpoConfig, RunWriter], Executor] | None = None,
+    on_stage_done: Callable[[StageResult], None] | None = None,
+) -> list[StageResult]:
+    """Open (lock) the run, run the loop, record the final status."""
+    if cfg.run.run_id is None:
+        raise ValueError("run.run_id is empty: the caller picks one (see default_run_id)")
+    apply_threads(cfg)
+    store = RunStore(cfg.store.resolved_root())
+    with store.open_run(
+        cfg.run.run_id, cfg.model_dump(mode="json"), force_config=force_config
+    ) as run:
+        run.set_status("running")
+        executor = make_executor(cfg, run) if make_executor else call_directly(cfg, run)
+        try:
+            results = run_loop(cfg, run, executor, on_stage_done)
+        except RunInterrupted:
+            run.set_status("interrupted")
+            raise
+        except BaseException:
+            run.set_status("failed")
+            raise
+        run.set_status("completed", iterations_done=cfg.run.iterations)
+    return results

@@ -1,0 +1,50 @@
+"""Loading and saving the run's models as checkpoints (atomic, HF `save_pretrained` format)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import cast
+
+from torch import nn
+from transformers import PreTrainedModel, PreTrainedTokenizerBase
+
+from flows.common import POLICY, ckpt, require_checkpoint, resolve_device
+from flows.config import ItergrpoConfig
+from grpo_core.policy import load_policy
+from reward_models.models import RewardModel
+from storage.checkpoints import save_checkpoint
+from storage.store import RunWriter
+
+
+def save_model(path: Path, model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase) -> None:
+    """Weights (safetensors) and tokenizer into a temp dir renamed into place."""
+
+    def write(tmp: Path) -> None:
+        model.save_pretrained(tmp, safe_serialization=True)
+        tokenizer.save_pretrained(tmp)
+
+    save_checkpoint(path, write, overwrite=True)
+
+
+def save_reward_model(path: Path, model: RewardModel) -> None:
+    """A reward model, atomically like the policy (its own `save` writes in place)."""
+
+    def write(tmp: Path) -> None:
+        model.save(tmp)
+
+    save_checkpoint(path, write, overwrite=True)
+
+
+def to_device(model: PreTrainedModel, cfg: ItergrpoConfig) -> PreTrainedModel:
+    """The model moved to the run's device (typed: transformers wraps `.to`)."""
+    cast(nn.Module, model).to(resolve_device(cfg))
+    return model
+
+
+def policy_at(
+    cfg: ItergrpoConfig, run: RunWriter, k: int
+) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
+    """policy_k (the policy iteration k starts from) on the run's device."""
+    path = require_checkpoint(ckpt(cfg, run.run_id, POLICY, k), f"policy_{k}")
+    model, tokenizer = load_policy(path)
+    return to_device(model, cfg), tokenizer

@@ -1,0 +1,187 @@
+"""Run reports: the per-iteration table, a markdown summary and PNG plots, from the store."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+from storage.store import RunStore
+
+# Columns of the per-iteration table, in display order: (key, header).
+TABLE_COLUMNS = (
+    ("policy", "policy"),
+    ("greedy_acc", "greedy acc"),
+    ("sample_acc", "sampled acc"),
+    ("maj", "Maj@K"),
+    ("pass", "Pass@K"),
+    ("orm_auroc", "RM AUROC"),
+    ("reward", "mean reward"),
+    ("kl", "KL"),
+)
+
+
+def _eval_by_policy(store: RunStore, run_id: str) -> dict[int, dict[str, float]]:
+    """Test-split eval values per policy: `metric` for K-free metrics, `pass@4` style names
+    for per-K ones, and `<name>_se` for their standard errors."""
+    table = store.read("eval", run_id=run_id, where="split = 'test'")
+    out: dict[int, dict[str, float]] = defaultdict(dict)
+    for row in table.to_pylist():
+        name = row["metric"]
+        if name.endswith("@k"):
+            name = f"{name[:-2]}@{row['k']}"
+        values = out[int(row["policy_iteration"])]
+        values[name] = float(row["value"])
+        if row["stderr"] is not None:
+            values[f"{name}_se"] = float(row["stderr"])
+    return out
+
+
+def _grpo_means(store: RunStore, run_id: str) -> dict[int, dict[str, float]]:
+    """Mean GRPO-stage reward and KL of iteration k (they produced policy k+1)."""
+    table = store.read("metrics", run_id=run_id, where="stage = 'grpo' AND step IS NOT NULL")
+    sums: dict[int, dict[str, list[float]]] = defaultdict(lambda: defaultdict(list))
+    for row in table.to_pylist():
+        sums[int(row["iteration"])][row["name"]].append(float(row["value"]))
+    return {
+        k: {name: sum(vals) / len(vals) for name, vals in by_name.items() if vals}
+        for k, by_name in sums.items()
+    }
+
+
+def _largest_k(metrics: dict[str, float], prefix: str) -> tuple[int, float] | None:
+    found = [
+        (int(name.split("@", 1)[1]), value)
+        for name, value in metrics.items()
+        if name.startswith(prefix + "@") and name.split("@", 1)[1].isdigit()
+    ]
+    return max(found) if found else None
+
+
+def iteration_table(store: RunStore, run_id: str) -> list[dict[str, Any]]:
+    """One row per evaluated policy: policy_0 (before RL), then policy_k+1 after iteration k."""
+    evals = _eval_by_policy(store, run_id)
+    grpo = _grpo_means(store, run_id)
+    rows = []
+    for policy in sorted(evals):
+        metrics = evals[policy]
+        maj = _largest_k(metrics, "maj")
+        pas = _largest_k(metrics, "pass")
+        trained_by = grpo.get(policy - 1, {})
+        rows.append(
+            {
+                "policy": policy,
+                "greedy_acc": metrics.get("greedy_accuracy"),
+                "greedy_acc_se": metrics.get("greedy_accuracy_se"),
+                "sample_acc": metrics.get("sampled_accuracy"),
+                "maj": maj[1] if maj else None,
+                "maj_se": metrics.get(f"maj@{maj[0]}_se") if maj else None,
+                "maj_k": maj[0] if maj else None,
+                "pass": pas[1] if pas else None,
+                "pass_k": pas[0] if pas else None,
+                "orm_auroc": metrics.get("orm_auroc"),
+                "reward": trained_by.get("reward_mean"),
+                "kl": trained_by.get("kl"),
+            }
+        )
+    return rows
+
+
+def _fmt(value: Any) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, float):
+        return f"{value:.3f}"
+    return str(value)
+
+
+def _cell(row: dict[str, Any], key: str) -> str:
+    """The value, with its standard error when the row has one (`0.512±0.022`)."""
+    se = row.get(f"{key}_se")
+    return _fmt(row[key]) + (f"±{se:.3f}" if se is not None and row[key] is not None else "")
+
+
+def _headers(rows: list[dict[str, Any]]) -> list[str]:
+    heads = []
+    for key, head in TABLE_COLUMNS:
+        k = rows[0].get(f"{key}_k") if rows else None
+        heads.append(head.replace("@K", f"@{k}") if k else head)
+    return heads
+
+
+def format_table(rows: list[dict[str, Any]]) -> str:
+    """A plain-text table for the terminal."""
+    if not rows:
+        return "(no evaluation rows yet)"
+    heads = _headers(rows)
+    cells = [[_cell(r, key) for key, _ in TABLE_COLUMNS] for r in rows]
+    widths = [max(len(h), *(len(c[i]) for c in cells)) for i, h in enumerate(heads)]
+    lines = ["  ".join(h.rjust(w) for h, w in zip(heads, widths, strict=True))]
+    lines.append("  ".join("-" * w for w in widths))
+    lines += ["  ".join(c.rjust(w) for c, w in zip(row, widths, strict=True)) for row in cells]
+    return "\n".join(lines)
+
+
+def summary_markdown(store: RunStore, run_id: str) -> str:
+    rows = iteration_table(store, run_id)
+    text = [f"# itergrpo run `{run_id}`", ""]
+    if rows:
+        heads = _headers(rows)
+        text.append("| " + " | ".join(heads) + " |")
+        text.append("|" + "---|" * len(heads))
+        for r in rows:
+            text.append("| " + " | ".join(_cell(r, key) for key, _ in TABLE_COLUMNS) + " |")
+        first, last = rows[0], rows[-1]
+        text += [
+            "",
+            f"policy_0 -> policy_{last['policy']}: greedy accuracy "
+            f"{_fmt(first['greedy_acc'])} -> {_fmt(last['greedy_acc'])}, "
+            f"Maj@K {_fmt(first['maj'])} -> {_fmt(last['maj'])}, "
+            f"Pass@K {_fmt(first['pass'])} -> {_fmt(last['pass'])}.",
+        ]
+    else:
+        text.append("No evaluation rows yet.")
+    text += [
+        "",
+        f"Inspect with SQL: `itergrpo sql \"SELECT * FROM eval WHERE run_id = '{run_id}'\"`",
+    ]
+    return "\n".join(text) + "\n"
+
+
+def write_report(store: RunStore, run_id: str, out_dir: Path) -> list[Path]:
+    """PNG plots (accuracy / Maj@K / Pass@K / reward / KL / RM AUROC per policy) + summary.md."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    out_dir.mkdir(parents=True, exist_ok=True)
+    rows = iteration_table(store, run_id)
+    written = []
+    panels = [
+        ("accuracy.png", "Accuracy", ("greedy_acc", "sample_acc", "maj", "pass")),
+        ("reward_kl.png", "GRPO reward and KL", ("reward", "kl")),
+        ("rm_auroc.png", "ORM AUROC", ("orm_auroc",)),
+    ]
+    heads = dict(zip((k for k, _ in TABLE_COLUMNS), _headers(rows), strict=True)) if rows else {}
+    for filename, title, keys in panels:
+        fig, ax = plt.subplots(figsize=(6, 4))
+        for key in keys:
+            points = [(r["policy"], r[key]) for r in rows if r[key] is not None]
+            if points:
+                xs, ys = zip(*points, strict=True)
+                ax.plot(xs, ys, marker="o", label=heads.get(key, key))
+        ax.set_xlabel("policy (k = after k GRPO iterations)")
+        ax.set_title(f"{title} — {run_id}")
+        ax.grid(alpha=0.3)
+        if ax.get_legend_handles_labels()[0]:
+            ax.legend()
+        path = out_dir / filename
+        fig.tight_layout()
+        fig.savefig(path, dpi=100)
+        plt.close(fig)
+        written.append(path)
+    summary = out_dir / "summary.md"
+    summary.write_text(summary_markdown(store, run_id))
+    written.append(summary)
+    return written

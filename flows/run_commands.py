@@ -1,0 +1,165 @@
+"""CLI commands that run the pipeline: run, resume, demo, serve, report."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+import time
+from pathlib import Path
+
+from flows.config import ItergrpoConfig, load_config, validate_config
+from flows.loop import default_run_id, execute_run
+from flows.report import format_table, iteration_table, write_report
+from storage.store import RunStore
+
+log = logging.getLogger("itergrpo")
+
+
+def _quiet_prefect_env() -> None:
+    os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
+    os.environ.setdefault("DO_NOT_TRACK", "1")
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+
+
+def _with_identity(cfg: ItergrpoConfig, run_id: str | None, store: str | None) -> ItergrpoConfig:
+    tree = cfg.model_dump(mode="json")
+    if run_id:
+        tree["run"]["run_id"] = run_id
+    if store:
+        tree["store"]["root"] = store
+    if not tree["run"]["run_id"]:
+        tree["run"]["run_id"] = default_run_id(tree.get("task", {}).get("name", "run"))
+    return validate_config(tree)
+
+
+def _execute(cfg: ItergrpoConfig, *, use_prefect: bool, force_config: bool) -> None:
+    from transformers.utils import logging as hf_logging
+
+    # transformers draws a bar per checkpoint load/save; the stage bars are the useful ones.
+    hf_logging.disable_progress_bar()
+    if use_prefect:
+        from flows.prefect_flow import iterative_rl
+
+        iterative_rl(cfg, force_config=force_config)
+    else:
+        execute_run(cfg, force_config=force_config)
+
+
+def _finish(cfg: ItergrpoConfig, seconds: float) -> None:
+    assert cfg.run.run_id is not None
+    store = RunStore(cfg.store.resolved_root())
+    print()
+    print(format_table(iteration_table(store, cfg.run.run_id)))
+    plots = write_report(store, cfg.run.run_id, store.root / "reports" / cfg.run.run_id)
+    print(f"\nrun {cfg.run.run_id} finished in {seconds:.0f} s")
+    print(f"store:  {store.root.resolve()}")
+    print(f"report: {plots[0].parent.resolve()}")
+    print(f"query:  itergrpo sql \"SELECT * FROM eval WHERE run_id = '{cfg.run.run_id}'\"")
+
+
+def _run_config(cfg: ItergrpoConfig, args: argparse.Namespace) -> int:
+    from flows.common import RunInterrupted
+
+    start = time.perf_counter()
+    try:
+        _execute(cfg, use_prefect=not args.no_prefect, force_config=args.force_config)
+    except RunInterrupted as exc:
+        print(f"{exc}: itergrpo resume {cfg.run.run_id}", file=sys.stderr)
+        return 130
+    _finish(cfg, time.perf_counter() - start)
+    return 0
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    cfg = load_config(args.config, args.set or [])
+    return _run_config(_with_identity(cfg, args.run_id, args.store), args)
+
+
+def cmd_demo(args: argparse.Namespace) -> int:
+    cfg = load_config("demo", args.set or [])
+    print("itergrpo demo: built-in arithmetic task, tiny policy, warm start + iterations")
+    return _run_config(_with_identity(cfg, args.run_id, args.store), args)
+
+
+def cmd_resume(args: argparse.Namespace) -> int:
+    store = RunStore(args.store)
+    cfg = validate_config(store.run_config(args.run_id))
+    cfg = _with_identity(cfg, args.run_id, args.store)
+    args.force_config = False
+    return _run_config(cfg, args)
+
+
+def cmd_report(args: argparse.Namespace) -> int:
+    store = RunStore(args.store)
+    out = Path(args.out) if args.out else store.root / "reports" / args.run_id
+    print(format_table(iteration_table(store, args.run_id)))
+    for path in write_report(store, args.run_id, out):
+        print(f"wrote {path}")
+    return 0
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    from flows.prefect_flow import iterative_rl
+
+    cfg = load_config(args.config, args.set or [])
+    if args.store:
+        cfg = validate_config({**cfg.model_dump(mode="json"), "store": {"root": args.store}})
+    iterative_rl.serve(
+        name=args.name,
+        cron=args.cron,
+        parameters={"config": cfg.model_dump(mode="json")},
+        description="Iterative GRPO with reward-model retraining (DeepSeekMath Algorithm 1)",
+        tags=["itergrpo"],
+    )
+    return 0
+
+
+def _run_options(p: argparse.ArgumentParser, *, config: bool = True) -> None:
+    if config:
+        p.add_argument("--config", help="YAML file or preset name (configs/*.yaml)")
+        p.add_argument(
+            "--set", action="append", metavar="KEY=VALUE", help="override, e.g. grpo.steps=20"
+        )
+    p.add_argument(
+        "--store", help="run store directory (default $ITERGRPO_STORE or ./itergrpo-store)"
+    )
+    p.add_argument(
+        "--no-prefect", action="store_true", help="call the stages directly, without Prefect"
+    )
+
+
+def add_run_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    p = sub.add_parser("run", help="run the iterative RL loop")
+    _run_options(p)
+    p.add_argument("--run-id", help="run id; reusing one resumes it")
+    p.add_argument(
+        "--force-config", action="store_true", help="reuse a run id with a different config"
+    )
+    p.set_defaults(func=cmd_run)
+
+    p = sub.add_parser("demo", help="the built-in demo: warm start + 3 iterations on CPU")
+    _run_options(p)
+    p.add_argument("--run-id", help="run id (default: demo-<time>)")
+    p.set_defaults(func=cmd_demo, force_config=False, config=None)
+
+    p = sub.add_parser("resume", help="resume a run from its stored config and artifacts")
+    p.add_argument("run_id")
+    _run_options(p, config=False)
+    p.set_defaults(func=cmd_resume)
+
+    p = sub.add_parser("report", help="plots and a markdown summary of a run")
+    p.add_argument("run_id")
+    p.add_argument("--store", help="run store directory")
+    p.add_argument("--out", help="output directory (default <store>/reports/<run_id>)")
+    p.set_defaults(func=cmd_report)
+
+    p = sub.add_parser("serve", help="serve the flow as a Prefect deployment (UI-triggered runs)")
+    p.add_argument("--config", default="demo", help="default parameters: YAML file or preset")
+    p.add_argument("--set", action="append", metavar="KEY=VALUE")
+    p.add_argument("--store", help="run store directory")
+    p.add_argument("--name", default="itergrpo", help="deployment name")
+    p.add_argument("--cron", help="cron schedule, e.g. '0 2 * * *'")
+    p.set_defaults(func=cmd_serve)
