@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import os
 import signal
 import threading
 from collections.abc import Callable, Iterator
@@ -40,6 +41,40 @@ ProgressFn = Callable[[float, str], None]
 
 def no_progress(fraction: float, message: str) -> None:
     """Default progress sink: the terminal already has tqdm bars."""
+
+
+# Fault injection for the kill-and-resume tests: "SIGKILL@grpo:1:2" sends SIGKILL to this
+# process at the 2nd progress report of the GRPO stage of iteration 1 (SIGINT likewise).
+# Progress reports sit between a stage's work and its commit, so this hits "inside" a stage.
+FAULT_ENV = "ITERGRPO_FAULT"
+
+
+def with_fault_hook(progress: ProgressFn, stage: str, iteration: int) -> ProgressFn:
+    """`progress`, plus the signal FAULT_ENV asks for at its stage/iteration/report."""
+    spec = os.environ.get(FAULT_ENV, "")
+    if not spec:
+        return progress
+    try:
+        sig_name, where = spec.split("@")
+        want_stage, want_iteration, want_count = where.split(":")
+        sig = signal.Signals[sig_name]
+        count_at = int(want_count)
+        target = (want_stage, int(want_iteration))
+    except (ValueError, KeyError):
+        raise ValueError(f"{FAULT_ENV}={spec!r}: expected SIGNAL@stage:iteration:n") from None
+    if target != (stage, iteration):
+        return progress
+    calls = 0
+
+    def hooked(fraction: float, message: str) -> None:
+        nonlocal calls
+        progress(fraction, message)
+        calls += 1
+        if calls == count_at:
+            log.warning("%s: sending %s at %s", FAULT_ENV, sig.name, where)
+            os.kill(os.getpid(), sig)
+
+    return hooked
 
 
 @dataclass

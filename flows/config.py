@@ -8,6 +8,7 @@ Pydantic bounds are not shown by the Prefect UI form, so every description state
 
 from __future__ import annotations
 
+import contextlib
 import os
 from pathlib import Path
 from typing import Any, Literal
@@ -59,7 +60,8 @@ class StoreSection(_Section):
     )
 
     def resolved_root(self) -> Path:
-        return Path(self.root or os.environ.get("ITERGRPO_STORE") or "./itergrpo-store")
+        raw = self.root or os.environ.get("ITERGRPO_STORE") or "./itergrpo-store"
+        return Path(raw).expanduser().absolute()
 
 
 class RolloutSection(_Section):
@@ -100,7 +102,10 @@ class GRPOStageSection(_Section):
         8, ge=2, le=1024, description="Outputs per prompt G (2 to 1024): advantages need >= 2."
     )
     max_new_tokens: int = Field(48, ge=1, le=8192, description="Longest completion (1 to 8192).")
-    rewards: RewardWeights = Field(default_factory=RewardWeights)
+    rewards: RewardWeights = Field(
+        default_factory=RewardWeights,
+        description="Weights of the verifier, ORM and format parts of the outcome reward.",
+    )
     checkpoint_every: int = Field(
         5, ge=1, description="Save weights, optimizer, RNG and data cursor every N steps (>= 1)."
     )
@@ -162,7 +167,12 @@ def parse_override(text: str) -> tuple[str, Any]:
     key = key.strip()
     if not key:
         raise ConfigError(f"--set {text!r}: empty key")
-    return key, yaml.safe_load(raw) if raw.strip() else None
+    value = yaml.safe_load(raw) if raw.strip() else None
+    if isinstance(value, str):
+        # YAML 1.1 reads 1e-5 (no dot) as a string; a number is what was meant.
+        with contextlib.suppress(ValueError):
+            value = float(value) if value.strip().lower() not in ("nan", "inf", "-inf") else value
+    return key, value
 
 
 def preset_path(name: str) -> Path:

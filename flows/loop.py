@@ -22,7 +22,9 @@ from flows.common import (
     RunInterrupted,
     StageResult,
     apply_threads,
+    graceful_sigint,
     no_progress,
+    with_fault_hook,
 )
 from flows.config import ItergrpoConfig
 from storage.store import RunStore, RunWriter
@@ -60,7 +62,7 @@ def call_directly(
     cfg: ItergrpoConfig, run: RunWriter, progress: ProgressFn = no_progress
 ) -> Executor:
     def execute(name: str, iteration: int, fn: StageFn) -> StageResult:
-        return fn(cfg, run, iteration, progress)
+        return fn(cfg, run, iteration, with_fault_hook(progress, name, iteration))
 
     return execute
 
@@ -109,7 +111,8 @@ def execute_run(
         run.set_status("running")
         executor = make_executor(cfg, run) if make_executor else call_directly(cfg, run)
         try:
-            results = run_loop(cfg, run, executor, on_stage_done)
+            with graceful_sigint():
+                results = run_loop(cfg, run, executor, on_stage_done)
         except RunInterrupted:
             run.set_status("interrupted")
             raise

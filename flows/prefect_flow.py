@@ -17,7 +17,7 @@ from prefect.artifacts import (
 )
 from prefect.cache_policies import NO_CACHE
 
-from flows.common import StageResult
+from flows.common import StageResult, with_fault_hook
 from flows.config import ItergrpoConfig
 from flows.loop import Executor, StageFn, default_run_id, execute_run
 from flows.report import iteration_table, summary_markdown
@@ -46,7 +46,7 @@ def _run_stage_in_task(
             artifact_id, 100.0 * min(max(fraction, 0.0), 1.0), description=message
         )
 
-    result = fn(cfg, run, iteration, progress)
+    result = fn(cfg, run, iteration, with_fault_hook(progress, name, iteration))
     update_progress_artifact(artifact_id, 100.0)
     return result
 

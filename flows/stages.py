@@ -185,7 +185,9 @@ def rollout_stage(
     )
     engine = HFRolloutEngine(model, tokenizer, batch_size=cfg.rollout.batch_size)
     batch = engine.generate(prompts, cfg.rollout.group_size, params, seed=seed)
-    policy_dir = str(ckpt(cfg, run.run_id, POLICY, iteration))
+    progress(0.9, f"writing {len(batch)} rollouts")
+    # Relative to the store root, so a moved or copied store still resolves it.
+    policy_dir = str(ckpt(cfg, run.run_id, POLICY, iteration).relative_to(run.store.root))
     rollouts = []
     for r, text in enumerate(batch.texts):
         i = batch.prompt_index[r]
@@ -272,6 +274,7 @@ def label_stage(
         agreement = label_agreement(prm_rows, mc_only=True)
         if not math.isnan(agreement):
             metrics["mc_exact_agreement"] = agreement
+    progress(0.9, f"writing {len(orm_rows)} ORM and {len(prm_rows)} PRM labels")
     with run.stage(iteration, LABEL) as attempt:
         attempt.write("orm_labels", [dataclasses.asdict(r) for r in orm_rows])
         if prm_rows:
@@ -348,6 +351,7 @@ def train_rm_stage(
         trained += [dataclasses.asdict(r) for r in records]
         save_reward_model(ckpt(cfg, run.run_id, kind, iteration), model)
         log.info("%s_%d: %s", kind, iteration, kind_metrics)
+    progress(1.0, f"writing {len(trained)} rm_train rows")
     with run.stage(iteration, TRAIN_RM) as attempt:
         if trained:
             attempt.write("rm_train", trained)
@@ -363,6 +367,7 @@ def evaluate_stage(
     model, tokenizer = policy_at(cfg, run, iteration + 1)
     rm_iteration = iteration if (cfg.reward_models.use_orm or cfg.reward_models.use_prm) else None
     rows = _evaluate(cfg, run, task, model, tokenizer, iteration + 1, rm_iteration)
+    progress(0.9, f"writing {len(rows)} eval rows")
     with run.stage(iteration, EVALUATE) as attempt:
         attempt.write("eval", rows)
     metrics = {r["metric"]: float(r["value"]) for r in rows if r.get("k") in (None, 1)}

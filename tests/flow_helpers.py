@@ -1,0 +1,33 @@
+"""Shared pieces of the flow tests: the micro config in a temp store, and store snapshots."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any
+
+from flows.config import ItergrpoConfig, load_config
+from storage.schemas import TABLE_KEYS
+from storage.store import RunStore
+
+DATA_TABLES = ("prompts", "rollouts", "orm_labels", "prm_labels", "rm_train", "policy_samples")
+
+
+def micro_config(store: Path, run_id: str, *overrides: str) -> ItergrpoConfig:
+    return load_config("micro", [f"store.root={store}", f"run.run_id={run_id}", *overrides])
+
+
+def snapshot(store: RunStore, run_id: str) -> dict[str, Any]:
+    """Everything a resumed run must reproduce: data rows (without run_id) and eval values."""
+    out: dict[str, Any] = {}
+    for table in DATA_TABLES:
+        rows = store.read(table, run_id=run_id).drop(["run_id"]).to_pylist()
+        keys = ("iteration", *TABLE_KEYS[table])
+        out[table] = sorted(rows, key=lambda r: tuple(str(r[k]) for k in keys))
+    # NaN (e.g. AUROC with one class only) compares unequal to itself: compare it as text.
+    evals = [
+        {k: "nan" if isinstance(v, float) and math.isnan(v) else v for k, v in row.items()}
+        for row in store.read("eval", run_id=run_id).drop(["run_id"]).to_pylist()
+    ]
+    out["eval"] = sorted(evals, key=lambda r: (r["policy_iteration"], r["metric"], r["k"] or 0))
+    return out

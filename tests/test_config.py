@@ -1,0 +1,99 @@
+"""The run config: presets validate, bad values name the field and the rule, overrides typed."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from flows.config import (
+    CONFIG_DIR,
+    ConfigError,
+    ItergrpoConfig,
+    config_to_yaml,
+    load_config,
+    parse_override,
+)
+
+PRESETS = sorted(p.stem for p in CONFIG_DIR.glob("*.yaml"))
+
+
+def test_required_presets_exist() -> None:
+    assert {"demo", "micro", "smollm2", "paper"} <= set(PRESETS)
+
+
+@pytest.mark.parametrize("name", PRESETS)
+def test_every_preset_validates_and_round_trips_through_yaml(name: str, tmp_path: Path) -> None:
+    cfg = load_config(name)
+    path = tmp_path / "cfg.yaml"
+    path.write_text(config_to_yaml(cfg))
+    assert load_config(path) == cfg
+
+
+def test_overrides_keep_yaml_types() -> None:
+    assert parse_override("grpo.steps=20") == ("grpo.steps", 20)
+    assert parse_override("grpo.algo.lr=1e-5") == ("grpo.algo.lr", 1e-5)
+    assert parse_override("run.warm_start=false") == ("run.warm_start", False)
+    assert parse_override("evaluation.ks=[1, 4]") == ("evaluation.ks", [1, 4])
+    cfg = load_config("micro", ["grpo.steps=7", "grpo.algo.beta=0"])
+    assert cfg.grpo.steps == 7 and cfg.grpo.algo.beta == 0.0
+
+
+@pytest.mark.parametrize(
+    ("override", "field", "rule"),
+    [
+        ("grpo.group_size=1", "grpo.group_size", "greater than or equal to 2"),
+        ("rollout.temperature=-1", "rollout.temperature", "greater than or equal to 0"),
+        ("run.device=tpu", "run.device", "'auto', 'cpu' or 'cuda'"),
+        ("reward_models.replay_ratio=1.0", "reward_models.replay_ratio", "less than 1"),
+        ("grpo.stepz=3", "grpo.stepz", "Extra inputs are not permitted"),
+    ],
+)
+def test_bad_values_name_the_field_and_the_rule(override: str, field: str, rule: str) -> None:
+    with pytest.raises(ConfigError) as err:
+        load_config("micro", [override])
+    assert field in str(err.value) and rule in str(err.value)
+
+
+def test_cross_field_rules_say_how_to_fix() -> None:
+    with pytest.raises(ConfigError, match="use_orm = true"):
+        load_config("micro", ["reward_models.use_orm=false", "grpo.rewards.orm=1.0"])
+    with pytest.raises(ConfigError, match="use_prm = true"):
+        load_config("micro", ["reward_models.use_prm=false", "grpo.algo.supervision=process"])
+
+
+def test_malformed_input_is_a_config_error(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="KEY=VALUE"):
+        parse_override("grpo.steps")
+    with pytest.raises(ConfigError, match="unknown preset 'nope'"):
+        load_config("nope")
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("- a list\n")
+    with pytest.raises(ConfigError, match="mapping of sections"):
+        load_config(bad)
+    with pytest.raises(ConfigError, match="is a value, not a section"):
+        load_config("micro", ["run.seed=1", "run.seed.x=2"])
+
+
+def test_long_values_are_shortened_in_errors() -> None:
+    with pytest.raises(ConfigError) as err:
+        load_config("micro", [f"run.run_id={'x' * 500}", "run.seed=-1"])
+    assert "run.seed" in str(err.value) and len(str(err.value)) < 600
+
+
+def test_defaults_are_the_documented_form() -> None:
+    """Every field carries a description: the Prefect UI shows it as the form's help text."""
+    missing = []
+
+    def walk(model: type, prefix: str) -> None:
+        for name, info in model.model_fields.items():  # type: ignore[attr-defined]
+            if not info.description:
+                missing.append(prefix + name)
+            ann = info.annotation
+            if isinstance(ann, type) and hasattr(ann, "model_fields"):
+                walk(ann, f"{prefix}{name}.")
+
+    walk(ItergrpoConfig, "")
+    # Section fields are documented by their class docstring instead.
+    sections = set(ItergrpoConfig.model_fields)
+    assert [m for m in missing if m not in sections] == []

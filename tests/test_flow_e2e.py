@@ -1,0 +1,178 @@
+"""End to end on the `micro` preset: every stage committed once, SQL invariants, resume skips."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from flows.common import ITERATION_STAGES, WARM_START
+from flows.loop import execute_run, planned_stages
+from storage.replay import replay_count
+from storage.sql import run_query
+from storage.store import RunStore
+from tests.flow_helpers import micro_config, snapshot
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def micro_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[RunStore, str]:
+    root = tmp_path_factory.mktemp("store")
+    cfg = micro_config(root, "e2e")
+    results = execute_run(cfg)
+    assert [(r.stage, r.iteration) for r in results] == planned_stages(cfg)
+    assert not any(r.skipped for r in results)
+    return RunStore(root), "e2e"
+
+
+def sql(store: RunStore, query: str) -> list[dict]:
+    return run_query(store, query).to_pylist()
+
+
+def test_every_stage_of_every_iteration_is_committed_exactly_once(
+    micro_run: tuple[RunStore, str],
+) -> None:
+    store, run_id = micro_run
+    cfg = micro_config(store.root, run_id)
+    rows = sql(
+        store,
+        "SELECT stage, iteration, count(*) AS n FROM stages "
+        f"WHERE run_id = '{run_id}' AND status = 'committed' GROUP BY ALL",
+    )
+    committed = {(r["stage"], r["iteration"]): r["n"] for r in rows}
+    expected = {(WARM_START, 0)} | {
+        (s, k) for k in range(cfg.run.iterations) for s in ITERATION_STAGES
+    }
+    assert set(committed) == expected
+    assert set(committed.values()) == {1}
+    assert store.run_status(run_id)["status"] == "completed"
+
+
+def test_each_prompt_has_g_rollouts_and_labels_match_rollouts(
+    micro_run: tuple[RunStore, str],
+) -> None:
+    store, run_id = micro_run
+    cfg = micro_config(store.root, run_id)
+    groups = sql(
+        store,
+        "SELECT iteration, problem_id, count(*) AS n, count(DISTINCT sample_index) AS d "
+        f"FROM rollouts WHERE run_id = '{run_id}' GROUP BY ALL",
+    )
+    assert len(groups) == cfg.run.iterations * cfg.rollout.prompts
+    assert {(g["n"], g["d"]) for g in groups} == {(cfg.rollout.group_size,) * 2}
+    unmatched = sql(
+        store,
+        "SELECT count(*) AS n FROM rollouts r FULL JOIN orm_labels l USING "
+        "(run_id, iteration, problem_id, sample_index) "
+        f"WHERE coalesce(r.run_id, l.run_id) = '{run_id}' "
+        "AND (r.problem_id IS NULL OR l.problem_id IS NULL "
+        "OR l.label <> CAST(r.correct AS TINYINT))",
+    )
+    assert unmatched == [{"n": 0}]
+    # One PRM row per non-empty line of each rollout, the last one labelled by the verifier.
+    steps = sql(
+        store,
+        "SELECT r.iteration, r.problem_id, r.sample_index, r.completion, r.correct, "
+        "count(p.step_index) AS n, max(p.step_index) AS last, "
+        "arg_max(p.hard_label, p.step_index) AS last_label "
+        "FROM rollouts r LEFT JOIN prm_labels p USING (run_id, iteration, problem_id, "
+        f"sample_index) WHERE r.run_id = '{run_id}' GROUP BY ALL",
+    )
+    for s in steps:
+        lines = [line for line in s["completion"].split("\n") if line.strip()]
+        assert s["n"] == len(lines)
+        if lines:
+            assert s["last"] == len(lines) - 1 and s["last_label"] == int(s["correct"])
+
+
+def test_rm_train_mixes_10_percent_replay_from_earlier_iterations_only(
+    micro_run: tuple[RunStore, str],
+) -> None:
+    store, run_id = micro_run
+    cfg = micro_config(store.root, run_id)
+    mix = sql(
+        store,
+        "SELECT iteration, rm_kind, source, count(*) AS n, max(origin_iteration) AS newest, "
+        f"min(origin_iteration) AS oldest FROM rm_train WHERE run_id = '{run_id}' "
+        "AND epoch = 0 GROUP BY ALL ORDER BY ALL",
+    )
+    by_key = {(m["iteration"], m["rm_kind"], m["source"]): m for m in mix}
+    for (k, _kind, source), m in by_key.items():
+        if source == "new":
+            assert m["oldest"] == m["newest"] == k
+        else:
+            assert k > 0 and m["newest"] < k
+    for kind, table in (("orm", "orm_labels"), ("prm", "prm_labels")):
+        assert (0, kind, "replay") not in by_key
+        new_rows = by_key[(1, kind, "new")]["n"]
+        labels_0 = sql(store, f"SELECT count(*) AS n FROM {table} WHERE iteration = 0")[0]["n"]
+        want = replay_count(new_rows, cfg.reward_models.replay_ratio, labels_0)
+        assert by_key[(1, kind, "replay")]["n"] == want > 0
+        share = want / (want + new_rows)
+        assert abs(share - cfg.reward_models.replay_ratio) <= 0.5 / (want + new_rows) + 1e-9
+
+
+def test_grpo_samples_and_metrics_cover_every_step(micro_run: tuple[RunStore, str]) -> None:
+    store, run_id = micro_run
+    cfg = micro_config(store.root, run_id)
+    per_step = sql(
+        store,
+        "SELECT iteration, step, count(*) AS n, count(DISTINCT (problem_id, sample_index)) AS d "
+        f"FROM policy_samples WHERE run_id = '{run_id}' GROUP BY ALL",
+    )
+    assert len(per_step) == cfg.run.iterations * cfg.grpo.steps
+    size = cfg.grpo.prompts_per_step * cfg.grpo.group_size
+    assert {(r["n"], r["d"]) for r in per_step} == {(size, size)}
+    # Outcome advantages are group z-scores: they sum to ~0 within each prompt's group.
+    sums = sql(
+        store,
+        "SELECT max(abs(s)) AS worst FROM (SELECT sum(advantage) AS s FROM policy_samples "
+        f"WHERE run_id = '{run_id}' GROUP BY iteration, step, problem_id)",
+    )
+    assert sums[0]["worst"] < 1e-4
+    kl = sql(
+        store,
+        "SELECT count(*) AS n FROM metrics WHERE stage = 'grpo' AND name = 'kl' "
+        f"AND run_id = '{run_id}' AND value >= 0",
+    )
+    assert kl == [{"n": cfg.run.iterations * cfg.grpo.steps}]
+
+
+def test_eval_rows_cover_each_policy_with_rm_metrics_after_iteration_0(
+    micro_run: tuple[RunStore, str],
+) -> None:
+    store, run_id = micro_run
+    rows = sql(
+        store,
+        f"SELECT policy_iteration, list(DISTINCT metric) AS m FROM eval WHERE run_id = '{run_id}' "
+        "GROUP BY ALL ORDER BY ALL",
+    )
+    assert [r["policy_iteration"] for r in rows] == [0, 1, 2]
+    for r in rows:
+        assert {"greedy_accuracy", "pass@k", "maj@k", "sampled_accuracy"} <= set(r["m"])
+        has_rm = {"orm_auroc", "best_of_n_accuracy", "prm_step_accuracy"} <= set(r["m"])
+        assert has_rm == (r["policy_iteration"] > 0)
+
+
+def test_rerun_skips_everything_and_writes_nothing(micro_run: tuple[RunStore, str]) -> None:
+    store, run_id = micro_run
+    before = snapshot(store, run_id)
+    results = execute_run(micro_config(store.root, run_id))
+    assert all(r.skipped for r in results)
+    assert snapshot(store, run_id) == before
+
+
+def test_same_seed_reproduces_the_run(micro_run: tuple[RunStore, str], tmp_path: Path) -> None:
+    store, run_id = micro_run
+    execute_run(micro_config(tmp_path, "again", "run.iterations=1"))
+    again = snapshot(RunStore(tmp_path), "again")
+    first = snapshot(store, run_id)
+    for table in ("prompts", "rollouts", "orm_labels", "prm_labels", "policy_samples"):
+        want = [r for r in first[table] if r["iteration"] == 0]
+        if table == "rollouts":  # the checkpoint path names the run
+            for rows, run in ((again[table], "again"), (want, run_id)):
+                assert {r.pop("policy_checkpoint") for r in rows} == {
+                    f"checkpoints/{run}/policy/iter-0"
+                }
+        assert again[table] == want, table

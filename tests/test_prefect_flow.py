@@ -1,0 +1,62 @@
+"""The Prefect flow on `micro` under prefect_test_harness: task per stage, artifacts, resume."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from prefect.client.orchestration import get_client
+from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterKey, FlowRunFilter
+from prefect.client.schemas.objects import Artifact
+from prefect.testing.utilities import prefect_test_harness
+
+from flows.loop import planned_stages
+from flows.prefect_flow import artifact_key, iterative_rl
+from storage.store import RunStore
+from tests.flow_helpers import micro_config
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module", autouse=True)
+def harness() -> Iterator[None]:
+    with prefect_test_harness(server_startup_timeout=120):
+        yield
+
+
+def artifacts(key: str) -> list[Artifact]:
+    with get_client(sync_client=True) as client:
+        return client.read_artifacts(
+            artifact_filter=ArtifactFilter(key=ArtifactFilterKey(any_=[key]))
+        )
+
+
+def test_flow_runs_each_stage_as_a_task_publishes_artifacts_and_resumes(tmp_path: Path) -> None:
+    cfg = micro_config(tmp_path, "pf-1", "run.iterations=1")
+    out = iterative_rl(cfg)
+    n_stages = len(planned_stages(cfg))
+    assert out == {"run_id": "pf-1", "stages_run": n_stages, "stages_skipped": 0}
+    assert len(RunStore(tmp_path).committed_stages("pf-1")) == n_stages
+
+    table = artifacts(artifact_key("pf-1", "metrics"))
+    assert table and table[0].type == "table"
+    assert "greedy_acc" in str(table[0].data)
+    summary = artifacts(artifact_key("pf-1", "summary"))
+    assert summary and summary[0].type == "markdown" and "pf-1" in str(summary[0].data)
+
+    with get_client(sync_client=True) as client:
+        runs = client.read_flow_runs(flow_run_filter=FlowRunFilter())
+        tasks = client.read_task_runs()
+    assert any(r.name for r in runs)
+    names = {t.name for t in tasks}
+    assert {"warm_start-iter0", "rollout-iter0", "grpo-iter0", "evaluate-iter0"} <= names
+    progress = [t for t in tasks if t.name == "grpo-iter0"]
+    assert progress and all(t.state and t.state.is_completed() for t in progress)
+
+    again = iterative_rl(cfg)
+    assert again == {"run_id": "pf-1", "stages_run": 0, "stages_skipped": n_stages}
+
+
+def test_artifact_keys_are_what_prefect_accepts() -> None:
+    assert artifact_key("Demo_2026.11", "metrics") == "itergrpo-metrics-demo-2026-11"
