@@ -1,0 +1,107 @@
+"""Wall time of the `demo` preset end to end and per stage, and the share spent outside the
+stage functions (Prefect engine + store bookkeeping), with and without Prefect.
+
+    .venv/bin/python bench/demo_wall.py                      # direct calls and ephemeral Prefect
+    .venv/bin/python bench/demo_wall.py --modes prefect      # only through Prefect
+    PREFECT_API_URL=http://127.0.0.1:4200/api .venv/bin/python bench/demo_wall.py --modes prefect
+
+With PREFECT_API_URL set, the Prefect mode talks to that running server; otherwise Prefect
+starts a temporary local server (the start-up is counted, as a user would pay it).
+Targets: the whole demo under 5 minutes on 2 cores; overhead under 5% of an iteration.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import tempfile
+import time
+from collections import defaultdict
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
+os.environ.setdefault("DO_NOT_TRACK", "1")
+
+from flows import loop
+from flows.config import ItergrpoConfig, load_config
+from flows.report import format_table, iteration_table
+from storage.store import RunStore
+
+StageTimes = dict[tuple[str, int], float]
+
+
+def timed_stage_functions(times: StageTimes) -> dict[str, Any]:
+    """Wrap each stage function so its own time (inside any Prefect task) is recorded."""
+    original = dict(loop.STAGE_FUNCTIONS)
+
+    def wrap(name: str, fn: Callable[..., Any]) -> Callable[..., Any]:
+        def timed(cfg: ItergrpoConfig, run: Any, iteration: int, progress: Any) -> Any:
+            start = time.perf_counter()
+            try:
+                return fn(cfg, run, iteration, progress)
+            finally:
+                times[(name, iteration)] = time.perf_counter() - start
+
+        return timed
+
+    loop.STAGE_FUNCTIONS.update({name: wrap(name, fn) for name, fn in original.items()})
+    return original
+
+
+def run_once(mode: str, overrides: list[str], root: Path) -> tuple[float, StageTimes, str]:
+    run_id = f"bench-{mode}"
+    cfg = load_config("demo", [*overrides, f"store.root={root}", f"run.run_id={run_id}"])
+    times: StageTimes = {}
+    original = timed_stage_functions(times)
+    start = time.perf_counter()
+    try:
+        if mode == "prefect":
+            from flows.prefect_flow import iterative_rl
+
+            iterative_rl(cfg)
+        else:
+            loop.execute_run(cfg)
+    finally:
+        loop.STAGE_FUNCTIONS.update(original)
+    wall = time.perf_counter() - start
+    return wall, times, format_table(iteration_table(RunStore(root), run_id))
+
+
+def report(mode: str, wall: float, times: StageTimes, iterations: int) -> None:
+    inside = sum(times.values())
+    per_stage: dict[str, float] = defaultdict(float)
+    for (name, _), seconds in times.items():
+        per_stage[name] += seconds
+    print(f"\n== {mode}: demo wall {wall:.1f} s (target < 300 s on 2 cores)")
+    for name, seconds in per_stage.items():
+        print(f"  {name:<11} {seconds:7.1f} s  ({seconds / wall:5.1%})")
+    outside = wall - inside
+    # An iteration's share: the warm start is a one-off before iteration 0.
+    iteration_wall = (wall - per_stage.get("warm_start", 0.0)) / max(iterations, 1)
+    print(
+        f"  outside stage functions: {outside:.1f} s = {outside / wall:.1%} of the run, "
+        f"{outside / max(iterations, 1) / iteration_wall:.1%} of an iteration (target < 5%)"
+    )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--modes", nargs="+", default=["direct", "prefect"])
+    parser.add_argument("--set", action="append", default=[], help="config override a.b=v")
+    args = parser.parse_args()
+    iterations = load_config("demo", args.set).run.iterations
+    server = os.environ.get("PREFECT_API_URL", "temporary local server")
+    print(f"demo preset, {iterations} iterations; Prefect API: {server}")
+    threads = os.environ.get("OMP_NUM_THREADS")
+    print(f"machine: {os.cpu_count()} CPUs visible, OMP_NUM_THREADS={threads}")
+    for mode in args.modes:
+        with tempfile.TemporaryDirectory(prefix=f"demo-wall-{mode}-") as root:
+            wall, times, table = run_once(mode, args.set, Path(root))
+        print(table)
+        report(mode, wall, times, iterations)
+
+
+if __name__ == "__main__":
+    main()
