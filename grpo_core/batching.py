@@ -137,6 +137,13 @@ def _forward_tokens(
     entropies: list[Tensor] = []
     for start in range(0, len(batch), size):
         part = batch.select(torch.arange(start, min(start + size, len(batch))))
+        shared = _shared_prompt_forward(model, part, temperature, with_entropy)
+        if shared is not None:
+            logps.append(shared[0])
+            if with_entropy:
+                assert shared[1] is not None
+                entropies.append(shared[1])
+            continue
         logits = model(
             input_ids=part.input_ids,
             attention_mask=part.attention_mask,
@@ -154,6 +161,65 @@ def _forward_tokens(
         empty = torch.zeros_like(batch.response_mask)
         return empty, (empty if with_entropy else None)
     return torch.cat(logps), (torch.cat(entropies) if with_entropy else None)
+
+
+def _shared_prompt_forward(
+    model: nn.Module, part: PolicyBatch, temperature: float, with_entropy: bool
+) -> tuple[Tensor, Tensor | None] | None:
+    """_forward_tokens for rows that share prompts (G samples per prompt): each distinct prompt
+    is run once, its KV cache is copied to its rows, and only completions run per row.
+
+    Same log-probs (and gradients) as the full padded pass, with the prompt tokens computed
+    once per group instead of once per row. None when no two rows share a prompt.
+    """
+    is_prompt = (part.attention_mask > 0) & (part.response_mask == 0)
+    # each row's prompt ids moved to the right end (-1 before them), then deduplicated: the
+    # distinct prompts come out left-padded, all ending in the last column
+    order = torch.argsort(is_prompt.to(torch.int8), dim=1, stable=True)
+    keyed = torch.where(is_prompt, part.input_ids, torch.full_like(part.input_ids, -1))
+    unique, owner = torch.unique(keyed.gather(1, order), dim=0, return_inverse=True)
+    lengths = part.response_lengths
+    width = int(lengths.max()) if len(part) else 0
+    if unique.shape[0] == len(part) or width == 0:
+        return None
+    prompt_attn = (unique >= 0).long()
+    prompt_ids = unique.clamp(min=0)
+    prompt_pos = (prompt_attn.cumsum(-1) - 1).clamp(min=0)
+    out = model(
+        input_ids=prompt_ids,
+        attention_mask=prompt_attn,
+        position_ids=prompt_pos,
+        use_cache=True,
+        logits_to_keep=1,
+    )
+    cache = out.past_key_values
+    cache.reorder_cache(owner)  # (U, ...) -> one copy of its prompt's keys/values per row
+    # completions, right-padded in response coordinates
+    completion_ids = part.full_to_response(part.input_ids)
+    completion_mask = torch.arange(width, device=lengths.device)[None, :] < lengths[:, None]
+    prompt_lengths = prompt_attn.sum(-1)[owner]
+    rest = model(
+        input_ids=completion_ids,
+        attention_mask=torch.cat([prompt_attn[owner], completion_mask.long()], dim=1),
+        position_ids=prompt_lengths[:, None] + torch.arange(width, device=lengths.device),
+        past_key_values=cache,
+        use_cache=True,
+    ).logits[:, :-1]
+    first = out.logits[owner]  # (B, 1, V): predicts completion token 0
+    logp = torch.cat(
+        [
+            token_logprobs(first, completion_ids[:, :1], temperature),
+            token_logprobs(rest, completion_ids[:, 1:], temperature),
+        ],
+        dim=1,
+    )
+    logp = part.response_to_full(torch.where(completion_mask, logp, torch.zeros_like(logp)))
+    if not with_entropy:
+        return logp, None
+    entropy = torch.cat(
+        [entropy_from_logits(first, temperature), entropy_from_logits(rest, temperature)], dim=1
+    )
+    return logp, part.response_to_full(entropy * completion_mask)
 
 
 def sequence_logprobs(

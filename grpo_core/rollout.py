@@ -10,17 +10,38 @@ from __future__ import annotations
 
 import torch
 from tqdm.auto import tqdm
-from transformers import PreTrainedModel, PreTrainedTokenizerBase
+from transformers import GenerationConfig, PreTrainedModel, PreTrainedTokenizerBase
 
 from grpo_core.policy import encode_prompt, ensure_pad_token
 from grpo_core.rollout_types import FinishReason, RolloutBatch, SamplingParams
 
 
-def _stop_ids(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase) -> list[int]:
+def stop_token_ids(
+    tokenizer: PreTrainedTokenizerBase, generation_config: GenerationConfig | None
+) -> list[int]:
+    """Ids that end a completion: the tokenizer's EOS and the generation config's EOS id(s)."""
     ids = {tokenizer.eos_token_id}
-    gen_eos = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
+    gen_eos = getattr(generation_config, "eos_token_id", None)
     ids.update(gen_eos if isinstance(gen_eos, list) else [gen_eos])
     return sorted(i for i in ids if i is not None)
+
+
+def completion_texts(
+    tokenizer: PreTrainedTokenizerBase,
+    completion_ids: list[list[int]],
+    finish_reasons: list[FinishReason],
+    stop_ids: list[int],
+) -> list[str]:
+    """Decoded completions without special tokens and without the stop token that ended them."""
+    stop = set(stop_ids)
+    return [
+        str(
+            tokenizer.decode(
+                c[:-1] if why == "stop" and c and c[-1] in stop else c, skip_special_tokens=True
+            )
+        )
+        for c, why in zip(completion_ids, finish_reasons, strict=True)
+    ]
 
 
 def sample_tokens(
@@ -66,7 +87,7 @@ class HFRolloutEngine:
         self.batch_size = batch_size
         self.device = torch.device(device) if device else next(model.parameters()).device
         self.show_progress = show_progress
-        self.stop_ids = _stop_ids(model, tokenizer)
+        self.stop_ids = stop_token_ids(tokenizer, getattr(model, "generation_config", None))
 
     def generate(
         self, prompts: list[str], n: int, params: SamplingParams, seed: int
@@ -98,15 +119,7 @@ class HFRolloutEngine:
         finally:
             bar.close()
             self.model.train(was_training)
-        stop = set(self.stop_ids)
-        texts = [
-            str(
-                self.tokenizer.decode(
-                    c[:-1] if why == "stop" and c[-1] in stop else c, skip_special_tokens=True
-                )
-            )
-            for c, why in zip(out_ids, reasons, strict=True)
-        ]
+        texts = completion_texts(self.tokenizer, out_ids, reasons, self.stop_ids)
         return RolloutBatch(
             prompt_index=[r // n for r in range(len(rows))],
             prompt_ids=[list(r) for r in rows],
@@ -120,34 +133,45 @@ class HFRolloutEngine:
     def _generate_chunk(
         self, prompts: list[list[int]], uniforms: torch.Tensor, params: SamplingParams
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, list[bool]]:
-        """Decode one left-padded chunk: ids (B, T), log-probs (B, T), lengths (B,), stopped."""
+        """Decode one left-padded chunk: ids (B, T), log-probs (B, T), lengths (B,), stopped.
+
+        Each distinct prompt is prefilled once and its KV cache copied to its rows, so G
+        samples of a prompt cost one prompt pass, not G.
+        """
         dev, pad = self.device, self.tokenizer.pad_token_id
-        bsz, width = len(prompts), max(len(p) for p in prompts)
-        input_ids = torch.full((bsz, width), pad, dtype=torch.long)
-        mask = torch.zeros((bsz, width), dtype=torch.long)
-        for r, p in enumerate(prompts):
+        distinct = list(dict.fromkeys(tuple(p) for p in prompts))
+        slot = {p: i for i, p in enumerate(distinct)}
+        owner = torch.tensor([slot[tuple(p)] for p in prompts], device=dev)
+        bsz, width, steps = len(prompts), max(len(p) for p in distinct), params.max_new_tokens
+        input_ids = torch.full((len(distinct), width), pad, dtype=torch.long)
+        prompt_mask = torch.zeros((len(distinct), width), dtype=torch.long)
+        for r, p in enumerate(distinct):
             input_ids[r, width - len(p) :] = torch.tensor(p)
-            mask[r, width - len(p) :] = 1
-        input_ids, mask, uniforms = input_ids.to(dev), mask.to(dev), uniforms.to(dev)
-        positions = (mask.cumsum(-1) - 1).clamp(min=0)
+            prompt_mask[r, width - len(p) :] = 1
+        input_ids, prompt_mask, uniforms = input_ids.to(dev), prompt_mask.to(dev), uniforms.to(dev)
+        positions = (prompt_mask.cumsum(-1) - 1).clamp(min=0)
+        out = self.model(
+            input_ids=input_ids,
+            attention_mask=prompt_mask,
+            position_ids=positions,
+            use_cache=True,
+            logits_to_keep=1,
+        )
+        past = out.past_key_values
+        if len(distinct) < bsz:
+            past.reorder_cache(owner)
+        logits = out.logits[owner, -1, :].float()
+        # the attention mask of step t is the first width + t + 1 columns of this one
+        mask = torch.cat(
+            [prompt_mask[owner], torch.ones((bsz, steps), dtype=torch.long, device=dev)], dim=1
+        )
+        step_pos = positions[owner, -1:]
         stop_ids = torch.tensor(self.stop_ids, device=dev)
-        steps = params.max_new_tokens
         tokens_out = torch.full((bsz, steps), pad, dtype=torch.long, device=dev)
         logp_out = torch.zeros((bsz, steps), dtype=torch.float32, device=dev)
         lengths = torch.full((bsz,), steps, dtype=torch.long, device=dev)
         finished = torch.zeros(bsz, dtype=torch.bool, device=dev)
-        past = None
-        step_ids, step_pos = input_ids, positions
         for t in range(steps):
-            out = self.model(
-                input_ids=step_ids,
-                attention_mask=mask,
-                position_ids=step_pos,
-                past_key_values=past,
-                use_cache=True,
-            )
-            past = out.past_key_values
-            logits = out.logits[:, -1, :].float()
             token, logp = sample_tokens(logits, uniforms[:, t], params)
             token = torch.where(finished, torch.full_like(token, pad), token)
             tokens_out[:, t] = token
@@ -155,9 +179,16 @@ class HFRolloutEngine:
             hit_stop = torch.isin(token, stop_ids) & ~finished
             lengths = torch.where(hit_stop, torch.full_like(lengths, t + 1), lengths)
             finished |= hit_stop
-            if bool(finished.all()):
+            if t == steps - 1 or bool(finished.all()):
                 break
-            step_ids = token[:, None]
-            step_pos = step_pos[:, -1:] + 1
-            mask = torch.cat([mask, torch.ones((bsz, 1), dtype=mask.dtype, device=dev)], dim=1)
+            step_pos = step_pos + 1
+            out = self.model(
+                input_ids=token[:, None],
+                attention_mask=mask[:, : width + t + 1],
+                position_ids=step_pos,
+                past_key_values=past,
+                use_cache=True,
+            )
+            past = out.past_key_values
+            logits = out.logits[:, -1, :].float()
         return tokens_out.cpu(), logp_out.cpu(), lengths.cpu(), finished.cpu().tolist()

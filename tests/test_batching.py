@@ -1,6 +1,6 @@
 """Padded policy batches give the log-probs of unpadded forward passes (left and right)."""
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import pytest
 import torch
@@ -182,3 +182,35 @@ def test_response_coordinates_round_trip() -> None:
     ]
     with pytest.raises(ValueError, match="one value per completion token"):
         batch.lists_to_full([[0.5], [1.0]])
+
+
+@pytest.mark.parametrize("side", ["left", "right"])
+@pytest.mark.parametrize("make_model", [tiny_llama, tiny_gpt2])
+def test_grouped_rows_share_the_prompt_pass_with_same_values_and_gradients(
+    side: PaddingSide, make_model: Callable[[], torch.nn.Module]
+) -> None:
+    # G = 4 completions per prompt, as GRPO batches are: the prompt is run once per group
+    prompts, completions = random_rows(3, 7, 9, seed=6)
+    _, extra = random_rows(9, 1, 9, seed=7)
+    grouped_prompts = [p for p in prompts for _ in range(4)]
+    grouped_completions = [c for i, c in enumerate(completions) for c in [c, *extra[3 * i :][:3]]]
+    model = make_model()
+    assert max_gap(model, grouped_prompts, grouped_completions, side) < 1e-5
+
+    def grads(rows: list[int]) -> list[torch.Tensor]:
+        model.zero_grad()
+        total = torch.zeros(())
+        for r in rows:  # one row per batch: nothing is shared
+            one = build_policy_batch([grouped_prompts[r]], [grouped_completions[r]], PAD, side)
+            total = total + sequence_logprobs(model, one).sum()
+        batch = build_policy_batch(grouped_prompts, grouped_completions, PAD, side)
+        if rows:
+            total.backward()
+        else:
+            sequence_logprobs(model, batch).sum().backward()
+        return [p.grad.clone() for p in model.parameters() if p.grad is not None]
+
+    separate, shared = grads(list(range(12))), grads([])
+    assert len(separate) == len(shared)
+    for a, b in zip(separate, shared, strict=True):
+        assert torch.allclose(a, b, atol=1e-5)
