@@ -12,9 +12,17 @@ from grpo_core.batching import PolicyBatch, sequence_logprobs, sequence_logprobs
 
 
 class TrainEngine(Protocol):
-    """A policy model with its optimizer: forward, backward, step (DeepSpeed fits the same)."""
+    """A policy model with its optimizer: forward, backward, step (DeepSpeed fits the same).
+
+    With data_parallel_size > 1 every rank holds the whole batch, runs the same number of
+    forward/backward passes on its share of each mini-batch, and backward must give the
+    gradient of the *sum* of the ranks' losses (each loss is already normalised by the
+    whole mini-batch).
+    """
 
     model: nn.Module
+    data_parallel_size: int  # processes splitting each mini-batch's rows (1: this one does all)
+    data_parallel_rank: int  # this process's index among them, 0 .. data_parallel_size - 1
 
     def forward_logprobs(
         self, batch: PolicyBatch, temperature: float, with_entropy: bool = False
@@ -46,6 +54,10 @@ class TrainEngine(Protocol):
         """Restore what state_dict returned."""
         ...
 
+    def all_reduce(self, values: Tensor, op: Literal["sum", "max"]) -> Tensor:
+        """Element-wise sum or max of a 1-D float64 tensor over the data-parallel ranks."""
+        ...
+
     def train(self) -> None:
         """Put the model in training mode."""
         ...
@@ -72,8 +84,30 @@ def lr_multiplier(
     return 0.5 * (1.0 + math.cos(math.pi * progress))
 
 
+def build_adamw(
+    params: list[nn.Parameter], lr: float, weight_decay: float, betas: tuple[float, float]
+) -> torch.optim.AdamW:
+    """The AdamW every engine steps with (DeepSpeed gets this same optimizer object)."""
+    return torch.optim.AdamW(params, lr=lr, betas=betas, weight_decay=weight_decay)
+
+
+def build_lr_schedule(
+    optimizer: torch.optim.Optimizer,
+    warmup_steps: int,
+    lr_schedule: Literal["constant", "cosine"],
+    total_steps: int | None,
+) -> torch.optim.lr_scheduler.LambdaLR:
+    """lr_multiplier as a torch scheduler on `optimizer`, stepped once per optimizer step."""
+    return torch.optim.lr_scheduler.LambdaLR(
+        optimizer, lambda step: lr_multiplier(step, warmup_steps, lr_schedule, total_steps)
+    )
+
+
 class TorchEngine:
     """AdamW with grad-norm clipping and LR warm-up on a plain PyTorch model."""
+
+    data_parallel_size = 1
+    data_parallel_rank = 0
 
     def __init__(
         self,
@@ -90,13 +124,8 @@ class TorchEngine:
         self.model = model
         self.max_grad_norm = max_grad_norm
         self.params = [p for p in model.parameters() if p.requires_grad]
-        self.optimizer = torch.optim.AdamW(
-            self.params, lr=lr, betas=betas, weight_decay=weight_decay
-        )
-        self.scheduler = torch.optim.lr_scheduler.LambdaLR(
-            self.optimizer,
-            lambda step: lr_multiplier(step, warmup_steps, lr_schedule, total_steps),
-        )
+        self.optimizer = build_adamw(self.params, lr, weight_decay, betas)
+        self.scheduler = build_lr_schedule(self.optimizer, warmup_steps, lr_schedule, total_steps)
 
     def forward_logprobs(
         self, batch: PolicyBatch, temperature: float, with_entropy: bool = False
@@ -135,6 +164,10 @@ class TorchEngine:
         """Restore what state_dict returned."""
         self.optimizer.load_state_dict(state["optimizer"])
         self.scheduler.load_state_dict(state["scheduler"])
+
+    def all_reduce(self, values: Tensor, op: Literal["sum", "max"]) -> Tensor:
+        """One process: the values themselves."""
+        return values
 
     def train(self) -> None:
         """Put the model in training mode."""

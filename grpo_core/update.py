@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import math
 from collections import defaultdict
+from dataclasses import replace
 
 import torch
 from torch import Tensor, nn
@@ -27,7 +29,9 @@ def grpo_update(
     advantages and old_logprobs are (B, L), aligned with batch.response_mask. Each epoch
     shuffles rows (with `generator`) into cfg.mini_batches_per_epoch optimizer steps; each
     step accumulates micro-batch gradients normalised by the whole mini-batch, so the
-    gradient equals that of one pass over the mini-batch.
+    gradient equals that of one pass over the mini-batch. With engine.data_parallel_size > 1
+    every rank passes the same batch and an identically seeded `generator`, runs its share
+    of each mini-batch's rows, and the metrics are reduced over the ranks.
     """
     rows = len(batch)
     if advantages.shape != batch.response_mask.shape:
@@ -51,7 +55,9 @@ def grpo_update(
 
     sums: dict[str, float] = defaultdict(float)
     extremes: dict[str, float] = {}
+    empty_extremes: dict[str, float] = {}  # what grpo_loss reports without response tokens
     weight_total = 0.0
+    grad_norm_total = 0.0
     steps = 0
     for _ in range(cfg.mu):
         order = torch.randperm(rows, generator=generator).to(batch.input_ids.device)
@@ -60,8 +66,12 @@ def grpo_update(
             num_tokens = mini_mask.sum()
             num_seqs = (mini_mask.sum(dim=-1) > 0).sum()
             additive: dict[str, float] = defaultdict(float)  # micro terms sum to the loss
-            for micro in torch.split(mini, cfg.micro_batch_size):
+            for micro, live in rank_micro_batches(
+                mini, cfg.micro_batch_size, engine.data_parallel_rank, engine.data_parallel_size
+            ):
                 part = batch.select(micro)
+                if not live:  # a padding pass: same collectives as the other ranks, no loss
+                    part = replace(part, response_mask=torch.zeros_like(part.response_mask))
                 logp, entropy = engine.forward_logprobs(part, cfg.temperature, with_entropy=True)
                 part_old = logp.detach() if old is None else old[micro]
                 loss, metrics = grpo_loss(
@@ -82,26 +92,69 @@ def grpo_update(
                 weight = float(part.response_mask.sum())
                 weight_total += weight
                 for key, value in metrics.items():
-                    if key.endswith("_max"):
-                        extremes[key] = max(extremes.get(key, value), value)
-                    elif key.endswith("_min"):
-                        extremes[key] = min(extremes.get(key, value), value)
+                    if key.endswith(("_max", "_min")):
+                        sign = 1.0 if key.endswith("_max") else -1.0  # min(x) = -max(-x)
+                        seen = extremes.get(key, -math.inf)
+                        extremes[key] = max(seen, sign * value if weight > 0 else -math.inf)
+                        if weight == 0:
+                            empty_extremes.setdefault(key, value)
                     elif key in ("loss", "policy_loss"):
                         additive[key] += value
                     else:
                         sums[key] += value * weight
-            sums["grad_norm"] += engine.step()
+            grad_norm_total += engine.step()
             for key, value in additive.items():
                 sums[key] += value
             steps += 1
+    sums, extremes, weight_total = _reduce_over_ranks(engine, sums, extremes, weight_total)
     result = {key: value / max(weight_total, 1.0) for key, value in sums.items()}
-    result["grad_norm"] = sums["grad_norm"] / steps
+    result["grad_norm"] = grad_norm_total / steps
     for key in ("loss", "policy_loss"):
         result[key] = sums[key] / steps
-    result.update(extremes)
+    for key, value in extremes.items():
+        sign = 1.0 if key.endswith("_max") else -1.0
+        result[key] = sign * value if math.isfinite(value) else empty_extremes[key]
     result["optimizer_steps"] = float(steps)
     result["lr"] = engine.current_lr()
     return result
+
+
+def rank_micro_batches(
+    rows: Tensor, micro_batch_size: int, rank: int = 0, world_size: int = 1
+) -> list[tuple[Tensor, bool]]:
+    """This rank's share of a mini-batch's row indices as micro-batches, with a live flag.
+
+    One process: consecutive chunks of micro_batch_size rows, all live. Several: rank r
+    takes the r-th of world_size near-equal shares, cut into the same number of chunks on
+    every rank (ZeRO passes are collective); a rank with fewer rows than chunks pads with
+    a non-live pass over one row, which the caller masks out.
+    """
+    if world_size == 1:
+        return [(micro, True) for micro in torch.split(rows, micro_batch_size)]
+    share = torch.tensor_split(rows, world_size)[rank]
+    passes = math.ceil(math.ceil(len(rows) / world_size) / micro_batch_size)
+    chunks = [(micro, True) for micro in torch.tensor_split(share, passes) if len(micro)]
+    return chunks + [(rows[:1], False)] * (passes - len(chunks))
+
+
+def _reduce_over_ranks(
+    engine: TrainEngine, sums: dict[str, float], extremes: dict[str, float], weight: float
+) -> tuple[dict[str, float], dict[str, float], float]:
+    """Metric sums, token weight and sign-folded maxima, summed / maxed over the ranks."""
+    if engine.data_parallel_size == 1:
+        return sums, extremes, weight
+    sum_keys, max_keys = sorted(sums), sorted(extremes)
+    totals = engine.all_reduce(
+        torch.tensor([*(sums[k] for k in sum_keys), weight], dtype=torch.float64), "sum"
+    ).tolist()
+    maxima = engine.all_reduce(
+        torch.tensor([extremes[k] for k in max_keys], dtype=torch.float64), "max"
+    ).tolist()
+    return (
+        dict(zip(sum_keys, totals[:-1], strict=True)),
+        dict(zip(max_keys, maxima, strict=True)),
+        totals[-1],
+    )
 
 
 def _old_logprobs(

@@ -10,7 +10,7 @@ from transformers import LlamaConfig, LlamaForCausalLM
 from grpo_core.batching import PolicyBatch, build_policy_batch
 from grpo_core.config import GRPOConfig, LossAgg
 from grpo_core.engine import TorchEngine
-from grpo_core.update import grpo_update
+from grpo_core.update import grpo_update, rank_micro_batches
 
 
 @pytest.fixture(autouse=True)
@@ -184,3 +184,13 @@ def test_update_changes_the_policy_and_reports_metrics() -> None:
     ):
         assert key in metrics
     assert metrics["kl"] > 0 and metrics["grad_norm"] > 0
+
+
+@pytest.mark.parametrize(("rows", "micro", "world"), [(8, 8, 1), (7, 2, 2), (3, 1, 2), (1, 4, 3)])
+def test_ranks_split_a_mini_batch_into_equal_pass_counts(rows: int, micro: int, world: int) -> None:
+    mini = torch.randperm(rows, generator=torch.Generator().manual_seed(0))
+    shares = [rank_micro_batches(mini, micro, rank, world) for rank in range(world)]
+    assert len({len(passes) for passes in shares}) == 1  # ZeRO passes are collective
+    live = torch.cat([rows_ for passes in shares for rows_, is_live in passes if is_live])
+    assert sorted(live.tolist()) == sorted(mini.tolist())  # every row once, on one rank
+    assert all(len(rows_) <= micro for passes in shares for rows_, _ in passes)
