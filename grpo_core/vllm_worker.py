@@ -1,0 +1,219 @@
+"""vLLM rollout worker: samples completions with vLLM inside `.venv-vllm` (`make vllm-env`).
+
+Runs by path with the vLLM environment's python and imports only the standard library, vLLM
+and (for Parquet) pyarrow, never our packages, whose dependencies that environment lacks:
+
+    .venv-vllm/bin/python -P grpo_core/vllm_worker.py --model CKPT_DIR            # serve
+    .venv-vllm/bin/python -P grpo_core/vllm_worker.py --model CKPT_DIR --request r.json
+
+Serve mode reads one JSON request per line on stdin and answers one JSON line on stdout
+(vLLM's own logging is moved to stderr); the first line is {"op": "ready", ...}. Requests:
+- {"op": "generate", "output": PATH, "n", "temperature", "top_p", "max_tokens", "seed",
+  "stop_token_ids", and the prompts: "prompt_token_ids" (lists of ids), or "prompts" (strings),
+  or "input": a .parquet/.json file with one of those columns}: writes one row per sample to
+  PATH (.parquet or .json) with prompt_index, sample_index, prompt_token_ids, token_ids, text,
+  finish_reason (stop/length) and logprobs (the sampling log-prob of each token).
+- {"op": "reload", "model": DIR}: loads new weights of the same architecture in place and
+  drops the prefix cache (its KV entries belong to the old weights).
+- {"op": "shutdown"}.
+
+Log-probs follow grpo_core.rollout_types.RolloutBatch: log softmax(logits / T) of each sampled
+token, before top-p truncation (T = 1 for greedy). vLLM's returned log-probs are either the raw
+T = 1 ones or taken after top-p renormalisation, so the worker scales the model's logits by 1/T
+itself (the LogitsProcessor `scale`, which vLLM applies before anything else) and asks vLLM to
+sample at temperature 1 with top-p: same distribution, and the raw log-probs are the contract's.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import sys
+import time
+import traceback
+from pathlib import Path
+from typing import Any
+
+# Set before vLLM is imported: no hub access, and the engine core in this process so that
+# `apply_model` runs our function directly instead of pickling it to another process.
+WORKER_ENV = {
+    "HF_HUB_OFFLINE": "1",
+    "TRANSFORMERS_OFFLINE": "1",
+    "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
+}
+
+
+def read_prompts(request: dict[str, Any]) -> list[dict[str, Any]]:
+    """vLLM prompt dicts from inline token ids/strings or an input .parquet/.json file."""
+    if "input" in request:
+        path = Path(request["input"])
+        if path.suffix == ".parquet":
+            import pyarrow.parquet as pq
+
+            data: dict[str, Any] = pq.read_table(path).to_pydict()
+        else:
+            data = json.loads(path.read_text())
+    else:
+        data = request
+    if "prompt_token_ids" in data:
+        return [{"prompt_token_ids": [int(t) for t in ids]} for ids in data["prompt_token_ids"]]
+    if "prompts" in data:
+        return [{"prompt": str(p)} for p in data["prompts"]]
+    raise ValueError("request needs 'prompt_token_ids', 'prompts' or an 'input' file with one")
+
+
+def write_rows(rows: list[dict[str, Any]], path: Path) -> None:
+    """Rows to .parquet (pyarrow) or .json, atomically: temp file in the same folder, rename."""
+    tmp = path.with_name(f".{path.name}.tmp")
+    if path.suffix == ".parquet":
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+
+        pq.write_table(pa.Table.from_pylist(rows), tmp)
+    else:
+        tmp.write_text(json.dumps({"rows": rows}))
+    os.replace(tmp, path)
+
+
+def set_logit_scale(llm: Any, scale: float) -> None:
+    """Multiply the model's output logits by `scale` (on top of the model's own logit_scale)."""
+
+    def apply(model: Any) -> int:
+        from vllm.model_executor.layers.logits_processor import LogitsProcessor
+
+        found = 0
+        for module in model.modules():
+            if isinstance(module, LogitsProcessor):
+                if not hasattr(module, "itergrpo_base_scale"):
+                    module.itergrpo_base_scale = module.scale
+                module.scale = module.itergrpo_base_scale * scale
+                found += 1
+        return found
+
+    if not all(llm.apply_model(apply)):
+        raise RuntimeError("model has no vLLM LogitsProcessor: cannot apply the temperature")
+
+
+def generate(llm: Any, request: dict[str, Any], show_progress: bool) -> int:
+    """Sample request["n"] completions per prompt and write them to request["output"]."""
+    from vllm import SamplingParams
+
+    prompts = read_prompts(request)
+    n, temperature = int(request["n"]), float(request["temperature"])
+    greedy = temperature == 0
+    set_logit_scale(llm, 1.0 if greedy else 1.0 / temperature)
+    # vLLM seeds sample j of a request with seed + j, and torch's CPU generator keeps only the
+    # low 32 bits of a seed: row r = p * n + j of this call gets (base + r) mod 2**32, with
+    # base a hash of the call's seed, so a row's draw never depends on the rest of the batch.
+    base = int.from_bytes(
+        hashlib.blake2b(str(int(request["seed"])).encode(), digest_size=4).digest()
+    )
+    params = [
+        SamplingParams(
+            n=n,
+            temperature=0.0 if greedy else 1.0,  # the 1/T is already in the logits
+            top_p=1.0 if greedy else float(request.get("top_p", 1.0)),
+            max_tokens=int(request["max_tokens"]),
+            seed=(base + p * n) % 2**32,
+            logprobs=0,  # the sampled token's log-prob only
+            stop_token_ids=[int(t) for t in request.get("stop_token_ids", [])],
+            skip_special_tokens=True,
+        )
+        for p in range(len(prompts))
+    ]
+    outputs = llm.generate(prompts, params, use_tqdm=show_progress)
+    rows = []
+    for p, out in enumerate(outputs):
+        for j, comp in enumerate(sorted(out.outputs, key=lambda c: c.index)):
+            if comp.finish_reason not in ("stop", "length"):
+                raise RuntimeError(f"prompt {p} sample {j}: finish reason {comp.finish_reason!r}")
+            ids = [int(t) for t in comp.token_ids]
+            rows.append(
+                {
+                    "prompt_index": p,
+                    "sample_index": j,
+                    "prompt_token_ids": [int(t) for t in out.prompt_token_ids],
+                    "token_ids": ids,
+                    "text": comp.text,
+                    "finish_reason": comp.finish_reason,
+                    "logprobs": [
+                        float(step[t].logprob) for step, t in zip(comp.logprobs, ids, strict=True)
+                    ],
+                }
+            )
+    write_rows(rows, Path(request["output"]))
+    return len(rows)
+
+
+def reload(llm: Any, model_dir: str) -> None:
+    """New weights (same architecture) in place, then forget the KV prefix cache."""
+    llm.collective_rpc("reload_weights", kwargs={"weights_path": model_dir})
+    llm.reset_prefix_cache()
+
+
+def handle(llm: Any, request: dict[str, Any], show_progress: bool) -> dict[str, Any]:
+    start = time.perf_counter()
+    op = request.get("op")
+    reply: dict[str, Any] = {"ok": True, "op": op}
+    if op == "generate":
+        reply["rows"] = generate(llm, request, show_progress)
+    elif op == "reload":
+        reload(llm, request["model"])
+    elif op != "shutdown":
+        raise ValueError(f"unknown op {op!r}: expected generate, reload or shutdown")
+    reply["seconds"] = round(time.perf_counter() - start, 3)
+    return reply
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", required=True, help="HF save_pretrained directory")
+    parser.add_argument("--llm-kwargs", default="{}", help="JSON of extra vllm.LLM arguments")
+    parser.add_argument("--request", help="run this one request file (JSON) and exit")
+    parser.add_argument("--progress", action="store_true", help="vLLM progress bar on stderr")
+    args = parser.parse_args(argv)
+    for key, value in WORKER_ENV.items():
+        os.environ.setdefault(key, value)
+    # Replies own the real stdout; anything vLLM or its libraries print goes to stderr.
+    replies = os.fdopen(os.dup(sys.stdout.fileno()), "w", buffering=1)
+    os.dup2(sys.stderr.fileno(), sys.stdout.fileno())
+
+    def send(reply: dict[str, Any]) -> None:
+        replies.write(json.dumps(reply) + "\n")
+
+    start = time.perf_counter()
+    import vllm
+
+    kwargs = {"enable_prefix_caching": True, **json.loads(args.llm_kwargs)}
+    llm = vllm.LLM(model=args.model, **kwargs)
+    ready = {"ok": True, "op": "ready", "vllm": vllm.__version__}
+    ready["seconds"] = round(time.perf_counter() - start, 3)
+    if args.request:
+        request = {"op": "generate", **json.loads(Path(args.request).read_text())}
+        send(handle(llm, request, args.progress))
+        return 0
+    send(ready)
+    for line in sys.stdin:
+        if not line.strip():
+            continue
+        try:
+            request = json.loads(line)
+            send(handle(llm, request, args.progress))
+        except Exception as err:  # reported to the caller, who raises it; the worker lives on
+            send(
+                {
+                    "ok": False,
+                    "error": f"{type(err).__name__}: {err}",
+                    "trace": traceback.format_exc(),
+                }
+            )
+            continue
+        if request.get("op") == "shutdown":
+            break
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
