@@ -1,0 +1,262 @@
+"""Time one GRPO step (online sampling -> reward -> update) on CPU, optionally against TRL.
+
+    OMP_NUM_THREADS=2 python bench/grpo_step.py --config tiny
+    OMP_NUM_THREADS=2 python bench/grpo_step.py --config small --vs-trl --pairs 3  # make bench-env
+    OMP_NUM_THREADS=2 python bench/grpo_step.py --config tiny --profile            # where time goes
+
+Each side runs in its own process (so peak RSS is its own) on the same saved model: 1 warm-up
++ 10 timed steps of 8 prompts x G = 8, temperature 1, beta 0.04, eps 0.2, mu 1, lr 1e-5
+constant. With --vs-trl the sides alternate (ours, TRL, ours, TRL, ...) and each pair gives
+the ratio of median step times ours / TRL.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections import defaultdict
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import grpo_bench_common as common
+import torch
+from torch import Tensor, nn
+
+from grpo_core.advantages import AdvantageInputs, get_adv_estimator
+from grpo_core.batching import PolicyBatch, build_policy_batch
+from grpo_core.config import GRPOConfig
+from grpo_core.engine import TorchEngine
+from grpo_core.policy import PolicyConfig, build_char_tokenizer, create_tiny_policy, load_policy
+from grpo_core.rollout import HFRolloutEngine
+from grpo_core.rollout_types import SamplingParams
+from grpo_core.update import grpo_update
+
+HERE = Path(__file__).resolve().parent
+MARK = "BENCH_JSON "
+PHASES = ("generation", "reference", "policy_fwd_bwd", "optimizer", "other")
+
+
+def save_model(cfg: common.BenchConfig, out: Path) -> None:
+    """The seeded tiny Llama + char tokenizer of `cfg`, saved where both sides load it."""
+    tokenizer = build_char_tokenizer()
+    policy = PolicyConfig(
+        n_layers=cfg.n_layers,
+        hidden_size=cfg.hidden_size,
+        n_heads=cfg.n_heads,
+        intermediate_size=cfg.intermediate_size,
+        seed=0,
+    )
+    create_tiny_policy(policy, tokenizer).save_pretrained(out)
+    tokenizer.save_pretrained(out)
+
+
+class TimedEngine(TorchEngine):
+    """TorchEngine that adds its forward+backward and optimizer seconds to `times`."""
+
+    times: dict[str, float]
+
+    def forward_logprobs(
+        self, batch: PolicyBatch, temperature: float, with_entropy: bool = False
+    ) -> tuple[Tensor, Tensor | None]:
+        start = time.perf_counter()
+        out = super().forward_logprobs(batch, temperature, with_entropy)
+        self.times["policy_fwd_bwd"] += time.perf_counter() - start
+        return out
+
+    def backward(self, loss: Tensor) -> None:
+        start = time.perf_counter()
+        super().backward(loss)
+        self.times["policy_fwd_bwd"] += time.perf_counter() - start
+
+    def step(self) -> float:
+        start = time.perf_counter()
+        norm = super().step()
+        self.times["optimizer"] += time.perf_counter() - start
+        return norm
+
+
+def time_forward(model: nn.Module, times: dict[str, float], key: str) -> None:
+    """Add the seconds of every model(...) call to times[key] (hooks, no code change)."""
+    started: list[float] = []
+    model.register_forward_pre_hook(lambda *_: started.append(time.perf_counter()))
+
+    def done(*_: Any) -> None:
+        times[key] += time.perf_counter() - started.pop()
+
+    model.register_forward_hook(done)
+
+
+@contextmanager
+def maybe_profile(enabled: bool) -> Iterator[None]:
+    if not enabled:
+        yield
+        return
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+        yield
+    table = prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=25)
+    print(table, file=sys.stderr)
+
+
+def run_ours(cfg: common.BenchConfig, model_dir: Path, profile: bool) -> dict[str, Any]:
+    """Our GRPO step loop, as flows/grpo_stage.py runs it, with per-phase timings."""
+    model, tokenizer = load_policy(model_dir)
+    reference, _ = load_policy(model_dir)
+    reference.eval().requires_grad_(False)
+    algo = GRPOConfig(
+        beta=common.BETA,
+        eps_low=common.EPS,
+        eps_high=common.EPS,
+        loss_agg="seq-mean-token-mean",
+        mu=1,
+        lr=common.LR,
+        lr_schedule="constant",
+        max_grad_norm=1.0,
+        micro_batch_size=common.PROMPTS_PER_STEP * common.GROUP_SIZE,
+        temperature=common.TEMPERATURE,
+    )
+    engine = TimedEngine(model, lr=algo.lr, max_grad_norm=algo.max_grad_norm)
+    times: dict[str, float] = defaultdict(float)
+    engine.times = times
+    time_forward(reference, times, "reference")
+    sampler = HFRolloutEngine(model, tokenizer, show_progress=False)
+    params = SamplingParams(max_new_tokens=cfg.max_new_tokens, temperature=algo.temperature)
+    estimator = get_adv_estimator(algo.advantage_estimator)
+    prompts = common.make_prompts(cfg)
+    steps: list[dict[str, Any]] = []
+    for step in range(common.WARMUP_STEPS + common.TIMED_STEPS):
+        times.clear()
+        with maybe_profile(profile and step == common.WARMUP_STEPS):
+            start = time.perf_counter()
+            step_prompts = prompts[step * common.PROMPTS_PER_STEP :][: common.PROMPTS_PER_STEP]
+            batch = sampler.generate(step_prompts, common.GROUP_SIZE, params, seed=step)
+            times["generation"] = time.perf_counter() - start
+            rewards = torch.tensor(
+                [
+                    common.arith_reward(step_prompts[i], text)
+                    for i, text in zip(batch.prompt_index, batch.texts, strict=True)
+                ]
+            )
+            policy_batch = build_policy_batch(
+                batch.prompt_ids, batch.completion_ids, tokenizer.pad_token_id
+            )
+            inputs = AdvantageInputs(
+                response_mask=policy_batch.full_to_response(policy_batch.response_mask),
+                rewards=rewards.reshape(common.PROMPTS_PER_STEP, common.GROUP_SIZE),
+            )
+            advantages = policy_batch.response_to_full(estimator(inputs, algo.adv_eps))
+            model.train()
+            stats = grpo_update(engine, reference, policy_batch, advantages, algo)
+            total = time.perf_counter() - start
+        times["other"] = total - sum(times[k] for k in PHASES if k != "other")
+        steps.append(
+            {
+                "seconds": total,
+                **{k: times[k] for k in PHASES},
+                "completion_tokens": sum(len(ids) for ids in batch.completion_ids),
+                "reward_mean": float(rewards.mean()),
+                "kl": stats["kl"],
+            }
+        )
+    return {"side": "ours", "steps": steps, "peak_rss_mib": common.peak_rss_mib()}
+
+
+def run_worker(side: str, cfg: common.BenchConfig, model_dir: Path, trl_python: str) -> dict:
+    """One side in a fresh process; its JSON report."""
+    if side == "ours":
+        cmd = [sys.executable, __file__, "--worker", "--config", cfg.name]
+    else:
+        cmd = [trl_python, str(HERE / "trl_side.py"), "--config", cfg.name]
+    env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "2")}
+    proc = subprocess.run(
+        [*cmd, "--model-dir", str(model_dir)], capture_output=True, text=True, env=env
+    )
+    lines = [line for line in proc.stdout.splitlines() if line.startswith(MARK)]
+    if proc.returncode != 0 or not lines:
+        sys.stderr.write(proc.stdout[-4000:] + proc.stderr[-4000:])
+        raise SystemExit(f"{side} worker failed (exit {proc.returncode}): {' '.join(cmd)}")
+    report: dict = json.loads(lines[-1][len(MARK) :])
+    return report
+
+
+def summarize(report: dict) -> dict[str, float]:
+    """Medians over the timed steps (the warm-up step is dropped)."""
+    timed = report["steps"][common.WARMUP_STEPS :]
+    out = {"step_s": statistics.median(s["seconds"] for s in timed)}
+    for key in PHASES:
+        if all(key in s for s in timed):
+            out[key] = statistics.median(s[key] for s in timed)
+    out["tokens_per_s"] = sum(s["completion_tokens"] for s in timed) / sum(
+        s["seconds"] for s in timed
+    )
+    out["peak_rss_mib"] = report["peak_rss_mib"]
+    return out
+
+
+def describe(report: dict) -> str:
+    s = summarize(report)
+    split = " / ".join(f"{k} {s[k]:.3f}" for k in PHASES if k in s)
+    trend = " ".join(f"{step['reward_mean']:.3f}" for step in report["steps"])
+    return (
+        f"{report['side']:>4}: median step {s['step_s']:.3f} s ({split}), "
+        f"{s['tokens_per_s']:.0f} completion tok/s, peak RSS {s['peak_rss_mib']:.0f} MiB\n"
+        f"      reward per step (warm-up first): {trend}"
+    )
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--config", choices=[*common.CONFIGS, "both"], default="both")
+    parser.add_argument("--vs-trl", action="store_true", help="alternate with TRL's GRPOTrainer")
+    parser.add_argument("--pairs", type=int, default=3, help="ours/TRL pairs with --vs-trl")
+    parser.add_argument("--repeats", type=int, default=1, help="runs of ours without --vs-trl")
+    parser.add_argument("--trl-python", default=str(HERE.parent / ".venv-bench/bin/python"))
+    parser.add_argument("--profile", action="store_true", help="torch.profiler of one step")
+    parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--model-dir", type=Path, help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "2")))
+
+    if args.worker:
+        report = run_ours(common.CONFIGS[args.config], args.model_dir, args.profile)
+        print(MARK + json.dumps(report))
+        return 0
+    if args.vs_trl and not Path(args.trl_python).exists():
+        raise SystemExit(f"no TRL python at {args.trl_python}: run `make bench-env` first")
+    names = list(common.CONFIGS) if args.config == "both" else [args.config]
+    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, load {os.getloadavg()}")
+    for name in names:
+        cfg = common.CONFIGS[name]
+        print(f"== {name}: {cfg.as_dict()}")
+        with tempfile.TemporaryDirectory(prefix="grpo-bench-") as tmp:
+            save_model(cfg, Path(tmp))
+            if args.profile:
+                print(describe(run_ours(cfg, Path(tmp), profile=True)))
+                continue
+            if not args.vs_trl:
+                for _ in range(args.repeats):
+                    print(describe(run_worker("ours", cfg, Path(tmp), args.trl_python)))
+                continue
+            ratios = []
+            for pair in range(args.pairs):
+                ours = run_worker("ours", cfg, Path(tmp), args.trl_python)
+                trl = run_worker("trl", cfg, Path(tmp), args.trl_python)
+                ratio = summarize(ours)["step_s"] / summarize(trl)["step_s"]
+                rss = summarize(ours)["peak_rss_mib"] / summarize(trl)["peak_rss_mib"]
+                ratios.append(ratio)
+                print(f"-- pair {pair + 1}: ours/TRL step time {ratio:.2f}, peak RSS {rss:.2f}")
+                print(describe(ours))
+                print(describe(trl))
+            print(f"== {name}: median ratio ours/TRL {statistics.median(ratios):.2f} ")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,152 @@
+"""TRL's side of `grpo_step.py --vs-trl`: GRPOTrainer on the same model, prompts and reward.
+
+Runs in `.venv-bench` (`make bench-env`); prints one `BENCH_JSON {...}` line. Every setting
+whose TRL 1.x default differs from the paper's GRPO (loss_type, beta, bf16, gradient
+checkpointing, LR schedule) is set explicitly so both sides do the same work.
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import os
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import grpo_bench_common as common
+import torch
+from datasets import Dataset
+from transformers import AutoTokenizer, TrainerCallback
+from trl import GRPOConfig, GRPOTrainer
+
+MARK = "BENCH_JSON "
+
+
+class StepClock(TrainerCallback):
+    """Wall time of each optimizer step: between consecutive on_step_end calls."""
+
+    def __init__(self) -> None:
+        self.ends: list[float] = []
+        self.first_begin = 0.0
+
+    def on_step_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        if not self.first_begin:
+            self.first_begin = time.perf_counter()
+
+    def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        self.ends.append(time.perf_counter())
+
+    def durations(self) -> list[float]:
+        marks = [self.first_begin, *self.ends]
+        return [b - a for a, b in itertools.pairwise(marks)]
+
+
+def timed(fn: Any, log: list[float]) -> Any:
+    """fn wrapped to append its seconds per call to `log`."""
+
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        start = time.perf_counter()
+        out = fn(*args, **kwargs)
+        log.append(time.perf_counter() - start)
+        return out
+
+    return wrapper
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--config", choices=list(common.CONFIGS), required=True)
+    parser.add_argument("--model-dir", type=Path, required=True)
+    args = parser.parse_args()
+    torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "2")))
+    cfg = common.CONFIGS[args.config]
+    prompts = common.make_prompts(cfg)
+    rewards: list[float] = []
+    tokens: list[int] = []
+
+    def arith_reward(
+        prompts: list[str], completions: list[str], completion_ids: list[list[int]], **_: Any
+    ) -> list[float]:
+        out = [common.arith_reward(p, c) for p, c in zip(prompts, completions, strict=True)]
+        rewards.append(sum(out) / len(out))
+        tokens.append(sum(len(ids) for ids in completion_ids))
+        return out
+
+    steps = common.WARMUP_STEPS + common.TIMED_STEPS
+    batch = common.PROMPTS_PER_STEP * common.GROUP_SIZE
+    with tempfile.TemporaryDirectory(prefix="trl-bench-") as out_dir:
+        config = GRPOConfig(
+            output_dir=out_dir,
+            use_cpu=True,
+            max_steps=steps,
+            per_device_train_batch_size=batch,  # completions in TRL 1.x: 8 prompts x 8
+            gradient_accumulation_steps=1,
+            num_generations=common.GROUP_SIZE,
+            max_completion_length=cfg.max_new_tokens,
+            temperature=common.TEMPERATURE,
+            top_p=1.0,
+            top_k=0,
+            learning_rate=common.LR,
+            lr_scheduler_type="constant",
+            warmup_steps=0,
+            weight_decay=0.0,
+            adam_beta1=0.9,
+            adam_beta2=0.999,
+            max_grad_norm=1.0,
+            optim="adamw_torch",
+            beta=common.BETA,
+            epsilon=common.EPS,
+            num_iterations=1,
+            loss_type="grpo",  # per-sequence token mean, then mean over sequences (paper)
+            scale_rewards="group",
+            bf16=False,
+            fp16=False,
+            gradient_checkpointing=False,
+            use_vllm=False,
+            shuffle_dataset=False,
+            report_to=[],
+            push_to_hub=False,
+            save_strategy="no",
+            logging_steps=1,
+            disable_tqdm=True,
+            dataloader_num_workers=0,
+            seed=0,
+        )
+        trainer = GRPOTrainer(
+            model=str(args.model_dir),
+            reward_funcs=arith_reward,
+            args=config,
+            train_dataset=Dataset.from_dict({"prompt": prompts}),
+            processing_class=AutoTokenizer.from_pretrained(args.model_dir),
+        )
+        clock = StepClock()
+        trainer.add_callback(clock)
+        generate_s: list[float] = []
+        trainer.model.generate = timed(trainer.model.generate, generate_s)
+        ref_s: list[float] = []
+        assert trainer.ref_model is not None
+        trainer.ref_model.forward = timed(trainer.ref_model.forward, ref_s)
+        trainer.train()
+    report = {
+        "side": "trl",
+        "steps": [
+            {
+                "seconds": seconds,
+                "generation": generate_s[i],
+                "reference": ref_s[i],
+                "completion_tokens": tokens[i],
+                "reward_mean": rewards[i],
+            }
+            for i, seconds in enumerate(clock.durations())
+        ],
+        "peak_rss_mib": common.peak_rss_mib(),
+    }
+    print(MARK + json.dumps(report))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
