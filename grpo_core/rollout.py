@@ -90,26 +90,44 @@ class HFRolloutEngine:
         self.stop_ids = stop_token_ids(tokenizer, getattr(model, "generation_config", None))
 
     def generate(
-        self, prompts: list[str], n: int, params: SamplingParams, seed: int
+        self,
+        prompts: list[str],
+        n: int,
+        params: SamplingParams,
+        seed: int,
+        *,
+        rows: tuple[int, int] | None = None,
     ) -> RolloutBatch:
-        """n samples per prompt, rows prompt-major; same inputs and seed give the same batch."""
+        """n samples per prompt, rows prompt-major; same inputs and seed give the same batch.
+
+        rows=(start, stop): only rows start..stop-1 of that batch (a shard of it), sampled with
+        the same draws: the whole (len(prompts) * n, max_new_tokens) uniform tensor is drawn
+        and sliced, so a row's randomness never depends on the split. With `start` a multiple
+        of `batch_size` the chunks, hence padding and float results, equal the full call's.
+        prompt_index stays global (row r -> prompt r // n).
+        """
         if n < 1:
             raise ValueError(f"n (samples per prompt) must be >= 1 (got {n})")
-        encoded = [encode_prompt(self.tokenizer, p) for p in prompts]
-        rows = [encoded[i] for i in range(len(prompts)) for _ in range(n)]
+        total = len(prompts) * n
+        start, stop = rows if rows is not None else (0, total)
+        if not 0 <= start <= stop <= total:
+            raise ValueError(f"rows must satisfy 0 <= start <= stop <= {total} (got {rows})")
+        first = start // n  # only the prompts of the rows asked for are encoded
+        encoded = [encode_prompt(self.tokenizer, p) for p in prompts[first : -(-stop // n)]]
+        rows_ids = [encoded[r // n - first] for r in range(start, stop)]
         generator = torch.Generator().manual_seed(seed)
-        uniforms = torch.rand(len(rows), params.max_new_tokens, generator=generator)
+        uniforms = torch.rand(total, params.max_new_tokens, generator=generator)[start:stop]
         out_ids: list[list[int]] = []
         out_logp: list[list[float]] = []
         reasons: list[FinishReason] = []
         was_training = self.model.training
         self.model.eval()
-        bar = tqdm(total=len(rows), desc="rollout", unit="seq", disable=not self.show_progress)
+        bar = tqdm(total=len(rows_ids), desc="rollout", unit="seq", disable=not self.show_progress)
         try:
-            for start in range(0, len(rows), self.batch_size):
-                chunk = rows[start : start + self.batch_size]
+            for at in range(0, len(rows_ids), self.batch_size):
+                chunk = rows_ids[at : at + self.batch_size]
                 ids, logp, lengths, stopped = self._generate_chunk(
-                    chunk, uniforms[start : start + len(chunk)], params
+                    chunk, uniforms[at : at + len(chunk)], params
                 )
                 for r, length in enumerate(lengths.tolist()):
                     out_ids.append(ids[r, :length].tolist())
@@ -121,8 +139,8 @@ class HFRolloutEngine:
             self.model.train(was_training)
         texts = completion_texts(self.tokenizer, out_ids, reasons, self.stop_ids)
         return RolloutBatch(
-            prompt_index=[r // n for r in range(len(rows))],
-            prompt_ids=[list(r) for r in rows],
+            prompt_index=[r // n for r in range(start, stop)],
+            prompt_ids=[list(r) for r in rows_ids],
             completion_ids=out_ids,
             texts=texts,
             finish_reasons=reasons,
