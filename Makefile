@@ -13,11 +13,12 @@ venv: $(STAMP)
 
 # torch==2.13.0 first: on these machines it is a CPU build on local disk. An unpinned torch
 # would pull a multi-GB CUDA build from the index.
+# The gpu (DeepSpeed) and ray extras are installed so CI runs their parity tests on CPU.
 $(STAMP): pyproject.toml
 	$(PY) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
 	$(BIN)/pip install --quiet torch==2.13.0
-	$(BIN)/pip install --quiet -e '.[dev,gpu]'
+	$(BIN)/pip install --quiet -e '.[dev,gpu,ray]'
 	touch $(STAMP)
 
 lint: venv
