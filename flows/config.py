@@ -10,11 +10,19 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 from grpo_core.config import GRPOConfig
 from grpo_core.evaluate import EvalConfig
@@ -116,6 +124,53 @@ class GRPOStageSection(_Section):
     )
 
 
+class ClusterSection(_Section):
+    """Scale-out: rollout, Math-Shepherd labelling and evaluation sampling split into Ray
+    tasks (`pip install -e '.[ray]'`); the committed rows equal those of an in-process run."""
+
+    ray_address: str | None = Field(
+        None,
+        description="Ray cluster for the sampling shards. Empty: no Ray, all in this process. "
+        "'local': a Ray on this machine (or the one this process already started); 'auto': "
+        "the cluster this machine joined with `ray start`; or 'host:6379' / 'ray://host:10001'. "
+        "Shards load the policy from the store's checkpoint directories: workers must see the "
+        "store path and have itergrpo installed.",
+    )
+    shards: int = Field(
+        2,
+        ge=1,
+        le=1024,
+        description="Ray tasks per sampling call (1 to 1024). A shard is a whole number of "
+        "engine batches (rollout.batch_size or labelling.batch_size rows), so a call with "
+        "fewer batches than shards runs fewer.",
+    )
+    num_gpus_per_shard: float = Field(
+        0.0,
+        ge=0.0,
+        le=64.0,
+        description="GPUs Ray reserves for each shard (0 to 64; 0.5 packs two shards on one "
+        "GPU). 0: CPU shards (Ray hides the GPUs from them). Above 0 needs run.device auto or "
+        "cuda.",
+    )
+    num_cpus_per_shard: float = Field(
+        1.0, ge=0.0, le=256.0, description="CPUs Ray reserves for each shard (0 to 256)."
+    )
+
+    @field_validator("ray_address", mode="before")
+    @classmethod
+    def _known_address_form(cls, value: Any) -> Any:
+        if not isinstance(value, str):
+            return value
+        value = value.strip()
+        if not value:  # the Prefect form sends "" for a cleared field
+            return None
+        if value in ("local", "auto") or value.startswith("ray://"):
+            return value
+        if re.fullmatch(r"[^\s/]+:\d{1,5}", value):
+            return value
+        raise ValueError("expected empty, 'local', 'auto', 'host:port' or 'ray://host:port'")
+
+
 class ItergrpoConfig(_Section):
     """Everything a run needs. Loaded from YAML (configs/*.yaml), form of the Prefect flow."""
 
@@ -129,6 +184,7 @@ class ItergrpoConfig(_Section):
     reward_models: RewardModelConfig = Field(default_factory=RewardModelConfig)
     grpo: GRPOStageSection = Field(default_factory=GRPOStageSection)
     evaluation: EvalConfig = Field(default_factory=EvalConfig)
+    cluster: ClusterSection = Field(default_factory=ClusterSection)
 
     @model_validator(mode="after")
     def _rewards_are_available(self) -> ItergrpoConfig:
@@ -140,6 +196,22 @@ class ItergrpoConfig(_Section):
             raise ValueError(
                 "grpo.algo.supervision = process needs reward_models.use_prm = true "
                 "(no PRM is trained)"
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _shards_can_use_the_device(self) -> ItergrpoConfig:
+        if self.cluster.ray_address is None:
+            return self
+        if self.cluster.num_gpus_per_shard > 0 and self.run.device == "cpu":
+            raise ValueError(
+                "cluster.num_gpus_per_shard > 0 reserves GPUs that run.device = cpu never uses "
+                "(set run.device to auto or cuda, or num_gpus_per_shard to 0)"
+            )
+        if self.cluster.num_gpus_per_shard == 0 and self.run.device == "cuda":
+            raise ValueError(
+                "run.device = cuda with Ray shards needs cluster.num_gpus_per_shard > 0: Ray "
+                "hides the GPUs from tasks that reserve none"
             )
         return self
 

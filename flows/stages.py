@@ -37,6 +37,7 @@ from flows.common import (
 from flows.config import ItergrpoConfig
 from flows.grpo_stage import grpo_stage
 from flows.model_io import policy_at, save_model, save_reward_model, to_device
+from flows.sharding import sharded_engine
 from grpo_core.answers import extract_answer
 from grpo_core.evaluate import evaluate_policy_with_samples
 from grpo_core.policy import build_policy, format_prompt, load_policy
@@ -92,7 +93,10 @@ def _evaluate(
     """Eval rows of policy_{policy_iteration}; with rm_iteration, also of that iteration's RMs
     on the same fresh held-out samples (the policy they will reward next)."""
     problems = task.problems(EVAL_SPLIT, cfg.evaluation.n_prompts, seed=cfg.run.seed)
-    engine = HFRolloutEngine(model, tokenizer, batch_size=cfg.rollout.batch_size)
+    # With cluster.ray_address: Ray shards that load policy_{policy_iteration} from the store.
+    engine = sharded_engine(
+        cfg, run.run_id, policy_iteration, model, cfg.rollout.batch_size, EVALUATE
+    ) or HFRolloutEngine(model, tokenizer, batch_size=cfg.rollout.batch_size)
     metrics, sampled, problems = evaluate_policy_with_samples(
         engine,
         tokenizer,
@@ -183,7 +187,9 @@ def rollout_stage(
         temperature=cfg.rollout.temperature,
         top_p=cfg.rollout.top_p,
     )
-    engine = HFRolloutEngine(model, tokenizer, batch_size=cfg.rollout.batch_size)
+    engine = sharded_engine(
+        cfg, run.run_id, iteration, model, cfg.rollout.batch_size, ROLLOUT
+    ) or HFRolloutEngine(model, tokenizer, batch_size=cfg.rollout.batch_size)
     batch = engine.generate(prompts, cfg.rollout.group_size, params, seed=seed)
     progress(0.9, f"writing {len(batch)} rollouts")
     # Relative to the store root, so a moved or copied store still resolves it.
@@ -261,7 +267,9 @@ def label_stage(
     prm_rows: list[PrmLabel] = []
     if cfg.reward_models.use_prm:
         progress(0.1, f"Math-Shepherd labelling of {len(samples)} outputs")
-        engine = HFRolloutEngine(model, tokenizer, batch_size=cfg.labelling.batch_size)
+        engine = sharded_engine(
+            cfg, run.run_id, iteration, model, cfg.labelling.batch_size, LABEL
+        ) or HFRolloutEngine(model, tokenizer, batch_size=cfg.labelling.batch_size)
         prm_rows = prm_labels_monte_carlo(
             engine,
             tokenizer,

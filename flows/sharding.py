@@ -1,0 +1,253 @@
+"""Scale-out with Ray: the sampling of the rollout, labelling and evaluation stages in shards.
+
+When `cluster.ray_address` is set, those stages sample through `ShardedRolloutEngine`, a
+`RolloutEngine` whose `generate` cuts the call's prompt-major rows into `cluster.shards`
+contiguous slices and runs each slice as a Ray task (`num_gpus` / `num_cpus` from the
+config: the GPU resource annotation). A shard task loads the policy from its checkpoint
+directory in the store (weights never travel as pickles; the task caches the loaded model
+for the next call on the same checkpoint) and calls `HFRolloutEngine.generate(...,
+rows=(start, stop))`. The stage gets the slices back in order, merged into one batch, and
+scores, labels and commits exactly as it does without Ray. Prompt strings go to the
+workers once per call through Ray's object store (`ray.put`); shard outputs (token ids,
+texts, log-probs) come back as task results. Both are small next to the model.
+
+Identical rows, sharded or not:
+- randomness is row-addressed: every shard draws the whole call's uniform tensor from the
+  call's seed and uses its own rows of it, so a row's sample never depends on the split;
+  labelling and evaluation seeds are the stage's, unchanged;
+- a shard is a whole number of engine batches (`batch_size` rows), so each forward pass
+  sees the same rows, padding and shapes as the in-process call: float results match;
+- shards apply `run.num_threads` like the driver (Ray starts workers with one thread).
+  Set it for bit-identical CPU results: a different thread count may change float sums;
+- CPU matmuls also round differently with the weights' memory alignment: a checkpoint
+  loaded on CPU stays memory-mapped at its file offsets, a model built or trained in the
+  process lives in 64-byte-aligned torch memory. A shard loads the checkpoint and, when the
+  stage's own model is in torch memory (the warm start evaluates the model it trained),
+  copies the weights into torch memory too (`ShardJob.copy_weights`).
+
+Why plain `ray.remote` and not prefect-ray's `RayTaskRunner`: stages are plain functions
+(`itergrpo run --no-prefect`, the tests) and the shards are submitted from inside a stage,
+where no Prefect flow context need exist; `RayTaskRunner` only runs tasks `.submit()`-ted
+from a flow that uses it. Putting it on the `iterative-rl` flow would move whole stage
+tasks (their store commits, the GRPO stage and its DeepSpeed launcher) onto Ray workers
+for no parallelism (stages run in sequence), and running each shard as a Prefect task on
+Ray would make every worker run a Prefect task engine that must reach the Prefect API.
+Commit/skip decisions live in the store, so Prefect's task state adds nothing to a shard.
+`RayTaskRunner` is itself a `ray.remote` wrapper; using `ray.remote` directly gives the same
+placement (resource annotations included) on both paths. The `ray` extra still installs
+prefect-ray, for users who fan out their own Prefect tasks on the same cluster.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from transformers import PreTrainedModel, PreTrainedTokenizerBase
+
+from flows.common import POLICY, apply_threads, ckpt, log
+from flows.config import ClusterSection, ItergrpoConfig
+from flows.model_io import to_device
+from grpo_core.policy import load_policy
+from grpo_core.rollout import HFRolloutEngine
+from grpo_core.rollout_types import RolloutBatch, SamplingParams
+
+__all__ = [
+    "ShardJob",
+    "ShardedRolloutEngine",
+    "connect_ray",
+    "merge_batches",
+    "ray_runner",
+    "run_shard",
+    "run_shards_in_process",
+    "shard_bounds",
+    "sharded_engine",
+]
+
+
+@dataclass(frozen=True)
+class ShardJob:
+    """Rows start..stop-1 of one `generate(prompts, n, params, seed)` call, sampled by the
+    policy checkpoint at policy_dir with `batch_size` rows per forward pass. copy_weights:
+    move the loaded (memory-mapped) weights into torch memory, as the stage's model is."""
+
+    cfg: ItergrpoConfig
+    policy_dir: str
+    batch_size: int
+    n: int
+    params: SamplingParams
+    seed: int
+    start: int
+    stop: int
+    copy_weights: bool = False
+
+
+# (prompts, jobs) -> one batch per job, in job order.
+ShardRunner = Callable[[list[str], list[ShardJob]], list[RolloutBatch]]
+
+
+def shard_bounds(total_rows: int, batch_size: int, shards: int) -> list[tuple[int, int]]:
+    """Contiguous row ranges covering 0..total_rows-1, each a whole number of batches (the
+    last may end short), as equal as batches allow; at most `shards`, none empty."""
+    if batch_size < 1 or shards < 1:
+        raise ValueError(f"batch_size and shards must be >= 1 (got {batch_size}, {shards})")
+    batches = -(-total_rows // batch_size)
+    count = min(shards, batches)
+    bounds, first = [], 0
+    for i in range(count):
+        size = batches // count + (i < batches % count)
+        bounds.append((first * batch_size, min((first + size) * batch_size, total_rows)))
+        first += size
+    return bounds
+
+
+def merge_batches(parts: Sequence[RolloutBatch]) -> RolloutBatch:
+    """The shards' batches concatenated in order (every field is a per-row list)."""
+    merged = {
+        f.name: [row for part in parts for row in getattr(part, f.name)]
+        for f in dataclasses.fields(RolloutBatch)
+    }
+    return RolloutBatch(**merged)
+
+
+# Worker side: the last policy loaded, keyed by its directory's identity, reused by the next
+# shard of the same checkpoint in this worker process (evaluation samples twice per policy).
+_LOADED: dict[tuple[Any, ...], tuple[PreTrainedModel, PreTrainedTokenizerBase]] = {}
+
+
+def _policy(job: ShardJob) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
+    path = Path(job.policy_dir)
+    stat = os.stat(path)  # checkpoints are renamed into place: a rewrite changes inode/mtime
+    key = (str(path), stat.st_ino, stat.st_mtime_ns, job.cfg.run.device, job.copy_weights)
+    if key not in _LOADED:
+        _LOADED.clear()
+        model, tokenizer = load_policy(path)
+        if job.copy_weights:
+            with torch.no_grad():
+                for param in model.parameters():  # tied weights are one Parameter: copied once
+                    param.data = param.data.clone()
+        _LOADED[key] = (to_device(model, job.cfg), tokenizer)
+    return _LOADED[key]
+
+
+def run_shard(prompts: list[str], job: ShardJob) -> RolloutBatch:
+    """One shard, where it runs (a Ray worker, or this process for `run_shards_in_process`)."""
+    apply_threads(job.cfg)
+    model, tokenizer = _policy(job)
+    engine = HFRolloutEngine(model, tokenizer, batch_size=job.batch_size, show_progress=False)
+    return engine.generate(prompts, job.n, job.params, job.seed, rows=(job.start, job.stop))
+
+
+def run_shards_in_process(prompts: list[str], jobs: list[ShardJob]) -> list[RolloutBatch]:
+    """The shards one after another in this process (no Ray): the split without the cluster."""
+    return [run_shard(prompts, job) for job in jobs]
+
+
+def _import_ray() -> Any:
+    try:
+        import ray
+    except ImportError as exc:
+        raise RuntimeError(
+            "cluster.ray_address is set but ray is not installed: pip install -e '.[ray]'"
+        ) from exc
+    return ray
+
+
+def connect_ray(cluster: ClusterSection) -> Any:
+    """The `ray` module, initialised: an already initialised Ray (e.g. by a test or a user
+    script) is used as it is, else `ray.init(address=cluster.ray_address)`, where 'local'
+    starts a Ray on this machine and 'auto' joins the one `ray start` set up."""
+    ray = _import_ray()
+    if not ray.is_initialized():
+        log.info("connecting to Ray at %s", cluster.ray_address)
+        ray.init(address=cluster.ray_address)
+    return ray
+
+
+def ray_runner(cluster: ClusterSection, name: str) -> ShardRunner:
+    """Shards as Ray tasks with the cluster's resource annotations, results in job order."""
+
+    def run(prompts: list[str], jobs: list[ShardJob]) -> list[RolloutBatch]:
+        ray = connect_ray(cluster)
+        task = ray.remote(run_shard)
+        prompts_ref = ray.put(prompts)  # stored once, shared by every shard of the call
+        refs = [
+            task.options(
+                num_cpus=cluster.num_cpus_per_shard,
+                num_gpus=cluster.num_gpus_per_shard,
+                name=f"{name}-shard{i}",
+            ).remote(prompts_ref, job)
+            for i, job in enumerate(jobs)
+        ]
+        return list(ray.get(refs))
+
+    return run
+
+
+class ShardedRolloutEngine:
+    """`RolloutEngine` whose `generate` runs batch-aligned slices of the rows as shards and
+    returns the merged batch: the same batch the in-process HF engine returns."""
+
+    def __init__(
+        self,
+        cfg: ItergrpoConfig,
+        policy_dir: Path,
+        batch_size: int,
+        runner: ShardRunner,
+        name: str = "generate",
+        copy_weights: bool = False,
+    ) -> None:
+        self.cfg, self.policy_dir, self.batch_size = cfg, policy_dir, batch_size
+        self.runner, self.name, self.copy_weights = runner, name, copy_weights
+
+    def generate(
+        self, prompts: list[str], n: int, params: SamplingParams, seed: int
+    ) -> RolloutBatch:
+        if n < 1:
+            raise ValueError(f"n (samples per prompt) must be >= 1 (got {n})")
+        total = len(prompts) * n
+        bounds = shard_bounds(total, self.batch_size, self.cfg.cluster.shards)
+        jobs = [
+            ShardJob(
+                self.cfg,
+                str(self.policy_dir),
+                self.batch_size,
+                n,
+                params,
+                seed,
+                a,
+                b,
+                self.copy_weights,
+            )
+            for a, b in bounds
+        ]
+        log.info("%s: %d rows in %d shards of %s", self.name, total, len(jobs), bounds)
+        batch = merge_batches(self.runner(prompts, jobs) if jobs else [])
+        if batch.prompt_index != [r // n for r in range(total)]:
+            raise RuntimeError(f"{self.name}: shards returned rows out of order or missing")
+        return batch
+
+
+def sharded_engine(
+    cfg: ItergrpoConfig,
+    run_id: str,
+    policy_iteration: int,
+    model: PreTrainedModel,
+    batch_size: int,
+    name: str,
+) -> ShardedRolloutEngine | None:
+    """The Ray-sharded sampling engine of policy_{policy_iteration} (saved in the store; `model`
+    is the stage's copy of it), or None when `cluster.ray_address` is unset: the stage then
+    samples in process, as without Ray."""
+    if cfg.cluster.ray_address is None:
+        return None
+    policy_dir = ckpt(cfg, run_id, POLICY, policy_iteration)
+    label = f"{name}-policy{policy_iteration}"
+    in_torch_memory = all(p.data_ptr() % 64 == 0 for p in model.parameters())
+    runner = ray_runner(cfg.cluster, label)
+    return ShardedRolloutEngine(cfg, policy_dir, batch_size, runner, label, in_torch_memory)
