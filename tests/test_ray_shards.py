@@ -3,7 +3,6 @@ run with `cluster.ray_address=local` commits the same rows as one without Ray.""
 
 from __future__ import annotations
 
-import importlib.util
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -137,10 +136,7 @@ def test_cluster_section_is_validated(
 
 @pytest.fixture
 def local_ray() -> Iterator[Any]:
-    if importlib.util.find_spec("ray") is None:
-        pytest.skip(NO_RAY)
-    import ray
-
+    ray = pytest.importorskip("ray", reason=NO_RAY)
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
     try:
         yield ray
