@@ -63,3 +63,19 @@ $(VLLM_VENV)/.installed:
 	$(VLLM_VENV)/bin/pip install --quiet pyarrow  # Parquet prompts/rollouts in the worker
 	$(VLLM_VENV)/bin/python -c "import vllm; print('vllm', vllm.__version__)"
 	touch $@
+
+# TRL's side of `bench/grpo_step.py --vs-trl`, in its own venv: TRL pins its own transformers
+# and accelerate. torch==2.13.0 first (a CPU build on local disk here; an unpinned torch would
+# pull a multi-GB CUDA build), then bench/requirements-trl.txt. bench/trl_side.py imports only
+# bench/grpo_bench_common.py (standard library), found beside it, so itergrpo is not installed.
+VENV_BENCH ?= .venv-bench
+.PHONY: bench-env
+bench-env: $(VENV_BENCH)/.installed
+
+$(VENV_BENCH)/.installed: bench/requirements-trl.txt
+	$(PY) -m venv $(VENV_BENCH)
+	$(VENV_BENCH)/bin/pip install --quiet --upgrade pip
+	$(VENV_BENCH)/bin/pip install --quiet torch==2.13.0
+	$(VENV_BENCH)/bin/pip install --quiet -r bench/requirements-trl.txt
+	$(VENV_BENCH)/bin/python -c "import torch, transformers, trl; print('bench-env: torch', torch.__version__, 'transformers', transformers.__version__, 'trl', trl.__version__)"
+	touch $@
