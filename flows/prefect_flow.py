@@ -1,8 +1,10 @@
 """The Prefect flow: one task per stage (thin wrappers), progress/table/markdown artifacts,
 and the deployment entry point used by `itergrpo serve`."""
 
-from __future__ import annotations
-
+# No `from __future__ import annotations` here: `serve` runs each flow run in a spawned
+# process from a pickled copy of the flow, and the parameter model Prefect builds there from
+# the signature must see the ItergrpoConfig class itself, not the string "ItergrpoConfig"
+# (it failed with "Iterative_RlModel is not fully defined").
 import os
 import re
 from typing import Any, cast
