@@ -291,6 +291,18 @@ def label_stage(
     return StageResult(LABEL, iteration, metrics=metrics)
 
 
+def eval_summary(rows: list[dict[str, Any]]) -> dict[str, float]:
+    """One value per metric: scalar ones as they are, K-metrics at the largest K ('maj@8')."""
+    top_k = max((int(r["k"]) for r in rows if r.get("k") is not None), default=None)
+    summary: dict[str, float] = {}
+    for r in rows:
+        if r.get("k") is None:
+            summary[r["metric"]] = float(r["value"])
+        elif int(r["k"]) == top_k:
+            summary[str(r["metric"]).replace("@k", f"@{top_k}")] = float(r["value"])
+    return summary
+
+
 def _mean(values: Iterable[Any]) -> float:
     vals = [float(v) for v in values]
     return sum(vals) / len(vals) if vals else math.nan
@@ -378,6 +390,6 @@ def evaluate_stage(
     progress(0.9, f"writing {len(rows)} eval rows")
     with run.stage(iteration, EVALUATE) as attempt:
         attempt.write("eval", rows)
-    metrics = {r["metric"]: float(r["value"]) for r in rows if r.get("k") in (None, 1)}
+    metrics = eval_summary(rows)
     log.info("policy_%d: %s", iteration + 1, {k: round(v, 4) for k, v in metrics.items()})
     return StageResult(EVALUATE, iteration, metrics=metrics)
