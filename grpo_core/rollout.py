@@ -8,12 +8,18 @@ which other rows share its batch (up to float round-off of padded matmuls).
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 from tqdm.auto import tqdm
 from transformers import GenerationConfig, PreTrainedModel, PreTrainedTokenizerBase
+from transformers.cache_utils import DynamicCache, DynamicLayer
 
 from grpo_core.policy import encode_prompt, ensure_pad_token
 from grpo_core.rollout_types import FinishReason, RolloutBatch, SamplingParams
+
+# Finished rows leave the decode batch (and its KV cache) once they are this share of it.
+FINISHED_DROP_SHARE = 0.125
 
 
 def stop_token_ids(
@@ -69,6 +75,76 @@ def sample_tokens(
     pick = torch.searchsorted(cdf, target[:, None], right=True).clamp(max=cdf.shape[1] - 1)
     tokens = (pick if order is None else order.gather(1, pick))[:, 0]
     return tokens, logp.gather(1, tokens[:, None])[:, 0]
+
+
+class _PreallocatedLayer(DynamicLayer):
+    """A DynamicLayer whose keys/values live in a buffer sized for the whole decode.
+
+    DynamicLayer concatenates each step's key/value onto the cache, copying the whole cache
+    per token (for the 25M-parameter bench policy that copy was most of the sampling time);
+    here each step writes its token in place and attention reads a view of the filled part.
+    """
+
+    def __init__(self, keys: torch.Tensor, values: torch.Tensor, capacity: int) -> None:
+        super().__init__()
+        rows, heads, length, _ = keys.shape
+        self._k = keys.new_empty((rows, heads, capacity, keys.shape[-1]))
+        self._v = values.new_empty((rows, heads, capacity, values.shape[-1]))
+        self._k[:, :, :length] = keys
+        self._v[:, :, :length] = values
+        self._length = length
+        self.dtype, self.device = keys.dtype, keys.device
+        self.is_initialized = True
+        self._views()
+
+    def _views(self) -> tuple[torch.Tensor, torch.Tensor]:
+        keys, values = self._k[:, :, : self._length], self._v[:, :, : self._length]
+        self.keys, self.values = keys, values
+        return keys, values
+
+    def update(
+        self, key_states: torch.Tensor, value_states: torch.Tensor, *args: Any, **kwargs: Any
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        end = self._length + key_states.shape[-2]
+        if end > self._k.shape[-2]:
+            raise RuntimeError(f"KV cache holds {self._k.shape[-2]} tokens, {end} needed")
+        self._k[:, :, self._length : end] = key_states
+        self._v[:, :, self._length : end] = value_states
+        self._length = end
+        return self._views()
+
+    def get_seq_length(self) -> int:
+        return self._length
+
+    def batch_select_indices(self, indices: torch.Tensor) -> None:
+        self._k = _rows_of(self._k, indices, self._length)
+        self._v = _rows_of(self._v, indices, self._length)
+        self._views()
+
+    def reorder_cache(self, beam_idx: torch.LongTensor) -> None:
+        self.batch_select_indices(beam_idx)
+
+
+def _rows_of(buffer: torch.Tensor, rows: torch.Tensor, length: int) -> torch.Tensor:
+    """A new buffer holding `rows` of `buffer` (only its first `length` positions copied)."""
+    out = buffer.new_empty((len(rows), *buffer.shape[1:]))
+    out[:, :, :length] = buffer[rows, :, :length]
+    return out
+
+
+def preallocate_cache(cache: Any, rows: torch.Tensor, capacity: int) -> bool:
+    """Turn a prefilled DynamicCache into one buffer of `capacity` tokens per layer, holding
+    row `rows[i]` of the prefill as row i. False (cache untouched) for other cache types
+    (sliding-window, hybrid, ...), which then keep their own update rule."""
+    layers = getattr(cache, "layers", None)
+    if not isinstance(cache, DynamicCache) or not layers:
+        return False
+    if any(type(layer) is not DynamicLayer or not layer.is_initialized for layer in layers):
+        return False
+    cache.layers = [
+        _PreallocatedLayer(layer.keys[rows], layer.values[rows], capacity) for layer in layers
+    ]
+    return True
 
 
 class HFRolloutEngine:
@@ -176,7 +252,7 @@ class HFRolloutEngine:
             logits_to_keep=1,
         )
         past = out.past_key_values
-        if len(distinct) < bsz:
+        if not preallocate_cache(past, owner, width + steps) and len(distinct) < bsz:
             past.reorder_cache(owner)
         logits = out.logits[owner, -1, :].float()
         # the attention mask of step t is the first width + t + 1 columns of this one
@@ -189,20 +265,31 @@ class HFRolloutEngine:
         logp_out = torch.zeros((bsz, steps), dtype=torch.float32, device=dev)
         lengths = torch.full((bsz,), steps, dtype=torch.long, device=dev)
         finished = torch.zeros(bsz, dtype=torch.bool, device=dev)
+        live = torch.arange(bsz, device=dev)  # chunk rows still in the decode batch, in order
         for t in range(steps):
-            token, logp = sample_tokens(logits, uniforms[:, t], params)
-            token = torch.where(finished, torch.full_like(token, pad), token)
-            tokens_out[:, t] = token
-            logp_out[:, t] = torch.where(finished, torch.zeros_like(logp), logp)
-            hit_stop = torch.isin(token, stop_ids) & ~finished
-            lengths = torch.where(hit_stop, torch.full_like(lengths, t + 1), lengths)
-            finished |= hit_stop
-            if t == steps - 1 or bool(finished.all()):
+            token, logp = sample_tokens(logits, uniforms[live, t], params)
+            done = finished[live]  # rows that stopped earlier but are not dropped yet
+            token = torch.where(done, torch.full_like(token, pad), token)
+            tokens_out[live, t] = token
+            logp_out[live, t] = torch.where(done, torch.zeros_like(logp), logp)
+            hit_stop = torch.isin(token, stop_ids) & ~done
+            lengths[live[hit_stop]] = t + 1
+            finished[live[hit_stop]] = True
+            done |= hit_stop
+            if t == steps - 1 or bool(done.all()):
                 break
+            n_done = int(done.sum())
+            # finished rows cost a full row of every later step: drop them from the batch
+            # (and the cache) once they are a share of it and a few steps remain
+            if n_done and n_done >= FINISHED_DROP_SHARE * len(live) and steps - t > 4:
+                keep = (~done).nonzero()[:, 0]
+                past.batch_select_indices(keep)
+                live, token, logits = live[keep], token[keep], logits[keep]
+                step_pos = step_pos[keep]
             step_pos = step_pos + 1
             out = self.model(
                 input_ids=token[:, None],
-                attention_mask=mask[:, : width + t + 1],
+                attention_mask=mask[live, : width + t + 1],
                 position_ids=step_pos,
                 past_key_values=past,
                 use_cache=True,

@@ -2,6 +2,7 @@ import pytest
 import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
+from grpo_core import rollout
 from grpo_core.policy import PolicyConfig, build_char_tokenizer, create_tiny_policy, format_prompt
 from grpo_core.rollout import HFRolloutEngine, sample_tokens
 from grpo_core.rollout_types import SamplingParams
@@ -121,3 +122,32 @@ def test_top_p_samples_only_from_the_nucleus() -> None:
     )
     assert set(tokens.tolist()) == {0, 1}
     assert torch.allclose(logp[tokens == 1], torch.log(torch.tensor(0.3)))
+
+
+def test_preallocated_cache_and_dropping_finished_rows_change_nothing(
+    policy: tuple[PreTrainedModel, PreTrainedTokenizerBase], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The decode fast path (one KV buffer per layer written in place, finished rows dropped
+    from the batch) samples the same tokens with the same log-probs as the plain path
+    (HF's concatenating DynamicCache, every row decoded to the end)."""
+    model, tok = policy
+    params = SamplingParams(max_new_tokens=24, temperature=1.0)
+    engine = HFRolloutEngine(model, tok, batch_size=64, show_progress=False)
+    drops: list[int] = []
+    select = rollout._PreallocatedLayer.batch_select_indices
+
+    def counted(layer: rollout._PreallocatedLayer, indices: torch.Tensor) -> None:
+        drops.append(len(indices))
+        select(layer, indices)
+
+    monkeypatch.setattr(rollout._PreallocatedLayer, "batch_select_indices", counted)
+    fast = engine.generate(prompts(tok), 8, params, seed=3)
+    assert drops, "no finished rows were dropped: the test does not reach the fast path"
+    monkeypatch.setattr(rollout, "preallocate_cache", lambda *_: False)
+    monkeypatch.setattr(rollout, "FINISHED_DROP_SHARE", 2.0)  # never drop
+    plain = engine.generate(prompts(tok), 8, params, seed=3)
+    assert fast.completion_ids == plain.completion_ids
+    assert fast.finish_reasons == plain.finish_reasons
+    assert set(fast.finish_reasons) == {"stop", "length"}
+    for a, b in zip(fast.logprobs, plain.logprobs, strict=True):
+        assert torch.allclose(torch.tensor(a), torch.tensor(b), atol=1e-5)
