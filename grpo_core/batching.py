@@ -7,8 +7,9 @@ forward passes.
 
 from __future__ import annotations
 
+import copy
 from dataclasses import dataclass, replace
-from typing import Literal
+from typing import Any, Literal
 
 import torch
 from torch import Tensor, nn
@@ -169,8 +170,10 @@ def _shared_prompt_forward(
     """_forward_tokens for rows that share prompts (G samples per prompt): each distinct prompt
     is run once, its KV cache is copied to its rows, and only completions run per row.
 
-    Same log-probs (and gradients) as the full padded pass, with the prompt tokens computed
-    once per group instead of once per row. None when no two rows share a prompt.
+    The completions run in length buckets (`length_buckets`), each padded only to its own
+    longest completion. Same log-probs (and gradients) as the full padded pass, with the
+    prompt tokens computed once per group instead of once per row and almost no padding.
+    None when no two rows share a prompt.
     """
     is_prompt = (part.attention_mask > 0) & (part.response_mask == 0)
     # each row's prompt ids moved to the right end (-1 before them), then deduplicated: the
@@ -182,6 +185,8 @@ def _shared_prompt_forward(
     width = int(lengths.max()) if len(part) else 0
     if unique.shape[0] == len(part) or width == 0:
         return None
+    # only the columns the longest prompt reaches (the rest held completion or padding)
+    unique = unique[:, unique.shape[1] - int((unique >= 0).sum(-1).max()) :]
     prompt_attn = (unique >= 0).long()
     prompt_ids = unique.clamp(min=0)
     prompt_pos = (prompt_attn.cumsum(-1) - 1).clamp(min=0)
@@ -192,34 +197,91 @@ def _shared_prompt_forward(
         use_cache=True,
         logits_to_keep=1,
     )
-    cache = out.past_key_values
-    cache.reorder_cache(owner)  # (U, ...) -> one copy of its prompt's keys/values per row
     # completions, right-padded in response coordinates
     completion_ids = part.full_to_response(part.input_ids)
-    completion_mask = torch.arange(width, device=lengths.device)[None, :] < lengths[:, None]
     prompt_lengths = prompt_attn.sum(-1)[owner]
-    rest = model(
-        input_ids=completion_ids,
-        attention_mask=torch.cat([prompt_attn[owner], completion_mask.long()], dim=1),
-        position_ids=prompt_lengths[:, None] + torch.arange(width, device=lengths.device),
-        past_key_values=cache,
-        use_cache=True,
-    ).logits[:, :-1]
-    first = out.logits[owner]  # (B, 1, V): predicts completion token 0
-    logp = torch.cat(
-        [
-            token_logprobs(first, completion_ids[:, :1], temperature),
-            token_logprobs(rest, completion_ids[:, 1:], temperature),
-        ],
-        dim=1,
-    )
-    logp = part.response_to_full(torch.where(completion_mask, logp, torch.zeros_like(logp)))
+    buckets = length_buckets(lengths) if hasattr(out.past_key_values, "layers") else None
+    if buckets is None:
+        buckets = [torch.arange(len(part), device=lengths.device)]
+    logps: list[Tensor] = []
+    entropies: list[Tensor] = []
+    for rows in buckets:
+        w = int(lengths[rows].max())
+        if w == 0:  # empty completions: nothing to score
+            logps.append(torch.zeros((len(rows), width), device=lengths.device))
+            entropies.append(logps[-1])
+            continue
+        ids = completion_ids[rows, :w]
+        mask = torch.arange(w, device=lengths.device)[None, :] < lengths[rows, None]
+        logits = [out.logits[owner[rows]]]  # (n, 1, V): predicts completion token 0
+        if w > 1:
+            cache = out.past_key_values if len(buckets) == 1 else _cache_copy(out.past_key_values)
+            cache.reorder_cache(owner[rows])  # one copy of its prompt's keys/values per row
+            rest = model(
+                input_ids=ids,
+                attention_mask=torch.cat([prompt_attn[owner[rows]], mask.long()], dim=1),
+                position_ids=prompt_lengths[rows, None] + torch.arange(w, device=lengths.device),
+                past_key_values=cache,
+                use_cache=True,
+            ).logits[:, :-1]
+            logits.append(rest)  # (n, w - 1, V): predicts completion tokens 1 .. w - 1
+        logp = torch.cat(
+            [token_logprobs(logits[0], ids[:, :1], temperature)]
+            + [token_logprobs(rest, ids[:, 1:], temperature) for rest in logits[1:]],
+            dim=1,
+        )
+        logps.append(torch.nn.functional.pad(torch.where(mask, logp, 0.0), (0, width - w)))
+        if with_entropy:
+            entropy = torch.cat([entropy_from_logits(lg, temperature) for lg in logits], dim=1)
+            entropies.append(torch.nn.functional.pad(entropy * mask, (0, width - w)))
+    back = torch.argsort(torch.cat(buckets))  # bucket-major rows -> original row order
+    logp_full = part.response_to_full(torch.cat(logps)[back])
     if not with_entropy:
-        return logp, None
-    entropy = torch.cat(
-        [entropy_from_logits(first, temperature), entropy_from_logits(rest, temperature)], dim=1
-    )
-    return logp, part.response_to_full(entropy * completion_mask)
+        return logp_full, None
+    return logp_full, part.response_to_full(torch.cat(entropies)[back])
+
+
+# A bucket must save at least this many padded token positions to be worth its own forward
+# pass (per-call overhead and smaller matmuls).
+BUCKET_MIN_SAVING = 256
+
+
+def length_buckets(lengths: Tensor, min_saving: int | None = None) -> list[Tensor]:
+    """Rows grouped by completion length so each group pads only to its own longest row.
+
+    Rows sorted by length are cut into consecutive groups minimising padded positions
+    (rows x group maximum, summed) + min_saving per group: an exact dynamic programme over
+    the distinct lengths (min_saving defaults to BUCKET_MIN_SAVING). Returns the row indices
+    of each group, longest group first.
+    """
+    per_group = BUCKET_MIN_SAVING if min_saving is None else min_saving
+    order = torch.argsort(lengths, descending=True, stable=True)
+    values, counts = torch.unique_consecutive(lengths[order], return_counts=True)
+    vals, cnts = values.tolist(), counts.tolist()
+    n = len(vals)
+    best = [0.0] + [float("inf")] * n  # best[i]: cost of the first i distinct lengths
+    cut = [0] * (n + 1)
+    for i in range(1, n + 1):
+        rows = 0
+        for j in range(i, 0, -1):  # last group = distinct lengths j-1 .. i-1 (max vals[j-1])
+            rows += cnts[j - 1]
+            cost = best[j - 1] + rows * vals[j - 1] + per_group
+            if cost < best[i]:
+                best[i], cut[i] = cost, j - 1
+    bounds = []
+    i = n
+    while i > 0:
+        bounds.append((cut[i], i))
+        i = cut[i]
+    starts = [0, *torch.tensor(cnts).cumsum(0).tolist()]
+    return [order[starts[a] : starts[b]] for a, b in reversed(bounds)]
+
+
+def _cache_copy(cache: Any) -> Any:
+    """A cache whose layers can be re-indexed without touching `cache` (tensors shared)."""
+    view = copy.copy(cache)
+    view.layers = [copy.copy(layer) for layer in cache.layers]
+    return view
 
 
 def sequence_logprobs(

@@ -1,14 +1,17 @@
 """Padded policy batches give the log-probs of unpadded forward passes (left and right)."""
 
+import itertools
 from collections.abc import Callable, Iterator
 
 import pytest
 import torch
 from transformers import GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM
 
+from grpo_core import batching
 from grpo_core.batching import (
     PaddingSide,
     build_policy_batch,
+    length_buckets,
     sequence_logprobs,
     sequence_logprobs_and_entropy,
 )
@@ -213,4 +216,76 @@ def test_grouped_rows_share_the_prompt_pass_with_same_values_and_gradients(
     separate, shared = grads(list(range(12))), grads([])
     assert len(separate) == len(shared)
     for a, b in zip(separate, shared, strict=True):
+        assert torch.allclose(a, b, atol=1e-5)
+
+
+def test_length_buckets_partition_rows_at_least_cost() -> None:
+    def cost(parts: list[list[int]], per_group: int) -> int:
+        return sum(len(g) * max(g) + per_group for g in parts)
+
+    gen = torch.Generator().manual_seed(0)
+    for trial in range(30):
+        lengths = torch.randint(
+            0, 12, (int(torch.randint(1, 9, (1,), generator=gen)),), generator=gen
+        )
+        per_group = [0, 5, 20, 1000][trial % 4]
+        groups = length_buckets(lengths, per_group)
+        assert sorted(torch.cat(groups).tolist()) == list(range(len(lengths)))
+
+        # brute force: every way to cut the sorted lengths into consecutive groups
+        ordered = sorted(lengths.tolist(), reverse=True)
+        best = min(
+            cost([ordered[a:b] for a, b in itertools.pairwise([0, *cuts, len(ordered)])], per_group)
+            for k in range(len(ordered))
+            for cuts in itertools.combinations(range(1, len(ordered)), k)
+        )
+        assert cost([lengths[g].tolist() for g in groups], per_group) == best
+    assert len(length_buckets(torch.tensor([30, 30, 2, 2]), 1000)) == 1
+    assert len(length_buckets(torch.tensor([30, 30, 2, 2]), 0)) == 2
+
+
+@pytest.mark.parametrize("min_saving", [0, 10_000])
+@pytest.mark.parametrize("make_model", [tiny_llama, tiny_gpt2])
+def test_length_buckets_give_the_values_entropies_and_gradients_of_separate_rows(
+    min_saving: int, make_model: Callable[[], torch.nn.Module], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Shared prompts with completions of very different lengths (empty, one token, long),
+    run in several length buckets (min_saving 0) or one: each row as if run alone."""
+    monkeypatch.setattr(batching, "BUCKET_MIN_SAVING", min_saving)
+    prompts, _ = random_rows(4, 9, 1, seed=8)
+    _, completions = random_rows(16, 1, 14, seed=9)
+    completions[0], completions[5], completions[6] = [], [3], [4] * 14
+    grouped_prompts = [p for p in prompts for _ in range(4)]
+    lengths = torch.tensor([len(c) for c in completions])
+    assert len(length_buckets(lengths)) == (1 if min_saving else len(set(lengths.tolist())))
+    model = make_model()
+    batch = build_policy_batch(grouped_prompts, completions, PAD, "right")
+
+    def run(rows: list[int] | None) -> tuple[torch.Tensor, torch.Tensor, list[torch.Tensor]]:
+        model.zero_grad()
+        if rows is None:
+            logp, entropy = sequence_logprobs_and_entropy(model, batch)
+        else:  # one row per batch: nothing shared, no buckets
+            parts = [
+                sequence_logprobs_and_entropy(
+                    model, build_policy_batch([grouped_prompts[r]], [completions[r]], PAD)
+                )
+                for r in rows
+            ]
+            width = batch.input_ids.shape[1]
+            logp = torch.cat(
+                [torch.nn.functional.pad(lp, (0, width - lp.shape[1])) for lp, _ in parts]
+            )
+            entropy = torch.cat(
+                [torch.nn.functional.pad(e, (0, width - e.shape[1])) for _, e in parts]
+            )
+        (logp * torch.linspace(0.5, 1.5, logp.numel()).reshape(logp.shape)).sum().backward()
+        grads = [p.grad.clone() for p in model.parameters() if p.grad is not None]
+        return logp.detach(), entropy, grads
+
+    shared, separate = run(None), run(list(range(16)))
+    assert torch.allclose(shared[0], separate[0], atol=1e-5)
+    assert torch.allclose(shared[1], separate[1], atol=1e-5)
+    assert len(shared[2]) == len(separate[2])
+    for a, b in zip(shared[2], separate[2], strict=True):
         assert torch.allclose(a, b, atol=1e-5)
