@@ -100,11 +100,21 @@ class RewardModel(nn.Module):
         net = AutoModelForTokenClassification.from_pretrained(path, config=config)
         return cls(net, tokenizer or AutoTokenizer.from_pretrained(path), kind)
 
-    def save(self, directory: str | Path) -> Path:
-        """Write weights (safetensors), config, tokenizer and the RM kind to `directory`."""
+    def save(
+        self, directory: str | Path, state_dict: dict[str, torch.Tensor] | None = None
+    ) -> Path:
+        """Write weights (safetensors), config, tokenizer and the RM kind to `directory`.
+
+        state_dict (keys of this module's state_dict) replaces the weights held here, e.g.
+        whole weights gathered from a DeepSpeed engine.
+        """
         path = Path(directory)
         path.mkdir(parents=True, exist_ok=True)
-        self.net.save_pretrained(path)
+        if state_dict is None:
+            self.net.save_pretrained(path)
+        else:
+            net_weights = {k.removeprefix("net."): v for k, v in state_dict.items()}
+            self.net.save_pretrained(path, state_dict=net_weights)
         self.tokenizer.save_pretrained(path)
         (path / META_FILE).write_text(json.dumps({"kind": self.kind}) + "\n")
         return path

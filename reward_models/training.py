@@ -21,6 +21,7 @@ from tqdm.auto import tqdm
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from grpo_core.batching import build_policy_batch
+from grpo_core.engine import TorchEngine, TrainEngine
 from grpo_core.policy import encode_prompt
 from grpo_core.steps import step_end_token_indices
 from reward_models.config import RewardModelConfig
@@ -30,6 +31,10 @@ from reward_models.models import RewardModel, RMKind
 log = logging.getLogger(__name__)
 
 Source = Literal["new", "replay"]
+
+# The trainer's optimizer settings: torch AdamW's default weight decay and clipping at 1.0.
+RM_WEIGHT_DECAY = 0.01
+RM_MAX_GRAD_NORM = 1.0
 
 
 class SampleText(NamedTuple):
@@ -231,13 +236,18 @@ def _check_examples(model: RewardModel, examples: Sequence[RMExample], max_lengt
             )
 
 
+def rm_optimizer_settings(cfg: RewardModelConfig) -> dict[str, Any]:
+    """Keyword arguments of a TrainEngine (TorchEngine, DeepSpeedEngine) training an RM."""
+    return {"lr": cfg.lr, "weight_decay": RM_WEIGHT_DECAY, "max_grad_norm": RM_MAX_GRAD_NORM}
+
+
 def _batch_loss(
-    model: RewardModel, batch: Sequence[RMExample], pad_id: int
+    model: torch.nn.Module, batch: Sequence[RMExample], pad_id: int, device: torch.device
 ) -> tuple[torch.Tensor, int]:
     """Mean BCE-with-logits over every read position of the batch, and their count."""
     policy_batch = build_policy_batch(
         [e.prompt_ids for e in batch], [e.completion_ids for e in batch], pad_id, "right"
-    ).to(model.device)
+    ).to(device)
     logits = model(policy_batch.input_ids, policy_batch.attention_mask, policy_batch.position_ids)
     rows = [r for r, e in enumerate(batch) for _ in e.read_positions]
     cols = [len(e.prompt_ids) + p for e in batch for p in e.read_positions]
@@ -252,19 +262,26 @@ def train_reward_model(
     cfg: RewardModelConfig,
     seed: int,
     progress: bool = True,
+    engine: TrainEngine | None = None,
 ) -> tuple[dict[str, float], list[TrainedRow]]:
-    """BCE training with AdamW in seeded shuffled mini-batches; metrics and the rows seen.
+    """BCE training in seeded shuffled mini-batches; metrics and the rows seen.
 
-    The records list one row per target per epoch, in the order the trainer used them.
+    Each mini-batch is one step of `engine`, which wraps `model`: by default a TorchEngine
+    (AdamW, settings from rm_optimizer_settings); a DeepSpeedEngine built on `model` with the
+    same settings trains the same way. The records list one row per target per epoch, in the
+    order the trainer used them.
     """
     _check_examples(model, examples, cfg.max_length)
     pad_id = model.tokenizer.pad_token_id
-    optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.lr)
+    if engine is None:
+        engine = TorchEngine(model, **rm_optimizer_settings(cfg))
+    device = getattr(engine, "device", model.device)
     generator = torch.Generator().manual_seed(seed)
     steps_per_epoch = math.ceil(len(examples) / cfg.batch_size)
     records: list[TrainedRow] = []
     epoch_losses: list[float] = []
-    model.train()
+    engine.zero_grad()
+    engine.train()
     bar = tqdm(total=cfg.epochs * steps_per_epoch, desc=f"train {model.kind}", disable=not progress)
     try:
         for epoch in range(cfg.epochs):
@@ -272,11 +289,9 @@ def train_reward_model(
             loss_sum, count = 0.0, 0
             for start in range(0, len(order), cfg.batch_size):
                 batch = [examples[i] for i in order[start : start + cfg.batch_size]]
-                loss, n_targets = _batch_loss(model, batch, pad_id)
-                optimizer.zero_grad(set_to_none=True)
-                loss.backward()
-                torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-                optimizer.step()
+                loss, n_targets = _batch_loss(engine.model, batch, pad_id, device)
+                engine.backward(loss)
+                engine.step()  # clip to RM_MAX_GRAD_NORM, AdamW step, clear the gradients
                 loss_sum += loss.item() * n_targets
                 count += n_targets
                 records.extend(_records(batch, epoch))
