@@ -197,8 +197,9 @@ class DeepSpeedEngine:
     def state_dict(self) -> dict[str, Any]:
         """AdamW and LR-schedule state as plain tensors (torch.load(weights_only=True) safe).
 
-        One process in fp32 only: the model's weights then equal the optimizer's fp32 master
-        copy, so weights + this state resume exactly. Otherwise use save_checkpoint().
+        One fp32 process with ZeRO 0-2 only (has_plain_state): the model's weights then equal
+        the optimizer's fp32 master copy, so weights + this state resume exactly. Otherwise
+        use save_checkpoint().
         """
         self._require_plain_state("state_dict")
         return {
@@ -234,6 +235,13 @@ class DeepSpeedEngine:
             for name, param in module.named_parameters(remove_duplicate=False):
                 with self._deepspeed.zero.GatheredParameters([param], modifier_rank=None):
                     out[name] = param.detach().cpu().clone()
+        # Tied parameters (lm_head = embed_tokens) stay one tensor, so save_pretrained stores
+        # them once, as it does for the module itself.
+        first: dict[int, str] = {}
+        for name, value in module.state_dict(keep_vars=True).items():
+            owner = first.setdefault(id(value), name)
+            if owner != name:
+                out[name] = out[owner]
         return out
 
     def all_reduce(self, values: Tensor, op: Literal["sum", "max"]) -> Tensor:
@@ -255,10 +263,17 @@ class DeepSpeedEngine:
         """Put the model in evaluation mode."""
         self.engine.eval()
 
+    @property
+    def has_plain_state(self) -> bool:
+        """Whether state_dict() + the model's weights resume exactly: one fp32 process, ZeRO
+        0-2 (ZeRO-3 keys its optimizer state by partitions, not by parameters)."""
+        return self.data_parallel_size == 1 and not self.config.bf16 and self.config.zero_stage < 3
+
     def _require_plain_state(self, what: str) -> None:
-        if self.data_parallel_size > 1 or self.config.bf16:
+        if not self.has_plain_state:
             raise RuntimeError(
-                f"{what}() covers one fp32 process (got {self.data_parallel_size} ranks, "
-                f"bf16={self.config.bf16}): ZeRO partitions and fp32 master weights live in "
-                "DeepSpeed's optimizer; use save_checkpoint()/load_checkpoint() (a directory)"
+                f"{what}() covers one fp32 process with ZeRO 0-2 (got {self.data_parallel_size} "
+                f"ranks, bf16={self.config.bf16}, ZeRO-{self.config.zero_stage}): partitions and "
+                "fp32 master weights live in DeepSpeed's optimizer; use "
+                "save_checkpoint()/load_checkpoint() (a directory)"
             )

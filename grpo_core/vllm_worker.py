@@ -147,9 +147,28 @@ def generate(llm: Any, request: dict[str, Any], show_progress: bool) -> int:
     return len(rows)
 
 
+def refresh_tied_lm_head(model: Any) -> int:
+    """Re-run the post-load processing of an lm_head tied to the input embeddings.
+
+    vLLM's in-place reload skips a tied lm_head (its weight is the embedding's, loaded with
+    it) and puts the layer's old processed tensors back: on CPU the lm_head's pre-packed GEMM
+    then keeps computing logits with the previous weights. Returns 1 if it refreshed one.
+    """
+    head = getattr(model, "lm_head", None)
+    embed = getattr(getattr(model, "model", None), "embed_tokens", None)
+    method = getattr(head, "quant_method", None)
+    if head is None or embed is None or method is None:
+        return 0
+    if getattr(head, "weight", None) is not getattr(embed, "weight", None):
+        return 0
+    method.process_weights_after_loading(head)
+    return 1
+
+
 def reload(llm: Any, model_dir: str) -> None:
     """New weights (same architecture) in place, then forget the KV prefix cache."""
     llm.collective_rpc("reload_weights", kwargs={"weights_path": model_dir})
+    llm.apply_model(refresh_tied_lm_head)
     llm.reset_prefix_cache()
 
 
