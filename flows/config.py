@@ -24,7 +24,7 @@ from pydantic import (
     model_validator,
 )
 
-from grpo_core.config import GRPOConfig
+from grpo_core.config import DeepSpeedConfig, GRPOConfig
 from grpo_core.evaluate import EvalConfig
 from grpo_core.policy import PolicyConfig
 from grpo_core.tasks.registry import TaskConfig
@@ -124,6 +124,101 @@ class GRPOStageSection(_Section):
     )
 
 
+class VLLMSection(_Section):
+    """Options of the vLLM rollout engine (engines.rollout = vllm): a worker process running
+    in vLLM's own virtual environment, fed the policy checkpoint of the stage."""
+
+    python: str = Field(
+        "",
+        description="Python of the vLLM environment; empty: $ITERGRPO_VLLM_PYTHON, else "
+        ".venv-vllm/bin/python in the repository (built by `make vllm-env`).",
+    )
+    dtype: Literal["auto", "float32", "bfloat16", "float16"] = Field(
+        "auto",
+        description="vLLM compute dtype: auto (vLLM's choice: 16-bit on GPU), float32 (matches "
+        "the HF engine on CPU), bfloat16 or float16.",
+    )
+    in_grpo: bool = Field(
+        True,
+        description="Also sample the GRPO stage's outputs with vLLM: before each step the "
+        "policy is saved and reloaded into the worker (cost: see README). false: the GRPO "
+        "stage samples with the HF engine from the policy in memory.",
+    )
+    prefix_caching: bool = Field(
+        True,
+        description="vLLM automatic prefix caching in the rollout, evaluation and GRPO stages. "
+        "Math-Shepherd labelling always enables it (each step prefix is shared by its N "
+        "completions).",
+    )
+    gpu_memory_utilization: float = Field(
+        0.4,
+        gt=0.0,
+        le=1.0,
+        description="Share of GPU memory vLLM takes for weights and KV cache, more than 0, at "
+        "most 1; the rest is left to training (the GRPO stage trains beside the worker).",
+    )
+    max_model_len: int | None = Field(
+        None,
+        ge=16,
+        le=1_048_576,
+        description="Longest prompt + completion vLLM plans for (16 to 1048576); empty: the "
+        "model's own limit.",
+    )
+    enforce_eager: bool = Field(
+        False, description="Run vLLM without CUDA graphs/compilation (faster start, slower steps)."
+    )
+    cpu_kv_cache_gib: int = Field(
+        2,
+        ge=1,
+        le=4096,
+        description="KV-cache GiB on a CPU-only machine (VLLM_CPU_KVCACHE_SPACE), 1 to 4096; "
+        "ignored on GPU.",
+    )
+    llm_kwargs: dict[str, Any] = Field(
+        default_factory=dict,
+        description="Further vllm.LLM arguments, given as they are (e.g. {'tensor_parallel_size': "
+        "2}); they override the fields above.",
+    )
+    env: dict[str, str] = Field(
+        default_factory=dict,
+        description="Environment variables added to the worker's (e.g. {'VLLM_CPU_OMP_THREADS_"
+        "BIND': 'nobind'} on a small shared CPU machine).",
+    )
+
+
+class EnginesSection(_Section):
+    """Which engines do the work: training (GRPO update, reward models) and sampling (rollout,
+    labelling, evaluation, GRPO). Defaults: plain torch and HF transformers, in process."""
+
+    train: Literal["torch", "deepspeed"] = Field(
+        "torch",
+        description="Training engine of the GRPO update and the reward models: torch (one "
+        "process, CPU or one GPU) or deepspeed (ZeRO 0-3, bf16; needs the gpu extra: pip "
+        "install -e '.[gpu]'). With deepspeed.processes_per_node > 1 or a hostfile each GRPO "
+        "update runs on that many processes through the deepspeed launcher. Warm start (SFT) "
+        "always uses torch.",
+    )
+    rollout: Literal["hf", "vllm"] = Field(
+        "hf",
+        description="Sampling engine of the rollout, labelling, evaluation and (see "
+        "vllm.in_grpo) GRPO stages: hf (transformers, in process) or vllm (a worker in its own "
+        "environment: `make vllm-env`).",
+    )
+    deepspeed: DeepSpeedConfig = Field(
+        default_factory=DeepSpeedConfig,
+        description="DeepSpeed settings when train = deepspeed: ZeRO stage, bf16, processes.",
+    )
+    vllm: VLLMSection = Field(
+        default_factory=VLLMSection, description="vLLM worker settings when rollout = vllm."
+    )
+
+    @property
+    def launched(self) -> bool:
+        """True when GRPO updates go through the deepspeed launcher (several processes)."""
+        ds = self.deepspeed
+        return self.train == "deepspeed" and (ds.processes_per_node > 1 or bool(ds.hostfile))
+
+
 class ClusterSection(_Section):
     """Scale-out: rollout, Math-Shepherd labelling and evaluation sampling split into Ray
     tasks (`pip install -e '.[ray]'`); the committed rows equal those of an in-process run."""
@@ -184,6 +279,7 @@ class ItergrpoConfig(_Section):
     reward_models: RewardModelConfig = Field(default_factory=RewardModelConfig)
     grpo: GRPOStageSection = Field(default_factory=GRPOStageSection)
     evaluation: EvalConfig = Field(default_factory=EvalConfig)
+    engines: EnginesSection = Field(default_factory=EnginesSection)
     cluster: ClusterSection = Field(default_factory=ClusterSection)
 
     @model_validator(mode="after")
@@ -212,6 +308,17 @@ class ItergrpoConfig(_Section):
             raise ValueError(
                 "run.device = cuda with Ray shards needs cluster.num_gpus_per_shard > 0: Ray "
                 "hides the GPUs from tasks that reserve none"
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _engines_fit_together(self) -> ItergrpoConfig:
+        if self.engines.rollout == "vllm" and self.cluster.ray_address is not None:
+            raise ValueError(
+                "engines.rollout = vllm with cluster.ray_address set: the Ray shards sample "
+                "with the HF engine, so vLLM would serve the GRPO stage only. Use one: unset "
+                "cluster.ray_address (scale vLLM with engines.vllm.llm_kwargs, e.g. "
+                "tensor_parallel_size), or set engines.rollout: hf"
             )
         return self
 

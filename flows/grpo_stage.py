@@ -33,17 +33,15 @@ from flows.common import (
     resolve_device,
 )
 from flows.config import ItergrpoConfig
-from flows.model_io import policy_at, save_model, to_device
+from flows.engines import GRPOSampler, PolicyUpdater, build_policy_updater, save_policy
+from flows.model_io import policy_at, to_device
 from grpo_core.advantages import AdvantageInputs, get_adv_estimator
 from grpo_core.answers import format_reward
 from grpo_core.batching import build_policy_batch
-from grpo_core.engine import TorchEngine
 from grpo_core.policy import format_prompt, load_policy
-from grpo_core.rollout import HFRolloutEngine
 from grpo_core.rollout_types import RolloutBatch, SamplingParams
 from grpo_core.tasks.base import Problem, Task
 from grpo_core.tasks.registry import make_task
-from grpo_core.update import grpo_update
 from reward_models.models import RewardModel
 from reward_models.scoring import score_outcome, score_steps
 from storage.checkpoints import (
@@ -169,17 +167,17 @@ def _save_progress(
     path: Path,
     model: Any,
     tokenizer: Any,
-    engine: TorchEngine,
+    updater: PolicyUpdater,
     next_step: int,
     sample_rows: list[dict[str, Any]],
     metric_log: list[dict[str, Any]],
 ) -> None:
     def write(tmp: Path) -> None:
-        model.save_pretrained(tmp, safe_serialization=True)
+        model.save_pretrained(tmp, safe_serialization=True, state_dict=updater.weights())
         tokenizer.save_pretrained(tmp)
         save_training_state(
             tmp,
-            optimizer_state=engine.state_dict(),
+            optimizer_state=updater.save_state(tmp),
             rng_state=capture_rng_state(),
             extra={"next_step": next_step},
         )
@@ -189,16 +187,24 @@ def _save_progress(
     save_checkpoint(path, write, overwrite=True)
 
 
-def _resume_point(
-    path: Path, model: Any, engine: TorchEngine
-) -> tuple[int, list[dict[str, Any]], list[dict[str, Any]]]:
+def _resume_weights(path: Path, model: Any) -> bool:
+    """Load the weights of the stage's last progress checkpoint, if there is one.
+
+    Before the engine is built: DeepSpeed copies the weights into its optimizer at start.
+    """
     if not (path / "config.json").is_file():
-        return 0, [], []
+        return False
     from safetensors.torch import load_file
 
     model.load_state_dict(load_file(str(path / "model.safetensors")), strict=False)
+    return True
+
+
+def _resume_point(
+    path: Path, updater: PolicyUpdater
+) -> tuple[int, list[dict[str, Any]], list[dict[str, Any]]]:
     state = load_training_state(path)
-    engine.load_state_dict(state["optimizer_state"])
+    updater.load_state(path, state["optimizer_state"])
     restore_rng_state(state["rng_state"])
     samples = pq.read_table(path / SAMPLES_FILE).to_pylist()
     metrics = pq.read_table(path / METRICS_FILE).to_pylist()
@@ -220,76 +226,74 @@ def grpo_stage(
         reference = to_device(load_policy(policy_dir)[0], cfg)
         reference.eval().requires_grad_(False)
     orm, prm = _load_rms(cfg, run, k, device)
-    engine = TorchEngine(
-        model,
-        lr=algo.lr,
-        weight_decay=algo.weight_decay,
-        betas=(algo.adam_beta1, algo.adam_beta2),
-        max_grad_norm=algo.max_grad_norm,
-        warmup_steps=algo.warmup_steps,
-        lr_schedule=algo.lr_schedule,
-        total_steps=g.steps * algo.mu * algo.mini_batches_per_epoch,
-    )
-    sampler = HFRolloutEngine(
-        model, tokenizer, batch_size=cfg.rollout.batch_size, show_progress=False
-    )
     progress_dir = ckpt(cfg, run.run_id, GRPO_PROGRESS, k)
-    start, sample_rows, metric_log = _resume_point(progress_dir, model, engine)
-    pool = task.problems(
-        "train", g.steps * g.prompts_per_step, seed=derive_seed(cfg.run.seed, GRPO, k)
-    )
-    params = SamplingParams(max_new_tokens=g.max_new_tokens, temperature=algo.temperature)
-    for step in range(start, g.steps):
-        problems = pool[step * g.prompts_per_step : (step + 1) * g.prompts_per_step]
-        prompts = [format_prompt(tokenizer, p.question) for p in problems]
-        step_seed = derive_seed(cfg.run.seed, GRPO, k, step)
-        model.eval()
-        batch = sampler.generate(prompts, g.group_size, params, seed=step_seed)
-        rewards = compute_rewards(cfg, task, problems, prompts, batch, orm, prm)
-        shape = (len(problems), g.group_size)
-        # Advantages are computed on the CPU in response coordinates, then placed at the
-        # completion columns of the padded batch (B, L) the update consumes.
-        cpu_batch = build_policy_batch(
-            batch.prompt_ids, batch.completion_ids, tokenizer.pad_token_id
+    resumed = _resume_weights(progress_dir, model)
+    updater = build_policy_updater(cfg, run, k, model, reference, policy_dir, device)
+    start = 0
+    sample_rows: list[dict[str, Any]] = []
+    metric_log: list[dict[str, Any]] = []
+    if resumed:
+        start, sample_rows, metric_log = _resume_point(progress_dir, updater)
+    sampler = GRPOSampler(cfg, run, k, model, tokenizer, updater.weights)
+    if resumed:
+        sampler.weights_changed()
+    try:
+        pool = task.problems(
+            "train", g.steps * g.prompts_per_step, seed=derive_seed(cfg.run.seed, GRPO, k)
         )
-        response_mask = cpu_batch.full_to_response(cpu_batch.response_mask)
-        advantages = token_advantages(cfg, rewards, response_mask, shape)
-        old = (
-            cpu_batch.lists_to_full(batch.logprobs).to(device)
-            if algo.use_sampling_logprobs_as_old
-            else None
-        )
-        model.train()
-        stats = grpo_update(
-            engine,
-            reference,
-            cpu_batch.to(device),
-            cpu_batch.response_to_full(advantages).to(device),
-            algo,
-            old_logprobs=old,
-            generator=torch.Generator().manual_seed(step_seed),
-        )
-        stats["reward_mean"] = float(rewards.total.mean())
-        stats["accuracy"] = float(rewards.verifier.mean())
-        metric_log += metric_rows(GRPO, stats, step)
-        sample_rows += _sample_rows(step, problems, batch, rewards, advantages, stats, g.group_size)
-        progress(
-            (step + 1) / g.steps,
-            f"GRPO step {step + 1}/{g.steps}: reward {stats['reward_mean']:.3f}",
-        )
-        log.info(
-            "GRPO iter %d step %d: reward %.3f acc %.3f kl %.4f",
-            k,
-            step,
-            stats["reward_mean"],
-            stats["accuracy"],
-            stats.get("kl", float("nan")),
-        )
-        done = step + 1
-        if done % g.checkpoint_every == 0 or done == g.steps or INTERRUPT.requested:
-            _save_progress(progress_dir, model, tokenizer, engine, done, sample_rows, metric_log)
-        INTERRUPT.check()
-    save_model(ckpt(cfg, run.run_id, POLICY, k + 1), model, tokenizer)
+        params = SamplingParams(max_new_tokens=g.max_new_tokens, temperature=algo.temperature)
+        for step in range(start, g.steps):
+            problems = pool[step * g.prompts_per_step : (step + 1) * g.prompts_per_step]
+            prompts = [format_prompt(tokenizer, p.question) for p in problems]
+            step_seed = derive_seed(cfg.run.seed, GRPO, k, step)
+            model.eval()
+            batch = sampler.generate(prompts, g.group_size, params, seed=step_seed)
+            rewards = compute_rewards(cfg, task, problems, prompts, batch, orm, prm)
+            shape = (len(problems), g.group_size)
+            # Advantages are computed on the CPU in response coordinates, then placed at the
+            # completion columns of the padded batch (B, L) the update consumes.
+            cpu_batch = build_policy_batch(
+                batch.prompt_ids, batch.completion_ids, tokenizer.pad_token_id
+            )
+            response_mask = cpu_batch.full_to_response(cpu_batch.response_mask)
+            advantages = token_advantages(cfg, rewards, response_mask, shape)
+            old = (
+                cpu_batch.lists_to_full(batch.logprobs)
+                if algo.use_sampling_logprobs_as_old
+                else None
+            )
+            stats = updater.update(
+                cpu_batch, cpu_batch.response_to_full(advantages), old, step_seed
+            )
+            sampler.weights_changed()
+            stats["reward_mean"] = float(rewards.total.mean())
+            stats["accuracy"] = float(rewards.verifier.mean())
+            metric_log += metric_rows(GRPO, stats, step)
+            sample_rows += _sample_rows(
+                step, problems, batch, rewards, advantages, stats, g.group_size
+            )
+            progress(
+                (step + 1) / g.steps,
+                f"GRPO step {step + 1}/{g.steps}: reward {stats['reward_mean']:.3f}",
+            )
+            log.info(
+                "GRPO iter %d step %d: reward %.3f acc %.3f kl %.4f",
+                k,
+                step,
+                stats["reward_mean"],
+                stats["accuracy"],
+                stats.get("kl", float("nan")),
+            )
+            done = step + 1
+            if done % g.checkpoint_every == 0 or done == g.steps or INTERRUPT.requested:
+                _save_progress(
+                    progress_dir, model, tokenizer, updater, done, sample_rows, metric_log
+                )
+            INTERRUPT.check()
+        save_policy(ckpt(cfg, run.run_id, POLICY, k + 1), model, tokenizer, updater.weights())
+    finally:
+        sampler.close()
+        updater.close()
     with run.stage(k, GRPO) as attempt:
         attempt.write("policy_samples", sample_rows)
         attempt.write("metrics", metric_log)

@@ -27,6 +27,7 @@ from flows.common import (
     with_fault_hook,
 )
 from flows.config import ItergrpoConfig
+from flows.engines import check_engines, close_rollout_engines
 from storage.store import RunStore, RunWriter
 
 log = logging.getLogger("itergrpo")
@@ -104,6 +105,7 @@ def execute_run(
     if cfg.run.run_id is None:
         raise ValueError("run.run_id is empty: the caller picks one (see default_run_id)")
     apply_threads(cfg)
+    check_engines(cfg)  # a selected engine that is not installed fails before any stage
     store = RunStore(cfg.store.resolved_root())
     with store.open_run(
         cfg.run.run_id, cfg.model_dump(mode="json"), force_config=force_config
@@ -119,5 +121,7 @@ def execute_run(
         except BaseException:
             run.set_status("failed")
             raise
+        finally:
+            close_rollout_engines()  # the vLLM worker kept between stages, if any
         run.set_status("completed", iterations_done=cfg.run.iterations)
     return results

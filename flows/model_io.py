@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import cast
 
-from torch import nn
+from torch import Tensor, nn
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from flows.common import POLICY, ckpt, require_checkpoint, resolve_device
@@ -26,11 +26,14 @@ def save_model(path: Path, model: PreTrainedModel, tokenizer: PreTrainedTokenize
     save_checkpoint(path, write, overwrite=True)
 
 
-def save_reward_model(path: Path, model: RewardModel) -> None:
-    """A reward model, atomically like the policy (its own `save` writes in place)."""
+def save_reward_model(
+    path: Path, model: RewardModel, weights: dict[str, Tensor] | None = None
+) -> None:
+    """A reward model, atomically like the policy (its own `save` writes in place);
+    `weights` (keys of model.state_dict()) replace the model's own, e.g. from DeepSpeed."""
 
     def write(tmp: Path) -> None:
-        model.save(tmp)
+        model.save(tmp, state_dict=weights)
 
     save_checkpoint(path, write, overwrite=True)
 

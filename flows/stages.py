@@ -35,13 +35,13 @@ from flows.common import (
     resolve_device,
 )
 from flows.config import ItergrpoConfig
+from flows.engines import build_rm_engine, build_rollout_engine, trained_weights
 from flows.grpo_stage import grpo_stage
 from flows.model_io import policy_at, save_model, save_reward_model, to_device
 from flows.sharding import sharded_engine
 from grpo_core.answers import extract_answer
 from grpo_core.evaluate import evaluate_policy_with_samples
 from grpo_core.policy import build_policy, format_prompt, load_policy
-from grpo_core.rollout import HFRolloutEngine
 from grpo_core.rollout_types import RolloutBatch, SamplingParams
 from grpo_core.tasks.base import Problem, Task
 from grpo_core.tasks.registry import make_task
@@ -96,7 +96,9 @@ def _evaluate(
     # With cluster.ray_address: Ray shards that load policy_{policy_iteration} from the store.
     engine = sharded_engine(
         cfg, run.run_id, policy_iteration, model, cfg.rollout.batch_size, EVALUATE
-    ) or HFRolloutEngine(model, tokenizer, batch_size=cfg.rollout.batch_size)
+    ) or build_rollout_engine(
+        cfg, run, policy_iteration, "evaluate", model, tokenizer, cfg.rollout.batch_size
+    )
     metrics, sampled, problems = evaluate_policy_with_samples(
         engine,
         tokenizer,
@@ -189,7 +191,9 @@ def rollout_stage(
     )
     engine = sharded_engine(
         cfg, run.run_id, iteration, model, cfg.rollout.batch_size, ROLLOUT
-    ) or HFRolloutEngine(model, tokenizer, batch_size=cfg.rollout.batch_size)
+    ) or build_rollout_engine(
+        cfg, run, iteration, "rollout", model, tokenizer, cfg.rollout.batch_size
+    )
     batch = engine.generate(prompts, cfg.rollout.group_size, params, seed=seed)
     progress(0.9, f"writing {len(batch)} rollouts")
     # Relative to the store root, so a moved or copied store still resolves it.
@@ -269,7 +273,9 @@ def label_stage(
         progress(0.1, f"Math-Shepherd labelling of {len(samples)} outputs")
         engine = sharded_engine(
             cfg, run.run_id, iteration, model, cfg.labelling.batch_size, LABEL
-        ) or HFRolloutEngine(model, tokenizer, batch_size=cfg.labelling.batch_size)
+        ) or build_rollout_engine(
+            cfg, run, iteration, "label", model, tokenizer, cfg.labelling.batch_size
+        )
         prm_rows = prm_labels_monte_carlo(
             engine,
             tokenizer,
@@ -366,10 +372,11 @@ def train_rm_stage(
         seed = derive_seed(cfg.run.seed, rm_cfg.seed, TRAIN_RM, kind, iteration)
         model = load_or_init_reward_model(prev, backbone, kind, tokenizer, seed)
         model.to(resolve_device(cfg))
-        kind_metrics, records = train_reward_model(model, examples, rm_cfg, seed=seed)
+        engine = build_rm_engine(cfg, model)
+        kind_metrics, records = train_reward_model(model, examples, rm_cfg, seed, engine=engine)
         metrics.update({f"{kind}_{name}": value for name, value in kind_metrics.items()})
         trained += [dataclasses.asdict(r) for r in records]
-        save_reward_model(ckpt(cfg, run.run_id, kind, iteration), model)
+        save_reward_model(ckpt(cfg, run.run_id, kind, iteration), model, trained_weights(engine))
         log.info("%s_%d: %s", kind, iteration, kind_metrics)
     progress(1.0, f"writing {len(trained)} rm_train rows")
     with run.stage(iteration, TRAIN_RM) as attempt:
