@@ -41,7 +41,9 @@ from grpo_core.update import grpo_update
 
 HERE = Path(__file__).resolve().parent
 MARK = "BENCH_JSON "
-PHASES = ("generation", "reference", "policy_fwd_bwd", "optimizer", "other")
+OUR_PHASES = ("generation", "reference", "policy_fwd_bwd", "optimizer", "other")
+# TRL's side times generation, reference and policy_fwd (forward + loss; backward not hooked)
+PHASES = (*OUR_PHASES[:3], "policy_fwd", *OUR_PHASES[3:])
 
 
 def save_model(cfg: common.BenchConfig, out: Path) -> None:
@@ -134,7 +136,7 @@ def run_ours(cfg: common.BenchConfig, model_dir: Path, profile: bool) -> dict[st
     for step in range(common.WARMUP_STEPS + common.TIMED_STEPS):
         times.clear()
         with maybe_profile(profile and step == common.WARMUP_STEPS):
-            start = time.perf_counter()
+            start, cpu_start = time.perf_counter(), time.process_time()
             step_prompts = prompts[step * common.PROMPTS_PER_STEP :][: common.PROMPTS_PER_STEP]
             batch = sampler.generate(step_prompts, common.GROUP_SIZE, params, seed=step)
             times["generation"] = time.perf_counter() - start
@@ -155,11 +157,13 @@ def run_ours(cfg: common.BenchConfig, model_dir: Path, profile: bool) -> dict[st
             model.train()
             stats = grpo_update(engine, reference, policy_batch, advantages, algo)
             total = time.perf_counter() - start
-        times["other"] = total - sum(times[k] for k in PHASES if k != "other")
+            cpu_total = time.process_time() - cpu_start
+        times["other"] = total - sum(times[k] for k in OUR_PHASES if k != "other")
         steps.append(
             {
                 "seconds": total,
-                **{k: times[k] for k in PHASES},
+                "cpu_seconds": cpu_total,
+                **{k: times[k] for k in OUR_PHASES},
                 "completion_tokens": sum(len(ids) for ids in batch.completion_ids),
                 "reward_mean": float(rewards.mean()),
                 "kl": stats["kl"],
@@ -189,7 +193,11 @@ def run_worker(side: str, cfg: common.BenchConfig, model_dir: Path, trl_python: 
 def summarize(report: dict) -> dict[str, float]:
     """Medians over the timed steps (the warm-up step is dropped)."""
     timed = report["steps"][common.WARMUP_STEPS :]
-    out = {"step_s": statistics.median(s["seconds"] for s in timed)}
+    out = {
+        "step_s": statistics.median(s["seconds"] for s in timed),
+        "cpu_s": statistics.median(s["cpu_seconds"] for s in timed),
+        "reward_mean": statistics.fmean(s["reward_mean"] for s in timed),
+    }
     for key in PHASES:
         if all(key in s for s in timed):
             out[key] = statistics.median(s[key] for s in timed)
@@ -205,9 +213,36 @@ def describe(report: dict) -> str:
     split = " / ".join(f"{k} {s[k]:.3f}" for k in PHASES if k in s)
     trend = " ".join(f"{step['reward_mean']:.3f}" for step in report["steps"])
     return (
-        f"{report['side']:>4}: median step {s['step_s']:.3f} s ({split}), "
-        f"{s['tokens_per_s']:.0f} completion tok/s, peak RSS {s['peak_rss_mib']:.0f} MiB\n"
-        f"      reward per step (warm-up first): {trend}"
+        f"{report['side']:>4}: median step {s['step_s']:.3f} s wall, {s['cpu_s']:.3f} s CPU "
+        f"({split}), {s['tokens_per_s']:.0f} completion tok/s, "
+        f"peak RSS {s['peak_rss_mib']:.0f} MiB\n"
+        f"      reward per step (warm-up first): {trend} (timed mean {s['reward_mean']:.3f})"
+    )
+
+
+def load() -> str:
+    """1-minute load average and core count: other processes inflate wall times."""
+    return f"load {os.getloadavg()[0]:.2f} on {os.cpu_count()} cores"
+
+
+def result_line(name: str, pairs: list[tuple[dict[str, float], dict[str, float]]]) -> str:
+    """One pasteable line: median ratios over the pairs and the median of each side's figures."""
+    med = statistics.median
+
+    def side(i: int, key: str) -> float:
+        return med(p[i][key] for p in pairs)
+
+    wall = [a["step_s"] / b["step_s"] for a, b in pairs]
+    cpu = [a["cpu_s"] / b["cpu_s"] for a, b in pairs]
+    return (
+        f"RESULT {name}: median ratio ours/TRL {med(wall):.2f} wall "
+        f"(pairs {' '.join(f'{r:.2f}' for r in wall)}), {med(cpu):.2f} CPU "
+        f"(pairs {' '.join(f'{r:.2f}' for r in cpu)}); step ours {side(0, 'step_s'):.3f} s / "
+        f"TRL {side(1, 'step_s'):.3f} s; tok/s ours {side(0, 'tokens_per_s'):.0f} / "
+        f"TRL {side(1, 'tokens_per_s'):.0f}; peak RSS ours {side(0, 'peak_rss_mib'):.0f} / "
+        f"TRL {side(1, 'peak_rss_mib'):.0f} MiB; timed reward mean ours "
+        f"{side(0, 'reward_mean'):.3f} / TRL {side(1, 'reward_mean'):.3f}; "
+        f"{time.strftime('%Y-%m-%d %H:%M')}, {load()}"
     )
 
 
@@ -231,7 +266,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.vs_trl and not Path(args.trl_python).exists():
         raise SystemExit(f"no TRL python at {args.trl_python}: run `make bench-env` first")
     names = list(common.CONFIGS) if args.config == "both" else [args.config]
-    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, load {os.getloadavg()}")
+    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, {load()}")
     for name in names:
         cfg = common.CONFIGS[name]
         print(f"== {name}: {cfg.as_dict()}")
@@ -244,17 +279,21 @@ def main(argv: list[str] | None = None) -> int:
                 for _ in range(args.repeats):
                     print(describe(run_worker("ours", cfg, Path(tmp), args.trl_python)))
                 continue
-            ratios = []
+            pairs = []
             for pair in range(args.pairs):
+                before = load()
                 ours = run_worker("ours", cfg, Path(tmp), args.trl_python)
                 trl = run_worker("trl", cfg, Path(tmp), args.trl_python)
-                ratio = summarize(ours)["step_s"] / summarize(trl)["step_s"]
-                rss = summarize(ours)["peak_rss_mib"] / summarize(trl)["peak_rss_mib"]
-                ratios.append(ratio)
-                print(f"-- pair {pair + 1}: ours/TRL step time {ratio:.2f}, peak RSS {rss:.2f}")
+                a, b = summarize(ours), summarize(trl)
+                pairs.append((a, b))
+                print(
+                    f"-- pair {pair + 1}: ours/TRL step time {a['step_s'] / b['step_s']:.2f} wall, "
+                    f"{a['cpu_s'] / b['cpu_s']:.2f} CPU; peak RSS "
+                    f"{a['peak_rss_mib'] / b['peak_rss_mib']:.2f} ({before} -> {load()})"
+                )
                 print(describe(ours))
                 print(describe(trl))
-            print(f"== {name}: median ratio ours/TRL {statistics.median(ratios):.2f} ")
+            print(result_line(name, pairs))
     return 0
 
 

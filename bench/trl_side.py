@@ -26,22 +26,22 @@ MARK = "BENCH_JSON "
 
 
 class StepClock(TrainerCallback):
-    """Wall time of each optimizer step: between consecutive on_step_end calls."""
+    """Wall and process CPU time of each optimizer step: between consecutive on_step_end calls
+    (the first from on_step_begin), so everything a step does, generation included, counts."""
 
     def __init__(self) -> None:
-        self.ends: list[float] = []
-        self.first_begin = 0.0
+        self.marks: list[tuple[float, float]] = []
 
     def on_step_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
-        if not self.first_begin:
-            self.first_begin = time.perf_counter()
+        if not self.marks:
+            self.marks.append((time.perf_counter(), time.process_time()))
 
     def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
-        self.ends.append(time.perf_counter())
+        self.marks.append((time.perf_counter(), time.process_time()))
 
-    def durations(self) -> list[float]:
-        marks = [self.first_begin, *self.ends]
-        return [b - a for a, b in itertools.pairwise(marks)]
+    def durations(self) -> list[tuple[float, float]]:
+        """(wall seconds, CPU seconds) per step."""
+        return [(b[0] - a[0], b[1] - a[1]) for a, b in itertools.pairwise(self.marks)]
 
 
 def timed(fn: Any, log: list[float]) -> Any:
@@ -129,18 +129,22 @@ def main() -> int:
         ref_s: list[float] = []
         assert trainer.ref_model is not None
         trainer.ref_model.forward = timed(trainer.ref_model.forward, ref_s)
+        loss_s: list[float] = []  # policy forward + loss (its backward is outside compute_loss)
+        trainer.compute_loss = timed(trainer.compute_loss, loss_s)
         trainer.train()
     report = {
         "side": "trl",
         "steps": [
             {
                 "seconds": seconds,
+                "cpu_seconds": cpu_seconds,
                 "generation": generate_s[i],
                 "reference": ref_s[i],
+                "policy_fwd": loss_s[i],
                 "completion_tokens": tokens[i],
                 "reward_mean": rewards[i],
             }
-            for i, seconds in enumerate(clock.durations())
+            for i, (seconds, cpu_seconds) in enumerate(clock.durations())
         ],
         "peak_rss_mib": common.peak_rss_mib(),
     }
