@@ -400,3 +400,23 @@ def validate_config(tree: dict[str, Any]) -> ItergrpoConfig:
 
 def config_to_yaml(cfg: ItergrpoConfig) -> str:
     return yaml.safe_dump(cfg.model_dump(mode="json"), sort_keys=False)
+
+
+# Where the work runs, not what it computes: a run may be resumed with these changed.
+PLACEMENT_SECTIONS = ("cluster",)
+
+
+def stored_config_as_current(stored: dict[str, Any], current: ItergrpoConfig) -> dict[str, Any]:
+    """A run's stored config in this version's form, for comparing with `current` on resume.
+
+    Fields added since the run started get their defaults (a run from before a new section
+    existed stays resumable), and the placement sections are taken from `current`.
+    A stored config this version cannot read is returned unchanged (the comparison then
+    names the differing keys).
+    """
+    try:
+        upgraded = ItergrpoConfig.model_validate(stored).model_dump(mode="json")
+    except ValidationError:
+        return stored
+    now = current.model_dump(mode="json")
+    return {**upgraded, **{name: now[name] for name in PLACEMENT_SECTIONS}}

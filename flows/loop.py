@@ -3,6 +3,7 @@ task) is injected, so the same loop runs in tests, from the CLI and in the Prefe
 
 from __future__ import annotations
 
+import functools
 import logging
 import re
 import time
@@ -26,7 +27,7 @@ from flows.common import (
     no_progress,
     with_fault_hook,
 )
-from flows.config import ItergrpoConfig
+from flows.config import ItergrpoConfig, stored_config_as_current
 from flows.engines import check_engines, close_rollout_engines
 from storage.store import RunStore, RunWriter
 
@@ -108,7 +109,10 @@ def execute_run(
     check_engines(cfg)  # a selected engine that is not installed fails before any stage
     store = RunStore(cfg.store.resolved_root())
     with store.open_run(
-        cfg.run.run_id, cfg.model_dump(mode="json"), force_config=force_config
+        cfg.run.run_id,
+        cfg.model_dump(mode="json"),
+        force_config=force_config,
+        upgrade_config=functools.partial(stored_config_as_current, current=cfg),
     ) as run:
         run.set_status("running")
         executor = make_executor(cfg, run) if make_executor else call_directly(cfg, run)

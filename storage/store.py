@@ -13,7 +13,7 @@ import datetime as dt
 import json
 import os
 import re
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
@@ -146,16 +146,26 @@ class RunStore:
             )
 
     def open_run(
-        self, run_id: str, config: Mapping[str, Any], *, force_config: bool = False
+        self,
+        run_id: str,
+        config: Mapping[str, Any],
+        *,
+        force_config: bool = False,
+        upgrade_config: Callable[[dict[str, Any]], dict[str, Any]] | None = None,
     ) -> RunWriter:
-        """Lock `run_id` for writing and record (or check) its config; use as a context manager."""
+        """Lock `run_id` for writing and record (or check) its config; use as a context manager.
+
+        `upgrade_config` maps the stored config to the caller's current form before the two
+        are compared (e.g. fills defaults of fields added since the run started); when they
+        then agree, the stored config is rewritten in that form (the old file is kept).
+        """
         validate_run_id(run_id)
         self._check_writable()
         run_dir = self.run_dir(run_id)
         run_dir.mkdir(parents=True, exist_ok=True)
         lock = acquire_lock(run_dir / "lock", run_id)
         try:
-            self._record_config(run_id, dict(config), force_config)
+            self._record_config(run_id, dict(config), force_config, upgrade_config)
             if not (run_dir / "status.json").exists():
                 now = _now().isoformat()
                 status: dict[str, Any] = {
@@ -170,15 +180,24 @@ class RunStore:
             raise
         return RunWriter(self, run_id, lock)
 
-    def _record_config(self, run_id: str, config: dict[str, Any], force: bool) -> None:
+    def _record_config(
+        self,
+        run_id: str,
+        config: dict[str, Any],
+        force: bool,
+        upgrade: Callable[[dict[str, Any]], dict[str, Any]] | None,
+    ) -> None:
         path = self.run_dir(run_id) / "config.yaml"
         text = yaml.safe_dump(config, sort_keys=False, allow_unicode=True)
         if not path.exists():
             atomic_write_text(path, text)
             return
-        old = yaml.safe_load(path.read_text()) or {}
+        stored = yaml.safe_load(path.read_text()) or {}
+        old = upgrade(stored) if upgrade is not None else stored
         diff = _config_diff(old, yaml.safe_load(text) or {})
-        if not diff:
+        if not diff and _config_diff(stored, old):
+            force = True  # the same run in the current form: record that form
+        elif not diff:
             return
         if not force:
             shown = ", ".join(diff[:5]) + (f" (+{len(diff) - 5} more)" if len(diff) > 5 else "")

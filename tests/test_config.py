@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import functools
 from pathlib import Path
 
 import pytest
+import yaml
 
 from flows.config import (
     CONFIG_DIR,
@@ -13,6 +15,7 @@ from flows.config import (
     config_to_yaml,
     load_config,
     parse_override,
+    stored_config_as_current,
 )
 
 PRESETS = sorted(p.stem for p in CONFIG_DIR.glob("*.yaml"))
@@ -97,3 +100,34 @@ def test_defaults_are_the_documented_form() -> None:
     # Section fields are documented by their class docstring instead.
     sections = set(ItergrpoConfig.model_fields)
     assert [m for m in missing if m not in sections] == []
+
+
+def _open_and_close(store_root: Path, cfg: ItergrpoConfig) -> None:
+    from storage.store import RunStore
+
+    upgrade = functools.partial(stored_config_as_current, current=cfg)
+    store = RunStore(store_root)
+    with store.open_run("r1", cfg.model_dump(mode="json"), upgrade_config=upgrade):
+        pass
+
+
+def test_resume_accepts_a_run_started_before_new_sections_and_a_moved_cluster(
+    tmp_path: Path,
+) -> None:
+    from storage.errors import ConfigMismatchError
+
+    cfg = load_config("micro", [f"store.root={tmp_path}"])
+    # the run as an older version stored it: no `cluster` or `engines` section yet
+    older = cfg.model_dump(mode="json")
+    del older["cluster"], older["engines"]
+    run_dir = tmp_path / "runs" / "r1"
+    run_dir.mkdir(parents=True)
+    (run_dir / "config.yaml").write_text(yaml.safe_dump(older, sort_keys=False))
+    _open_and_close(tmp_path, cfg)  # same run: accepted, recorded in the current form
+    assert yaml.safe_load((run_dir / "config.yaml").read_text()) == cfg.model_dump(mode="json")
+    assert len(list(run_dir.glob("config.*.yaml"))) == 1  # the older file is kept
+    # where the work runs may change between attempts ...
+    _open_and_close(tmp_path, load_config("micro", [f"store.root={tmp_path}", "cluster.shards=4"]))
+    # ... what it computes may not
+    with pytest.raises(ConfigMismatchError, match=r"grpo\.steps"):
+        _open_and_close(tmp_path, load_config("micro", [f"store.root={tmp_path}", "grpo.steps=9"]))
