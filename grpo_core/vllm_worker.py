@@ -206,6 +206,13 @@ def main(argv: list[str] | None = None) -> int:
     import vllm
 
     kwargs = {"enable_prefix_caching": True, **json.loads(args.llm_kwargs)}
+    from vllm.platforms import current_platform
+
+    if current_platform.is_cpu():
+        # When a prompt's prefill is split over engine steps (chunked prefill), vLLM drops
+        # that step's sample and rewinds the request's seeded generator, which a CPU
+        # generator cannot do ("CPU Generator does not use offset"): prefill whole prompts.
+        kwargs.setdefault("enable_chunked_prefill", False)
     llm = vllm.LLM(model=args.model, **kwargs)
     ready = {"ok": True, "op": "ready", "vllm": vllm.__version__}
     ready["seconds"] = round(time.perf_counter() - start, 3)

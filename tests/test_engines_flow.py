@@ -347,9 +347,10 @@ def test_micro_run_with_vllm_samples_every_stage_from_one_worker(
 
 @needs_vllm
 @pytest.mark.slow
-def test_reload_of_a_tied_embedding_policy_serves_the_new_weights(tmp_path: Path) -> None:
+def test_worker_reloads_tied_policies_and_samples_many_seeded_prompts(tmp_path: Path) -> None:
     """The tiny policy ties lm_head to the embeddings; vLLM's reload skips the tied head, so
-    the worker must refresh it (on CPU its pre-packed GEMM would keep the old weights)."""
+    the worker must refresh it (on CPU its pre-packed GEMM would keep the old weights). And a
+    labelling-sized call of seeded prompts must not hit vLLM's chunked-prefill rewind."""
     from grpo_core.policy import (
         PolicyConfig,
         build_char_tokenizer,
@@ -395,3 +396,9 @@ def test_reload_of_a_tied_embedding_policy_serves_the_new_weights(tmp_path: Path
             for mine, want in zip(got.logprobs, hf.logprobs, strict=True):
                 assert torch.allclose(torch.tensor(mine), torch.tensor(want), atol=1e-4)
         assert len(set(hf.texts)) > 1  # a real comparison: the prompts' outputs differ
+        # More prompt tokens than one engine step takes (2048): with chunked prefill vLLM
+        # rewinds seeded generators, which fails on CPU; the worker prefills whole prompts.
+        long = [format_prompt(tok, "+".join(str(i + j) for j in range(14))) for i in range(48)]
+        assert sum(len(tok(p)["input_ids"]) for p in long) > 2048
+        batch = worker.generate(long, 2, SamplingParams(max_new_tokens=4), seed=7)
+        assert len(batch) == 96 and batch.prompt_index == [i // 2 for i in range(96)]
