@@ -4,8 +4,9 @@ The RM training set of iteration k is the new labels plus replayed history, with
 rows `ratio` of the mix: n_replay = round(ratio / (1 - ratio) * n_new), capped by history.
 Selection is deterministic for a seed (and DuckDB version): rows are ordered by DuckDB
 `hash(key..., iteration, seed)` and the first n kept (`USING SAMPLE` is repeatable only
-single-threaded). Choosing reads only the key columns; the chosen rows are then fetched by
-(file, row number) in one join.
+single-threaded). Choosing reads only the key columns; the chosen rows are then fetched in
+one join on a single integer row address (file index << 32 | row number in file), which
+joins faster than the (file name, row number) pair.
 """
 
 from __future__ import annotations
@@ -76,9 +77,11 @@ def replay_sample(
     files = store.committed_files(table, run_id=run_id, iterations=range(before_iteration))
     if not files:
         return out_schema.empty_table()
-    source = read_parquet_sql(files, extra_options=", filename = true, file_row_number = true")
+    source = read_parquet_sql(files, extra_options=", file_row_number = true")
     key_sql = ", ".join(quote_ident(k) for k in [*keys, "iteration"])
-    order = f"h, {key_sql}, filename, file_row_number"
+    # file_index is the position in `files`; a file has far fewer than 2**32 rows.
+    address = "(file_index::BIGINT << 32) | file_row_number"
+    order = f"h, {key_sql}, address"
     con = duckdb.connect(":memory:")
     try:
         available = int(con.execute(f"SELECT count(*) FROM {source}").fetchall()[0][0])
@@ -90,9 +93,9 @@ def replay_sample(
             bound = _threshold(n, available, widen)
             picked = con.sql(
                 f"""
-                SELECT filename, file_row_number, row_number() OVER (ORDER BY {order}) AS pick
+                SELECT address, row_number() OVER (ORDER BY {order}) AS pick
                 FROM (
-                    SELECT filename, file_row_number, {key_sql},
+                    SELECT {address} AS address, {key_sql},
                            hash({key_sql}, {int(seed)}::BIGINT) AS h
                     FROM {source}
                 )
@@ -107,8 +110,8 @@ def replay_sample(
         cols = ", ".join(f"t.{quote_ident(c)}" for c in out_cols)
         result = con.sql(
             f"""
-            SELECT {cols} FROM {source} AS t
-            JOIN picked AS p ON t.filename = p.filename AND t.file_row_number = p.file_row_number
+            SELECT {cols} FROM (SELECT *, {address} AS address FROM {source}) AS t
+            JOIN picked AS p ON t.address = p.address
             ORDER BY p.pick
             """
         ).to_arrow_table()
