@@ -115,7 +115,20 @@ def test_reasoning_gym_adapter() -> None:
     p = train[0]
     assert task.is_correct(p, f"work\n#### {p.answer}")
     assert not task.is_correct(p, "no answer")
+    assert all(q.solution is not None and task.is_correct(q, q.solution) for q in train)
     gsm = make_task(TaskConfig(name="reasoning_gym", rg_task="gsm_symbolic")).problems(
         "train", 2, 0
     )
     assert gsm[0].solution is not None and gsm[0].solution.rstrip().endswith(gsm[0].answer)
+
+
+def test_reasoning_gym_gold_solution_forms() -> None:
+    from grpo_core.tasks.reasoning_gym import gold_solution
+
+    expr = {"answer": "-4", "metadata": {"expression": "0 - 4"}}
+    assert gold_solution(expr) == "0 - 4 = -4\n#### -4"
+    cot = {"answer": "7", "metadata": {"answer_cot": "3 + 4 = 7", "expression": "3 + 4"}}
+    assert gold_solution(cot) == "3 + 4 = 7\n#### 7"
+    done = {"answer": "7", "metadata": {"answer_cot": "3 + 4 = 7\n#### 7"}}
+    assert gold_solution(done) == "3 + 4 = 7\n#### 7"
+    assert gold_solution({"answer": "x", "metadata": {}}) is None

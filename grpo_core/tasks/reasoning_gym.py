@@ -27,6 +27,24 @@ def _import_reasoning_gym() -> Any:
     return reasoning_gym
 
 
+def gold_solution(entry: dict[str, Any]) -> str | None:
+    """A GSM8K-format gold solution for warm start, when the generator gives enough for one.
+
+    The generator's chain of thought if it has one (a `#### <answer>` line added if
+    missing); else, for arithmetic tasks (`chain_sum`, `basic_arithmetic`), the expression
+    and its value on one line; else None.
+    """
+    meta = entry.get("metadata", {})
+    answer = str(entry["answer"])
+    cot = meta.get("answer_cot")
+    if isinstance(cot, str) and cot.strip():
+        return cot if "####" in cot else f"{cot.rstrip()}\n#### {answer}"
+    expression = meta.get("expression")
+    if isinstance(expression, str) and expression.strip():
+        return f"{expression.strip()} = {answer}\n#### {answer}"
+    return None
+
+
 class ReasoningGymTask:
     """One reasoning-gym dataset; `rg_kwargs` are its generator options (e.g. `max_terms`)."""
 
@@ -64,13 +82,11 @@ class ReasoningGymTask:
         return out
 
     def _problem(self, entry: dict[str, Any], split: Split, seed: int, i: int) -> Problem:
-        cot = entry.get("metadata", {}).get("answer_cot")
-        solution = cot if isinstance(cot, str) and "####" in cot else None
         return Problem(
             problem_id=f"{self.name}-{split}-{seed}-{i}",
             question=entry["question"],
             answer=str(entry["answer"]),
-            solution=solution,
+            solution=gold_solution(entry),
             meta={"rg_metadata": json.dumps(entry.get("metadata", {}), default=str)},
         )
 
