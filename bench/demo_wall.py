@@ -29,8 +29,10 @@ from flows.config import ItergrpoConfig, load_config
 from flows.report import format_table, iteration_table
 from storage.store import RunStore
 
-# (stage, iteration) -> (start, end), time.perf_counter() seconds
-StageTimes = dict[tuple[str, int], tuple[float, float]]
+# (start, end) in time.perf_counter() seconds
+Span = tuple[float, float]
+# (stage, iteration) -> span of that stage function
+StageTimes = dict[tuple[str, int], Span]
 
 
 def timed_stage_functions(times: StageTimes) -> dict[str, Any]:
@@ -51,7 +53,7 @@ def timed_stage_functions(times: StageTimes) -> dict[str, Any]:
     return original
 
 
-def run_once(mode: str, overrides: list[str], root: Path) -> tuple[float, float, StageTimes, str]:
+def run_once(mode: str, overrides: list[str], root: Path) -> tuple[Span, StageTimes, str]:
     run_id = f"bench-{mode}"
     cfg = load_config("demo", [*overrides, f"store.root={root}", f"run.run_id={run_id}"])
     times: StageTimes = {}
@@ -66,11 +68,14 @@ def run_once(mode: str, overrides: list[str], root: Path) -> tuple[float, float,
             loop.execute_run(cfg)
     finally:
         loop.STAGE_FUNCTIONS.update(original)
-    wall = time.perf_counter() - start
-    return start, wall, times, format_table(iteration_table(RunStore(root), run_id))
+    run_span = (start, time.perf_counter())
+    return run_span, times, format_table(iteration_table(RunStore(root), run_id))
 
 
-def report(mode: str, start: float, wall: float, times: StageTimes, iterations: int) -> None:
+def report(mode: str, run_span: Span, times: StageTimes, iterations: int) -> None:
+    run_start, run_end = run_span
+    wall = run_end - run_start
+    n_iterations = max(iterations, 1)
     per_stage: dict[str, float] = defaultdict(float)
     for (name, _), (begin, end) in times.items():
         per_stage[name] += end - begin
@@ -82,14 +87,14 @@ def report(mode: str, start: float, wall: float, times: StageTimes, iterations: 
     # the last (flow end, server stop). The rest is paid between stages, every iteration.
     first = min(begin for begin, _ in times.values())
     last = max(end for _, end in times.values())
-    one_off = (first - start) + (start + wall - last)
+    one_off = (first - run_start) + (run_end - last)
     between = outside - one_off
     # An iteration's share: the warm start is a one-off before iteration 0.
-    iteration_wall = (last - first - per_stage.get("warm_start", 0.0)) / max(iterations, 1)
+    iteration_wall = (last - first - per_stage.get("warm_start", 0.0)) / n_iterations
     print(
         f"  outside stage functions: {outside:.1f} s = {outside / wall:.1%} of the run: "
         f"{one_off:.1f} s once (start-up and shutdown), {between:.1f} s between stages = "
-        f"{between / max(iterations, 1) / iteration_wall:.1%} of an iteration (target < 5%)"
+        f"{between / n_iterations / iteration_wall:.1%} of an iteration (target < 5%)"
     )
 
 
@@ -105,9 +110,9 @@ def main() -> None:
     print(f"machine: {os.cpu_count()} CPUs visible, OMP_NUM_THREADS={threads}")
     for mode in args.modes:
         with tempfile.TemporaryDirectory(prefix=f"demo-wall-{mode}-") as root:
-            start, wall, times, table = run_once(mode, args.set, Path(root))
+            run_span, times, table = run_once(mode, args.set, Path(root))
         print(table)
-        report(mode, start, wall, times, iterations)
+        report(mode, run_span, times, iterations)
 
 
 if __name__ == "__main__":

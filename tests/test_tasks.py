@@ -7,6 +7,7 @@ from pydantic import ValidationError
 from grpo_core.tasks import TaskConfig, make_task
 from grpo_core.tasks.arith import ArithTask
 from grpo_core.tasks.base import Problem
+from grpo_core.tasks.reasoning_gym import gold_solution
 
 
 def test_arith_is_deterministic_per_seed_and_splits_do_not_overlap() -> None:
@@ -123,8 +124,6 @@ def test_reasoning_gym_adapter() -> None:
 
 
 def test_reasoning_gym_gold_solution_forms() -> None:
-    from grpo_core.tasks.reasoning_gym import gold_solution
-
     expr = {"answer": "-4", "metadata": {"expression": "0 - 4"}}
     assert gold_solution(expr) == "0 - 4 = -4\n#### -4"
     cot = {"answer": "7", "metadata": {"answer_cot": "3 + 4 = 7", "expression": "3 + 4"}}
