@@ -107,11 +107,20 @@ def maybe_profile(enabled: bool) -> Iterator[None]:
     print(table, file=sys.stderr)
 
 
-def run_ours(cfg: common.BenchConfig, model_dir: Path, profile: bool) -> dict[str, Any]:
-    """Our GRPO step loop, as flows/grpo_stage.py runs it, with per-phase timings."""
+def run_ours(
+    cfg: common.BenchConfig, model_dir: Path, profile: bool, compile_models: bool = False
+) -> dict[str, Any]:
+    """Our GRPO step loop, as flows/grpo_stage.py runs it, with per-phase timings.
+
+    compile_models: torch.compile (dynamic shapes) the policy and reference first, a what-if
+    for how much of the step is kernel-launch overhead; the warm-up step absorbs compiling.
+    """
     model, tokenizer = load_policy(model_dir)
     reference, _ = load_policy(model_dir)
     reference.eval().requires_grad_(False)
+    if compile_models:
+        model.compile(dynamic=True)
+        reference.compile(dynamic=True)
     algo = GRPOConfig(
         beta=common.BETA,
         eps_low=common.EPS,
@@ -172,10 +181,13 @@ def run_ours(cfg: common.BenchConfig, model_dir: Path, profile: bool) -> dict[st
     return {"side": "ours", "steps": steps, "peak_rss_mib": common.peak_rss_mib()}
 
 
-def run_worker(side: str, cfg: common.BenchConfig, model_dir: Path, trl_python: str) -> dict:
+def run_worker(
+    side: str, cfg: common.BenchConfig, model_dir: Path, trl_python: str, compile_ours: bool
+) -> dict:
     """One side in a fresh process; its JSON report."""
     if side == "ours":
         cmd = [sys.executable, __file__, "--worker", "--config", cfg.name]
+        cmd += ["--compile"] if compile_ours else []
     else:
         cmd = [trl_python, str(HERE / "trl_side.py"), "--config", cfg.name]
     env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "2")}
@@ -225,6 +237,12 @@ def load() -> str:
     return f"load {os.getloadavg()[0]:.2f} on {os.cpu_count()} cores"
 
 
+def floor_ratios(pairs: list[tuple[dict[str, float], dict[str, float]]]) -> list[float]:
+    """Per pair, (our step - our generation) / TRL's step: the ratio a free sampler would give,
+    i.e. the floor that the reference, policy update and optimizer alone put under the ratio."""
+    return [(a["step_s"] - a["generation"]) / b["step_s"] for a, b in pairs]
+
+
 def result_line(name: str, pairs: list[tuple[dict[str, float], dict[str, float]]]) -> str:
     """One pasteable line: median ratios over the pairs and the median of each side's figures."""
     med = statistics.median
@@ -237,7 +255,9 @@ def result_line(name: str, pairs: list[tuple[dict[str, float], dict[str, float]]
     return (
         f"RESULT {name}: median ratio ours/TRL {med(wall):.2f} wall "
         f"(pairs {' '.join(f'{r:.2f}' for r in wall)}), {med(cpu):.2f} CPU "
-        f"(pairs {' '.join(f'{r:.2f}' for r in cpu)}); step ours {side(0, 'step_s'):.3f} s / "
+        f"(pairs {' '.join(f'{r:.2f}' for r in cpu)}); "
+        f"without our generation {med(floor_ratios(pairs)):.2f}; "
+        f"step ours {side(0, 'step_s'):.3f} s / "
         f"TRL {side(1, 'step_s'):.3f} s; tok/s ours {side(0, 'tokens_per_s'):.0f} / "
         f"TRL {side(1, 'tokens_per_s'):.0f}; peak RSS ours {side(0, 'peak_rss_mib'):.0f} / "
         f"TRL {side(1, 'peak_rss_mib'):.0f} MiB; timed reward mean ours "
@@ -254,13 +274,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeats", type=int, default=1, help="runs of ours without --vs-trl")
     parser.add_argument("--trl-python", default=str(HERE.parent / ".venv-bench/bin/python"))
     parser.add_argument("--profile", action="store_true", help="torch.profiler of one step")
+    parser.add_argument(
+        "--compile", action="store_true", help="what-if: torch.compile our policy and reference"
+    )
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--model-dir", type=Path, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "2")))
 
     if args.worker:
-        report = run_ours(common.CONFIGS[args.config], args.model_dir, args.profile)
+        report = run_ours(common.CONFIGS[args.config], args.model_dir, args.profile, args.compile)
         print(MARK + json.dumps(report))
         return 0
     if args.vs_trl and not Path(args.trl_python).exists():
@@ -273,22 +296,25 @@ def main(argv: list[str] | None = None) -> int:
         with tempfile.TemporaryDirectory(prefix="grpo-bench-") as tmp:
             save_model(cfg, Path(tmp))
             if args.profile:
-                print(describe(run_ours(cfg, Path(tmp), profile=True)))
+                print(describe(run_ours(cfg, Path(tmp), True, args.compile)))
                 continue
             if not args.vs_trl:
                 for _ in range(args.repeats):
-                    print(describe(run_worker("ours", cfg, Path(tmp), args.trl_python)))
+                    print(
+                        describe(run_worker("ours", cfg, Path(tmp), args.trl_python, args.compile))
+                    )
                 continue
             pairs = []
             for pair in range(args.pairs):
                 before = load()
-                ours = run_worker("ours", cfg, Path(tmp), args.trl_python)
-                trl = run_worker("trl", cfg, Path(tmp), args.trl_python)
+                ours = run_worker("ours", cfg, Path(tmp), args.trl_python, args.compile)
+                trl = run_worker("trl", cfg, Path(tmp), args.trl_python, False)
                 a, b = summarize(ours), summarize(trl)
                 pairs.append((a, b))
                 print(
                     f"-- pair {pair + 1}: ours/TRL step time {a['step_s'] / b['step_s']:.2f} wall, "
-                    f"{a['cpu_s'] / b['cpu_s']:.2f} CPU; peak RSS "
+                    f"{a['cpu_s'] / b['cpu_s']:.2f} CPU, without our generation "
+                    f"{floor_ratios([(a, b)])[0]:.2f}; peak RSS "
                     f"{a['peak_rss_mib'] / b['peak_rss_mib']:.2f} ({before} -> {load()})"
                 )
                 print(describe(ours))
