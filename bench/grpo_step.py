@@ -182,7 +182,11 @@ def run_ours(
 
 
 def run_worker(
-    side: str, cfg: common.BenchConfig, model_dir: Path, trl_python: str, compile_ours: bool
+    side: str,
+    cfg: common.BenchConfig,
+    model_dir: Path,
+    trl_python: str,
+    compile_ours: bool = False,
 ) -> dict:
     """One side in a fresh process; its JSON report."""
     if side == "ours":
@@ -237,10 +241,10 @@ def load() -> str:
     return f"load {os.getloadavg()[0]:.2f} on {os.cpu_count()} cores"
 
 
-def floor_ratios(pairs: list[tuple[dict[str, float], dict[str, float]]]) -> list[float]:
-    """Per pair, (our step - our generation) / TRL's step: the ratio a free sampler would give,
-    i.e. the floor that the reference, policy update and optimizer alone put under the ratio."""
-    return [(a["step_s"] - a["generation"]) / b["step_s"] for a, b in pairs]
+def ratio_without_generation(ours: dict[str, float], trl: dict[str, float]) -> float:
+    """(our step - our generation) / TRL's step: the ratio a free sampler would give, i.e. the
+    floor that the reference, policy update and optimizer alone put under the ratio."""
+    return (ours["step_s"] - ours["generation"]) / trl["step_s"]
 
 
 def result_line(name: str, pairs: list[tuple[dict[str, float], dict[str, float]]]) -> str:
@@ -252,11 +256,12 @@ def result_line(name: str, pairs: list[tuple[dict[str, float], dict[str, float]]
 
     wall = [a["step_s"] / b["step_s"] for a, b in pairs]
     cpu = [a["cpu_s"] / b["cpu_s"] for a, b in pairs]
+    floor = [ratio_without_generation(a, b) for a, b in pairs]
     return (
         f"RESULT {name}: median ratio ours/TRL {med(wall):.2f} wall "
         f"(pairs {' '.join(f'{r:.2f}' for r in wall)}), {med(cpu):.2f} CPU "
         f"(pairs {' '.join(f'{r:.2f}' for r in cpu)}); "
-        f"without our generation {med(floor_ratios(pairs)):.2f}; "
+        f"without our generation {med(floor):.2f}; "
         f"step ours {side(0, 'step_s'):.3f} s / "
         f"TRL {side(1, 'step_s'):.3f} s; tok/s ours {side(0, 'tokens_per_s'):.0f} / "
         f"TRL {side(1, 'tokens_per_s'):.0f}; peak RSS ours {side(0, 'peak_rss_mib'):.0f} / "
@@ -308,13 +313,13 @@ def main(argv: list[str] | None = None) -> int:
             for pair in range(args.pairs):
                 before = load()
                 ours = run_worker("ours", cfg, Path(tmp), args.trl_python, args.compile)
-                trl = run_worker("trl", cfg, Path(tmp), args.trl_python, False)
+                trl = run_worker("trl", cfg, Path(tmp), args.trl_python)
                 a, b = summarize(ours), summarize(trl)
                 pairs.append((a, b))
                 print(
                     f"-- pair {pair + 1}: ours/TRL step time {a['step_s'] / b['step_s']:.2f} wall, "
                     f"{a['cpu_s'] / b['cpu_s']:.2f} CPU, without our generation "
-                    f"{floor_ratios([(a, b)])[0]:.2f}; peak RSS "
+                    f"{ratio_without_generation(a, b):.2f}; peak RSS "
                     f"{a['peak_rss_mib'] / b['peak_rss_mib']:.2f} ({before} -> {load()})"
                 )
                 print(describe(ours))
