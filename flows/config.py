@@ -30,6 +30,7 @@ from grpo_core.policy import PolicyConfig
 from grpo_core.tasks.registry import TaskConfig
 from grpo_core.warm_start import WarmStartConfig
 from reward_models.config import LabellingConfig, RewardModelConfig
+from reward_models.scoring import PrmAggregation
 
 CONFIG_DIR = Path(__file__).resolve().parent.parent / "configs"
 
@@ -95,10 +96,30 @@ class RewardWeights(_Section):
     verifier: float = Field(
         1.0, ge=0.0, description="Weight of the verifier's 1/0 correctness (>= 0)."
     )
-    orm: float = Field(0.0, ge=0.0, description="Weight of the ORM probability (>= 0).")
+    orm: float = Field(
+        0.0, ge=0.0, description="Weight of the ORM probability that the output is correct (>= 0)."
+    )
+    prm: float = Field(
+        0.0,
+        ge=0.0,
+        description="Weight of the PRM's outcome score (>= 0): its step probabilities folded by "
+        "prm_aggregation into one number per output. For step-level rewards use "
+        "grpo.algo.supervision: process instead.",
+    )
+    prm_aggregation: PrmAggregation = Field(
+        "min",
+        description="How PRM step probabilities become one outcome score: 'min' (a solution is "
+        "as good as its worst step; Lightman et al., Math-Shepherd), 'mean', or 'last' (the "
+        "final step's). An output without steps scores 0.",
+    )
     format: float = Field(
         0.0, ge=0.0, description="Weight of the format reward: 1 if a '#### x' line ends (>= 0)."
     )
+
+    @property
+    def learned(self) -> float:
+        """Total weight of the learned reward models (ORM + PRM outcome score)."""
+        return self.orm + self.prm
 
 
 class GRPOStageSection(_Section):
@@ -284,14 +305,29 @@ class ItergrpoConfig(_Section):
 
     @model_validator(mode="after")
     def _rewards_are_available(self) -> ItergrpoConfig:
-        if self.grpo.rewards.orm > 0 and not self.reward_models.use_orm:
+        rewards, rms = self.grpo.rewards, self.reward_models
+        if rewards.orm > 0 and not rms.use_orm:
             raise ValueError(
-                "grpo.rewards.orm > 0 needs reward_models.use_orm = true (no ORM is trained)"
+                "grpo.rewards.orm > 0 needs reward_models.use_orm = true (no ORM is trained): "
+                "set use_orm: true, or grpo.rewards.orm: 0"
             )
-        if self.grpo.algo.supervision == "process" and not self.reward_models.use_prm:
+        if rewards.prm > 0 and not rms.use_prm:
+            raise ValueError(
+                "grpo.rewards.prm > 0 needs reward_models.use_prm = true (no PRM is trained): "
+                "set use_prm: true, or grpo.rewards.prm: 0"
+            )
+        if self.grpo.algo.supervision == "process" and not rms.use_prm:
             raise ValueError(
                 "grpo.algo.supervision = process needs reward_models.use_prm = true "
-                "(no PRM is trained)"
+                "(no PRM is trained): set use_prm: true, or supervision: outcome"
+            )
+        outcome_weights = rewards.verifier + rewards.format + rewards.learned
+        uses_rewards = self.grpo.algo.advantage_estimator in ("grpo_outcome", "dr_grpo")
+        if uses_rewards and outcome_weights == 0:
+            raise ValueError(
+                "grpo.rewards: verifier, orm, prm and format are all 0, so every GRPO advantage "
+                "would be 0: give at least one a weight > 0 (the paper rewards with the ORM: "
+                "grpo.rewards.orm: 1)"
             )
         return self
 
@@ -363,19 +399,42 @@ def preset_path(name: str) -> Path:
     return path
 
 
+def _merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
+    """`over` on top of `base`, section by section (a mapping merges, a value replaces)."""
+    out = dict(base)
+    for key, value in over.items():
+        if isinstance(value, dict) and isinstance(out.get(key), dict):
+            out[key] = _merge(out[key], value)
+        else:
+            out[key] = value
+    return out
+
+
+def _read_tree(path: str | Path, seen: tuple[Path, ...] = ()) -> dict[str, Any]:
+    """A YAML config (file or preset name) as a tree; `base: NAME` first loads that preset
+    and applies this file's sections on top, so a variant states only what differs."""
+    file = Path(path)
+    if not file.is_file():
+        file = preset_path(str(path))
+    if file.resolve() in seen:
+        raise ConfigError(f"{file}: 'base' presets form a cycle")
+    loaded = yaml.safe_load(file.read_text()) or {}
+    if not isinstance(loaded, dict):
+        raise ConfigError(f"{file}: top level must be a mapping of sections")
+    base = loaded.pop("base", None)
+    if base is None:
+        return loaded
+    if not isinstance(base, str):
+        raise ConfigError(f"{file}: base must be a preset name or YAML path (got {base!r})")
+    return _merge(_read_tree(base, (*seen, file.resolve())), loaded)
+
+
 def load_config(
     path: str | Path | None = None, overrides: list[str] | tuple[str, ...] = ()
 ) -> ItergrpoConfig:
-    """Read YAML (a path or a preset name), apply `a.b=value` overrides, validate."""
-    tree: dict[str, Any] = {}
-    if path is not None:
-        file = Path(path)
-        if not file.is_file():
-            file = preset_path(str(path))
-        loaded = yaml.safe_load(file.read_text()) or {}
-        if not isinstance(loaded, dict):
-            raise ConfigError(f"{file}: top level must be a mapping of sections")
-        tree = loaded
+    """Read YAML (a path or a preset name, with its `base` preset), apply `a.b=value`
+    overrides, validate."""
+    tree = _read_tree(path) if path is not None else {}
     for item in overrides:
         key, value = parse_override(item)
         _set_path(tree, key, value)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 KLEstimator = Literal["k1", "k2", "k3"]
 LossAgg = Literal["seq-mean-token-mean", "token-mean", "seq-mean-token-sum-norm"]
@@ -137,6 +137,23 @@ class GRPOConfig(BaseModel):
         le=10.0,
         description="Sampling temperature the log-probs are computed at, more than 0, at most 10.",
     )
+
+    @model_validator(mode="after")
+    def _estimator_fits_supervision(self) -> GRPOConfig:
+        """Step rewards exist only under process supervision, and only grpo_process reads them."""
+        chosen = self.adv_estimator
+        if chosen == "grpo_process" and self.supervision != "process":
+            raise ValueError(
+                "grpo.algo.adv_estimator = grpo_process needs per-step rewards: set "
+                "grpo.algo.supervision: process (and train a PRM), or leave adv_estimator empty"
+            )
+        if self.supervision == "process" and chosen not in (None, "grpo_process"):
+            raise ValueError(
+                f"grpo.algo.supervision = process gives per-step rewards that adv_estimator = "
+                f"{chosen} ignores: leave adv_estimator empty (or grpo_process), or set "
+                "supervision: outcome"
+            )
+        return self
 
     @property
     def advantage_estimator(self) -> AdvEstimatorName:

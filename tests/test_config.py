@@ -65,6 +65,48 @@ def test_cross_field_rules_say_how_to_fix() -> None:
         load_config("micro", ["reward_models.use_prm=false", "grpo.algo.supervision=process"])
 
 
+@pytest.mark.parametrize(
+    ("overrides", "names"),
+    [
+        (["grpo.algo.adv_estimator=grpo_process"], ["adv_estimator", "supervision: process"]),
+        (
+            ["grpo.algo.supervision=process", "grpo.algo.adv_estimator=rft"],
+            ["supervision = process", "adv_estimator = rft ignores"],
+        ),
+        (
+            ["reward_models.use_prm=false", "grpo.rewards.prm=0.5"],
+            ["grpo.rewards.prm > 0", "use_prm: true"],
+        ),
+        (
+            ["reward_models.use_orm=false", "grpo.rewards.orm=0.5"],
+            ["grpo.rewards.orm > 0", "use_orm: true"],
+        ),
+        (
+            ["grpo.rewards.verifier=0", "grpo.rewards.orm=0"],
+            ["all 0", "every GRPO advantage"],
+        ),
+    ],
+)
+def test_impossible_combinations_are_refused_at_load_naming_fields_and_fix(
+    overrides: list[str], names: list[str]
+) -> None:
+    with pytest.raises(ConfigError) as err:
+        load_config("micro", overrides)
+    for name in names:
+        assert name in str(err.value)
+
+
+def test_possible_combinations_load() -> None:
+    # Process supervision with a PRM; rewards from the PRM's outcome score alone; an estimator
+    # that needs no reward weights (RFT reads the verifier's correctness).
+    load_config("micro", ["grpo.algo.supervision=process", "grpo.rewards.orm=0"])
+    load_config("micro", ["grpo.rewards.verifier=0", "grpo.rewards.orm=0", "grpo.rewards.prm=1"])
+    cfg = load_config(
+        "micro", ["grpo.rewards.verifier=0", "grpo.rewards.orm=0", "grpo.algo.adv_estimator=rft"]
+    )
+    assert cfg.grpo.algo.advantage_estimator == "rft"
+
+
 def test_malformed_input_is_a_config_error(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="KEY=VALUE"):
         parse_override("grpo.steps")
@@ -131,3 +173,16 @@ def test_resume_accepts_a_run_started_before_new_sections_and_a_moved_cluster(
     # ... what it computes may not
     with pytest.raises(ConfigMismatchError, match=r"grpo\.steps"):
         _open_and_close(tmp_path, load_config("micro", [f"store.root={tmp_path}", "grpo.steps=9"]))
+
+
+def test_a_preset_can_name_a_base_and_state_only_what_differs(tmp_path: Path) -> None:
+    variant = tmp_path / "variant.yaml"
+    variant.write_text("base: micro\ngrpo:\n  rewards:\n    orm: 0.25\n")
+    cfg, micro = load_config(variant), load_config("micro")
+    assert cfg.grpo.rewards.orm == 0.25
+    assert cfg.grpo.rewards.verifier == micro.grpo.rewards.verifier  # merged, not replaced
+    assert cfg.model_copy(update={"grpo": micro.grpo}) == micro
+    loop = tmp_path / "loop.yaml"
+    loop.write_text(f"base: {loop}\n")
+    with pytest.raises(ConfigError, match="cycle"):
+        load_config(loop)
