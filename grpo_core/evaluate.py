@@ -16,7 +16,7 @@ from transformers import PreTrainedTokenizerBase
 
 from grpo_core.answers import answers_match, extract_answer, format_reward, normalize_number
 from grpo_core.policy import format_prompt
-from grpo_core.rollout_types import RolloutBatch, RolloutEngine, SamplingParams
+from grpo_core.rollout_types import RolloutEngine, SamplingParams
 from grpo_core.tasks.base import Problem, Task
 
 
@@ -119,20 +119,6 @@ def evaluate_policy(
     consecutive samples of each problem (unbiased, less noisy than the first block alone).
     Correctness uses `task.is_correct`.
     """
-    return evaluate_policy_with_samples(engine, tokenizer, task, problems, cfg, seed)[0]
-
-
-def evaluate_policy_with_samples(
-    engine: RolloutEngine,
-    tokenizer: PreTrainedTokenizerBase,
-    task: Task,
-    problems: list[Problem],
-    cfg: EvalConfig,
-    seed: int,
-) -> tuple[list[MetricRow], RolloutBatch, list[Problem]]:
-    """`evaluate_policy`, also returning the sampled batch (n_samples per problem, rows
-    prompt-major) and the problems used, so reward models can be judged on the same fresh
-    samples without generating them again."""
     problems = problems[: cfg.n_prompts]
     prompts = [format_prompt(tokenizer, p.question) for p in problems]
     greedy = engine.generate(
@@ -175,7 +161,7 @@ def evaluate_policy_with_samples(
             blocks = [answers[b : b + k] for b in range(0, ns - k + 1, k)]
             maj.append(sum(_maj_block(task, p, blk) for blk in blocks) / len(blocks))
         add("maj@k", k, maj)
-    return rows, sampled, problems
+    return rows
 
 
 def _maj_block(task: Task, problem: Problem, answers: Sequence[str | None]) -> float:

@@ -66,6 +66,29 @@ class RewardModelConfig(BaseModel):
         description="Longest prompt + completion in tokens, 8 to 32768; longer is an error.",
     )
     seed: int = Field(0, ge=0, description="Seed of head initialisation and batch order, >= 0.")
+    retrain: bool = Field(
+        True,
+        description=(
+            "Retrain the reward models every iteration on the current policy's samples (paper). "
+            "false: keep the iteration-0 reward models for the whole run (the control that shows "
+            "what retraining buys; drift is still measured every iteration)."
+        ),
+    )
+    eval_prompts: int = Field(
+        256,
+        ge=1,
+        le=100_000,
+        description=(
+            "Held-out (test split) prompts on which each iteration measures the reward models "
+            "against fresh outputs of the policy they are about to reward, 1 to 100000."
+        ),
+    )
+    eval_samples: int = Field(
+        4,
+        ge=1,
+        le=1024,
+        description="Outputs sampled per held-out prompt for that measurement, 1 to 1024.",
+    )
 
     @model_validator(mode="after")
     def _init_path_matches_init(self) -> RewardModelConfig:
@@ -106,5 +129,16 @@ class LabellingConfig(BaseModel):
         description=(
             "Sequences per forward pass of the rollout engine, 1 to 65536; the flow builds the "
             "engine with it. All prefixes go to the engine in one call."
+        ),
+    )
+    prm_outputs: int | None = Field(
+        None,
+        ge=1,
+        le=10_000_000,
+        description=(
+            "Rollout outputs given Math-Shepherd PRM labels per iteration (the first N in "
+            "(problem_id, sample_index) order), 1 to 10000000; empty: all. Every output still "
+            "gets its ORM label from the verifier, so a large rollout can feed the ORM while "
+            "the Monte-Carlo labelling (N completions per step) stays affordable."
         ),
     )

@@ -140,7 +140,8 @@ def orm_eval_rows(probs: ArrayLike, labels: ArrayLike, split: str) -> list[EvalR
 def prm_eval_rows(
     step_probs: Sequence[Sequence[float]], step_labels: Sequence[Sequence[float]], split: str
 ) -> list[EvalRow]:
-    """PRM step accuracy at 0.5 and the majority baseline; labels exact when known, else MC."""
+    """PRM step AUROC, step accuracy at 0.5 and the majority baseline; labels exact when
+    known, else MC."""
     if len(step_probs) != len(step_labels):
         raise ValueError(f"{len(step_probs)} score lists but {len(step_labels)} label lists")
     for i, (p, y) in enumerate(zip(step_probs, step_labels, strict=True)):
@@ -149,9 +150,12 @@ def prm_eval_rows(
     probs = np.array([v for row in step_probs for v in row], dtype=np.float64)
     labels = np.array([v for row in step_labels for v in row], dtype=np.float64)
     n = len(labels)
+    n_pos = int((labels >= 0.5).sum())
+    auc = auroc(probs, (labels >= 0.5).astype(np.float64))  # soft MC labels: majority
     acc = accuracy(probs, labels)
     base = majority_baseline(labels)
     return [
+        EvalRow(split, "prm_step_auroc", None, auc, auroc_stderr(auc, n_pos, n - n_pos), n),
         EvalRow(split, "prm_step_accuracy", None, acc, _proportion_stderr(acc, n), n),
         EvalRow(split, "prm_step_majority_baseline", None, base, _proportion_stderr(base, n), n),
     ]

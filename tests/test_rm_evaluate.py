@@ -65,6 +65,7 @@ def test_eval_rows_have_the_eval_table_shape() -> None:
     assert rows[0] == EvalRow("test", "orm_auroc", None, 1.0, rows[0].stderr, 4)
     prm = prm_eval_rows([[0.9, 0.8], [0.3]], [[1, 0], [0]], split="test")
     assert [(r.metric, r.value, r.n) for r in prm] == [
+        ("prm_step_auroc", 1.0, 3),  # the one correct step outscores both wrong ones
         ("prm_step_accuracy", pytest.approx(2 / 3), 3),
         ("prm_step_majority_baseline", pytest.approx(2 / 3), 3),
     ]

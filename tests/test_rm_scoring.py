@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from grpo_core.policy import PolicyConfig, build_char_tokenizer, create_tiny_policy
 from grpo_core.steps import step_end_token_indices
 from reward_models.models import RewardModel
-from reward_models.scoring import score_outcome, score_steps
+from reward_models.scoring import aggregate_step_scores, score_outcome, score_steps
 
 TOKENIZER = build_char_tokenizer()
 SMALL = PolicyConfig(n_layers=1, hidden_size=32, n_heads=2, intermediate_size=64, seed=1)
@@ -53,3 +54,12 @@ def test_step_scores_are_read_at_step_end_tokens() -> None:
     expected = [float(full[prompt_len + i]) for i in (4, 10, 17)]
     assert torch.allclose(torch.tensor(out.scores[0]), torch.tensor(expected), atol=1e-5)
     assert out.scores[2] == []
+
+
+def test_prm_outcome_score_folds_steps_by_min_mean_or_last() -> None:
+    steps = [[0.9, 0.2, 0.6], [0.5], []]
+    assert aggregate_step_scores(steps, "min").tolist() == pytest.approx([0.2, 0.5, 0.0])
+    assert aggregate_step_scores(steps, "mean").tolist() == pytest.approx([1.7 / 3, 0.5, 0.0])
+    assert aggregate_step_scores(steps, "last").tolist() == pytest.approx([0.6, 0.5, 0.0])
+    with pytest.raises(ValueError, match="'min', 'mean' or 'last'"):
+        aggregate_step_scores(steps, "max")  # type: ignore[arg-type]
