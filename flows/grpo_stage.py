@@ -15,6 +15,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 import torch
+from transformers import PreTrainedTokenizerBase
 
 from flows.common import (
     GRPO,
@@ -40,10 +41,11 @@ from grpo_core.answers import format_reward
 from grpo_core.batching import build_policy_batch
 from grpo_core.policy import format_prompt, load_policy
 from grpo_core.rollout_types import RolloutBatch, SamplingParams
+from grpo_core.steps import step_end_token_indices
 from grpo_core.tasks.base import Problem, Task
 from grpo_core.tasks.registry import make_task
 from reward_models.models import RewardModel
-from reward_models.scoring import score_outcome, score_steps
+from reward_models.scoring import aggregate_step_scores, score_outcome, score_steps
 from storage.checkpoints import (
     capture_rng_state,
     load_training_state,
@@ -61,12 +63,20 @@ METRICS_FILE = "metrics.parquet"
 class StepRewards:
     """Rewards of one GRPO step's P x G outputs (flattened prompt-major)."""
 
-    total: torch.Tensor  # (B,) outcome reward used for advantages
-    verifier: torch.Tensor  # (B,) 1/0
+    total: torch.Tensor  # (B,) weighted outcome reward (under PS: added to the last step)
+    verifier: torch.Tensor  # (B,) 1/0, always computed: the over-optimisation yardstick
     fmt: torch.Tensor  # (B,) 1/0
-    rm: torch.Tensor | None  # (B,) ORM probability, or mean PRM step score
-    step_scores: list[list[float]] | None  # PRM scores per step (process supervision)
-    step_ends: list[list[int]] | None  # completion-token index where each step ends
+    rm: torch.Tensor | None  # (B,) what the learned RMs gave each output (None: no RM used)
+    step_scores: list[list[float]] | None  # per-step rewards (process supervision)
+    step_ends: list[list[int]] | None  # index into the policy's completion tokens per step
+
+    @property
+    def per_output(self) -> torch.Tensor:
+        """The reward each output received: the outcome reward, plus under process supervision
+        its mean PRM step score (the step rewards without the outcome part)."""
+        if self.step_scores is None or self.rm is None:
+            return self.total
+        return self.total + self.rm
 
 
 def compute_rewards(
@@ -75,10 +85,15 @@ def compute_rewards(
     problems: list[Problem],
     prompts: list[str],
     batch: RolloutBatch,
+    policy_tokenizer: PreTrainedTokenizerBase,
     orm: RewardModel | None,
     prm: RewardModel | None,
 ) -> StepRewards:
-    """Weighted verifier + format + ORM reward; PRM step scores under process supervision."""
+    """Weighted verifier + format + ORM + PRM-outcome reward; PRM step rewards under PS.
+
+    Step boundaries under process supervision come from the policy's own sampled tokens; the
+    PRM reads each step at its own tokenization of the same text, so the two may differ.
+    """
     weights = cfg.grpo.rewards
     owners = [problems[i] for i in batch.prompt_index]
     row_prompts = [prompts[i] for i in batch.prompt_index]
@@ -87,23 +102,48 @@ def compute_rewards(
     )
     fmt = torch.tensor([format_reward(t) for t in batch.texts])
     total = weights.verifier * verifier + weights.format * fmt
-    rm = None
+    learned: list[tuple[float, torch.Tensor]] = []  # (weight, score) of each learned part
     if orm is not None and weights.orm > 0:
-        rm = score_outcome(orm, orm.tokenizer, row_prompts, batch.texts).float().cpu()
-        total = total + weights.orm * rm
-    step_scores = step_ends = None
-    if cfg.grpo.algo.supervision == "process":
-        assert prm is not None
-        scored = score_steps(prm, prm.tokenizer, row_prompts, batch.texts)
-        # The verifier/format part of the outcome reward is added to the last step, so a
-        # process-supervised run can still be anchored to the checked answer.
-        step_scores = [
-            [*s[:-1], s[-1] + float(extra)] if s else []
-            for s, extra in zip(scored.scores, total.tolist(), strict=True)
-        ]
-        step_ends = scored.step_end_tokens
-        rm = torch.tensor([sum(s) / len(s) if s else 0.0 for s in scored.scores])
-    return StepRewards(total, verifier, fmt, rm, step_scores, step_ends)
+        orm_scores = score_outcome(orm, orm.tokenizer, row_prompts, batch.texts).float().cpu()
+        learned.append((weights.orm, orm_scores))
+    scored = score_steps(prm, prm.tokenizer, row_prompts, batch.texts) if prm is not None else None
+    if scored is not None and weights.prm > 0:
+        learned.append((weights.prm, aggregate_step_scores(scored.scores, weights.prm_aggregation)))
+    for weight, score in learned:
+        total = total + weight * score
+    rm = None
+    if learned:  # the weighted mean of the learned parts: what the RMs said of each output
+        rm = torch.stack([w * s for w, s in learned]).sum(0) / sum(w for w, _ in learned)
+    if cfg.grpo.algo.supervision != "process":
+        return StepRewards(total, verifier, fmt, rm, None, None)
+    assert scored is not None  # the config validator requires a PRM under process supervision
+    step_ends = [step_end_token_indices(ids, policy_tokenizer) for ids in batch.completion_ids]
+    for r, (scores, ends) in enumerate(zip(scored.scores, step_ends, strict=True)):
+        if len(scores) != len(ends):
+            raise ValueError(
+                f"GRPO output {r}: the PRM found {len(scores)} steps but the policy's tokens "
+                f"{len(ends)}; the two tokenizers decode {batch.texts[r]!r} differently"
+            )
+    # The outcome part (verifier, format, outcome RMs) is added to the last step, so a
+    # process-supervised run can still be anchored to the checked answer.
+    step_scores = [
+        [*s[:-1], s[-1] + float(extra)] if s else []
+        for s, extra in zip(scored.scores, total.tolist(), strict=True)
+    ]
+    step_mean = torch.tensor([sum(s) / len(s) if s else 0.0 for s in scored.scores])
+    return StepRewards(total, verifier, fmt, step_mean, step_scores, step_ends)
+
+
+def reward_stats(rewards: StepRewards) -> dict[str, float]:
+    """Per-step reward metrics: what was used, what the learned RMs gave, what the verifier
+    says of the same samples (rm_reward_mean - verifier_accuracy is the over-optimisation gap)."""
+    stats = {
+        "reward_mean": float(rewards.per_output.mean()),
+        "verifier_accuracy": float(rewards.verifier.mean()),
+    }
+    if rewards.rm is not None:
+        stats["rm_reward_mean"] = float(rewards.rm.mean())
+    return stats
 
 
 def _pad_steps(
@@ -157,7 +197,7 @@ def _load_rms(
     if cfg.grpo.rewards.orm > 0:
         path = require_checkpoint(ckpt(cfg, run.run_id, ORM, k), f"orm_{k}")
         orm = RewardModel.load(path, device=device).eval()
-    if cfg.grpo.algo.supervision == "process":
+    if cfg.grpo.algo.supervision == "process" or cfg.grpo.rewards.prm > 0:
         path = require_checkpoint(ckpt(cfg, run.run_id, PRM, k), f"prm_{k}")
         prm = RewardModel.load(path, device=device).eval()
     return orm, prm
@@ -248,7 +288,7 @@ def grpo_stage(
             step_seed = derive_seed(cfg.run.seed, GRPO, k, step)
             model.eval()
             batch = sampler.generate(prompts, g.group_size, params, seed=step_seed)
-            rewards = compute_rewards(cfg, task, problems, prompts, batch, orm, prm)
+            rewards = compute_rewards(cfg, task, problems, prompts, batch, tokenizer, orm, prm)
             shape = (len(problems), g.group_size)
             # Advantages are computed on the CPU in response coordinates, then placed at the
             # completion columns of the padded batch (B, L) the update consumes.
@@ -266,8 +306,7 @@ def grpo_stage(
                 cpu_batch, cpu_batch.response_to_full(advantages), old, step_seed
             )
             sampler.weights_changed()
-            stats["reward_mean"] = float(rewards.total.mean())
-            stats["accuracy"] = float(rewards.verifier.mean())
+            stats.update(reward_stats(rewards))
             metric_log += metric_rows(GRPO, stats, step)
             sample_rows += _sample_rows(
                 step, problems, batch, rewards, advantages, stats, g.group_size
@@ -277,11 +316,12 @@ def grpo_stage(
                 f"GRPO step {step + 1}/{g.steps}: reward {stats['reward_mean']:.3f}",
             )
             log.info(
-                "GRPO iter %d step %d: reward %.3f acc %.3f kl %.4f",
+                "GRPO iter %d step %d: reward %.3f (RM %.3f) verifier acc %.3f kl %.4f",
                 k,
                 step,
                 stats["reward_mean"],
-                stats["accuracy"],
+                stats.get("rm_reward_mean", float("nan")),
+                stats["verifier_accuracy"],
                 stats.get("kl", float("nan")),
             )
             done = step + 1
@@ -299,7 +339,8 @@ def grpo_stage(
         attempt.write("metrics", metric_log)
     summary = {
         name: sum(r["value"] for r in metric_log if r["name"] == name) / max(g.steps, 1)
-        for name in ("reward_mean", "accuracy", "kl")
+        for name in ("reward_mean", "rm_reward_mean", "verifier_accuracy", "kl")
+        if any(r["name"] == name for r in metric_log)
     }
     return StageResult(GRPO, k, metrics=summary)
 
@@ -323,7 +364,7 @@ def _sample_rows(
             "problem_id": problems[batch.prompt_index[r]].problem_id,
             "sample_index": r % group_size,
             "completion": batch.texts[r],
-            "reward": float(rewards.total[r]),
+            "reward": float(rewards.per_output[r]),
             "reward_verifier": float(rewards.verifier[r]),
             "reward_rm": None if rewards.rm is None else float(rewards.rm[r]),
             "reward_format": float(rewards.fmt[r]),

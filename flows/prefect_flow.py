@@ -67,7 +67,7 @@ def prefect_executor(cfg: ItergrpoConfig, run: RunWriter) -> Executor:
 
 
 def _publish_iteration_table(cfg: ItergrpoConfig, result: StageResult) -> None:
-    if result.stage not in ("evaluate", "warm_start"):
+    if result.stage not in ("evaluate", "warm_start", "train_rm"):
         return
     assert cfg.run.run_id is not None
     rows = iteration_table(RunStore(cfg.store.resolved_root()), cfg.run.run_id)

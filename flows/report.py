@@ -15,10 +15,23 @@ TABLE_COLUMNS = (
     ("sample_acc", "sampled acc"),
     ("maj", "Maj@K"),
     ("pass", "Pass@K"),
-    ("orm_auroc", "RM AUROC"),
-    ("reward", "mean reward"),
+    ("orm_auroc", "ORM AUROC"),
+    ("orm_auroc_stale", "ORM stale"),
+    ("prm_step_auroc", "PRM AUROC"),
+    ("prm_step_auroc_stale", "PRM stale"),
+    ("rm_reward", "RM reward"),
+    ("verifier_acc", "verifier acc"),
     ("kl", "KL"),
 )
+# What the columns mean, under the table (README and summary.md).
+TABLE_NOTE = (
+    "AUROCs: the reward models of iteration k (ORM, PRM steps against exact labels) on fresh "
+    "held-out outputs of policy k; 'stale' is the k-1 models on the same outputs, the RMs "
+    "you would have without retraining. RM reward, verifier acc and KL: means over the GRPO "
+    "steps that produced policy k (what the learned RMs paid vs what the verifier says of "
+    "the same samples)."
+)
+DRIFT_METRICS = ("orm_auroc", "orm_auroc_stale", "prm_step_auroc", "prm_step_auroc_stale")
 
 
 def _eval_by_policy(store: RunStore, run_id: str) -> dict[int, dict[str, float]]:
@@ -79,8 +92,10 @@ def iteration_table(store: RunStore, run_id: str) -> list[dict[str, Any]]:
                 "maj_k": maj[0] if maj else None,
                 "pass": pas[1] if pas else None,
                 "pass_k": pas[0] if pas else None,
-                "orm_auroc": metrics.get("orm_auroc"),
+                **{name: metrics.get(name) for name in DRIFT_METRICS},
                 "reward": trained_by.get("reward_mean"),
+                "rm_reward": trained_by.get("rm_reward_mean"),
+                "verifier_acc": trained_by.get("verifier_accuracy"),
                 "kl": trained_by.get("kl"),
             }
         )
@@ -138,6 +153,8 @@ def summary_markdown(store: RunStore, run_id: str) -> str:
             f"{_fmt(first['greedy_acc'])} -> {_fmt(last['greedy_acc'])}, "
             f"Maj@K {_fmt(first['maj'])} -> {_fmt(last['maj'])}, "
             f"Pass@K {_fmt(first['pass'])} -> {_fmt(last['pass'])}.",
+            "",
+            TABLE_NOTE,
         ]
     else:
         text.append("No evaluation rows yet.")
@@ -160,17 +177,24 @@ def write_report(store: RunStore, run_id: str, out_dir: Path) -> list[Path]:
     written = []
     panels = [
         ("accuracy.png", "Accuracy", ("greedy_acc", "sample_acc", "maj", "pass")),
-        ("reward_kl.png", "GRPO reward and KL", ("reward", "kl")),
-        ("rm_auroc.png", "ORM AUROC", ("orm_auroc",)),
+        (
+            "reward_kl.png",
+            "GRPO: learned-RM reward vs verifier",
+            ("reward", "rm_reward", "verifier_acc", "kl"),
+        ),
+        ("rm_auroc.png", "RM drift: retrained vs stale AUROC", DRIFT_METRICS),
     ]
     heads = dict(zip((k for k, _ in TABLE_COLUMNS), _headers(rows), strict=True)) if rows else {}
+    heads["reward"] = "reward used"
     for filename, title, keys in panels:
         fig, ax = plt.subplots(figsize=(6, 4))
         for key in keys:
-            points = [(r["policy"], r[key]) for r in rows if r[key] is not None]
+            points = [(r["policy"], r[key]) for r in rows if r.get(key) is not None]
             if points:
                 xs, ys = zip(*points, strict=True)
                 ax.plot(xs, ys, marker="o", label=heads.get(key, key))
+        if filename == "rm_auroc.png":
+            ax.axhline(0.5, color="grey", linestyle=":", label="chance")
         ax.set_xlabel("policy (k = after k GRPO iterations)")
         ax.set_title(f"{title} — {run_id}")
         ax.grid(alpha=0.3)
@@ -181,7 +205,36 @@ def write_report(store: RunStore, run_id: str, out_dir: Path) -> list[Path]:
         fig.savefig(path, dpi=100)
         plt.close(fig)
         written.append(path)
+    written.append(_plot_rm_gap(plt, store, run_id, out_dir))
     summary = out_dir / "summary.md"
     summary.write_text(summary_markdown(store, run_id))
     written.append(summary)
     return written
+
+
+def _plot_rm_gap(plt: Any, store: RunStore, run_id: str, out_dir: Path) -> Path:
+    """Per GRPO step: the learned RMs' mean reward beside the verifier's accuracy on the same
+    samples; a widening gap is the policy optimising the RM rather than the task."""
+    table = store.read(
+        "metrics",
+        run_id=run_id,
+        where="stage = 'grpo' AND name IN ('rm_reward_mean', 'verifier_accuracy')",
+    )
+    series: dict[str, list[tuple[int, int, float]]] = defaultdict(list)
+    for row in table.to_pylist():
+        series[row["name"]].append((int(row["iteration"]), int(row["step"]), float(row["value"])))
+    fig, ax = plt.subplots(figsize=(7, 4))
+    labels = {"rm_reward_mean": "RM reward", "verifier_accuracy": "verifier accuracy"}
+    for name, points in sorted(series.items()):
+        points.sort()
+        ax.plot(range(len(points)), [v for _, _, v in points], label=labels[name])
+    ax.set_xlabel("GRPO step (all iterations in order)")
+    ax.set_title(f"RM reward vs verifier per GRPO step — {run_id}")
+    ax.grid(alpha=0.3)
+    if ax.get_legend_handles_labels()[0]:
+        ax.legend()
+    path = out_dir / "rm_vs_verifier.png"
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return path

@@ -139,7 +139,7 @@ def test_grpo_samples_and_metrics_cover_every_step(micro_run: tuple[RunStore, st
     assert kl == [{"n": cfg.run.iterations * cfg.grpo.steps}]
 
 
-def test_eval_rows_cover_each_policy_with_rm_metrics_after_iteration_0(
+def test_eval_rows_cover_each_policy_and_rm_drift_of_each_iteration(
     micro_run: tuple[RunStore, str],
 ) -> None:
     store, run_id = micro_run
@@ -149,10 +149,31 @@ def test_eval_rows_cover_each_policy_with_rm_metrics_after_iteration_0(
         "GROUP BY ALL ORDER BY ALL",
     )
     assert [r["policy_iteration"] for r in rows] == [0, 1, 2]
+    fresh = {"orm_auroc", "best_of_n_accuracy", "prm_step_auroc", "prm_step_majority_baseline"}
+    stale = {"orm_auroc_stale", "prm_step_auroc_stale"}
     for r in rows:
         assert {"greedy_accuracy", "pass@k", "maj@k", "sampled_accuracy"} <= set(r["m"])
-        has_rm = {"orm_auroc", "best_of_n_accuracy", "prm_step_accuracy"} <= set(r["m"])
-        assert has_rm == (r["policy_iteration"] > 0)
+        k = r["policy_iteration"]
+        # RM_k is measured on policy_k (k < iterations), RM_{k-1} beside it from k = 1 on.
+        assert (fresh <= set(r["m"])) == (k < 2)
+        assert (stale <= set(r["m"])) == (k == 1)
+    # micro's RMs see both labels, so every AUROC is defined (NaN would mean one class).
+    aurocs = sql(
+        store,
+        f"SELECT metric, value FROM eval WHERE run_id = '{run_id}' AND metric LIKE '%auroc%'",
+    )
+    assert len(aurocs) == 6
+    assert all(0.0 <= a["value"] <= 1.0 for a in aurocs), aurocs
+
+
+def test_orm_trains_on_both_labels(micro_run: tuple[RunStore, str]) -> None:
+    store, run_id = micro_run
+    labels = sql(
+        store,
+        f"SELECT iteration, list(DISTINCT label ORDER BY label) AS y FROM rm_train "
+        f"WHERE run_id = '{run_id}' AND rm_kind = 'orm' GROUP BY ALL ORDER BY ALL",
+    )
+    assert [r["y"] for r in labels] == [[0.0, 1.0], [0.0, 1.0]]
 
 
 def test_rerun_skips_everything_and_writes_nothing(micro_run: tuple[RunStore, str]) -> None:

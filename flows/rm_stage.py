@@ -1,0 +1,248 @@
+"""The reward-model stage of iteration k: continual training and the drift measurement.
+
+RM_k is trained on labels of policy_k's outputs (plus a replay of earlier labels) and rewards
+the GRPO stage that moves policy_k to policy_{k+1}. Why retrain at all: the policy's outputs
+move away from what RM_{k-1} was trained on. So on one set of fresh held-out outputs of
+policy_k, never trained on, the stage stores RM_k's ranking quality (`orm_auroc`,
+`prm_step_auroc`) beside RM_{k-1}'s, the RM you would have without retraining
+(`orm_auroc_stale`, `prm_step_auroc_stale`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from typing import Any, Final
+
+import torch
+from transformers import PreTrainedModel, PreTrainedTokenizerBase
+
+from flows.common import (
+    ORM,
+    POLICY,
+    PRM,
+    TRAIN_RM,
+    ProgressFn,
+    StageResult,
+    ckpt,
+    derive_seed,
+    log,
+    metric_rows,
+    require_checkpoint,
+    resolve_device,
+)
+from flows.config import ItergrpoConfig
+from flows.engines import build_rm_engine, build_rollout_engine, trained_weights
+from flows.model_io import policy_at, save_reward_model
+from flows.sharding import sharded_engine
+from grpo_core.policy import format_prompt, load_policy
+from grpo_core.rollout_types import RolloutBatch, SamplingParams
+from grpo_core.tasks.base import Problem, Task
+from grpo_core.tasks.registry import make_task
+from reward_models.evaluate import EvalRow, best_of_n_rows, orm_eval_rows, prm_eval_rows
+from reward_models.labelling import LabelledSample, OrmLabel, PrmLabel
+from reward_models.models import RewardModel, RMKind
+from reward_models.scoring import score_outcome, score_steps
+from reward_models.training import (
+    RMExample,
+    Source,
+    load_or_init_reward_model,
+    orm_examples,
+    prm_examples,
+    sample_texts,
+    train_reward_model,
+)
+from storage.replay import replay_sample
+from storage.store import RunWriter
+
+EVAL_SPLIT: Final = "test"
+RM_EVAL = "rm_eval"  # seed namespace of the drift measurement's samples
+STALE: Final = "_stale"  # metric suffix of RM_{k-1}'s rows
+
+
+def labelled_samples(
+    run: RunWriter, iteration: int, tokenizer: PreTrainedTokenizerBase
+) -> list[LabelledSample]:
+    """The committed rollouts of `iteration` with their problems, in a stable order."""
+    store = run.store
+    problems = {
+        r["problem_id"]: Problem(r["problem_id"], r["question"], r["answer"])
+        for r in store.read("prompts", run_id=run.run_id, iterations=[iteration]).to_pylist()
+    }
+    rows = store.read("rollouts", run_id=run.run_id, iterations=[iteration]).to_pylist()
+    rows.sort(key=lambda r: (r["problem_id"], r["sample_index"]))
+    return [
+        LabelledSample(
+            problem=problems[r["problem_id"]],
+            prompt_text=r["prompt_text"],
+            completion=r["completion"],
+            completion_ids=list(tokenizer(r["completion"], add_special_tokens=False)["input_ids"]),
+            sample_index=r["sample_index"],
+        )
+        for r in rows
+    ]
+
+
+def load_rm(cfg: ItergrpoConfig, run: RunWriter, kind: str, k: int) -> RewardModel:
+    path = require_checkpoint(ckpt(cfg, run.run_id, kind, k), f"{kind}_{k}")
+    return RewardModel.load(path, device=resolve_device(cfg))
+
+
+def _rm_examples(
+    cfg: ItergrpoConfig,
+    run: RunWriter,
+    kind: str,
+    iteration: int,
+    tokenizer: PreTrainedTokenizerBase,
+) -> list[RMExample]:
+    """New labels of `iteration` plus a replay sample of earlier ones (replay_ratio of the mix)."""
+    table = "orm_labels" if kind == ORM else "prm_labels"
+    new = run.store.read(table, run_id=run.run_id, iterations=[iteration]).to_pylist()
+    replay: list[dict[str, Any]] = []
+    if iteration > 0 and cfg.reward_models.replay_ratio > 0:
+        replay = replay_sample(
+            run.store,
+            table=table,
+            run_id=run.run_id,
+            before_iteration=iteration,
+            n_new=len(new),
+            ratio=cfg.reward_models.replay_ratio,
+            seed=derive_seed(cfg.run.seed, TRAIN_RM, kind, iteration),
+        ).to_pylist()
+    by_origin: dict[tuple[Source, int], list[Mapping[str, Any]]] = {}
+    for source, rows in (("new", new), ("replay", replay)):
+        for row in rows:
+            by_origin.setdefault((source, int(row["iteration"])), []).append(row)  # type: ignore[arg-type]
+    examples: list[RMExample] = []
+    for (source, origin), rows in sorted(by_origin.items()):
+        texts = sample_texts(labelled_samples(run, origin, tokenizer))
+        if kind == ORM:
+            labels = [OrmLabel.from_row(r) for r in rows]
+            examples += orm_examples(labels, texts, tokenizer, source, origin)
+        else:
+            steps = [PrmLabel.from_row(r) for r in rows]
+            examples += prm_examples(
+                steps, texts, tokenizer, cfg.reward_models.prm_label, source, origin
+            )
+    return examples
+
+
+def _train_one(
+    cfg: ItergrpoConfig,
+    run: RunWriter,
+    kind: RMKind,
+    iteration: int,
+    tokenizer: PreTrainedTokenizerBase,
+    backbone: str,
+) -> tuple[dict[str, float], list[dict[str, Any]]]:
+    """RM_k = continue-train(RM_{k-1}) (or the backbone at k = 0), saved; metrics and rows."""
+    rm_cfg = cfg.reward_models
+    examples = _rm_examples(cfg, run, kind, iteration, tokenizer)
+    prev = ckpt(cfg, run.run_id, kind, iteration - 1) if iteration > 0 else None
+    seed = derive_seed(cfg.run.seed, rm_cfg.seed, TRAIN_RM, kind, iteration)
+    model = load_or_init_reward_model(prev, backbone, kind, tokenizer, seed)
+    model.to(resolve_device(cfg))
+    engine = build_rm_engine(cfg, model)
+    metrics, records = train_reward_model(model, examples, rm_cfg, seed, engine=engine)
+    save_reward_model(ckpt(cfg, run.run_id, kind, iteration), model, trained_weights(engine))
+    log.info("%s_%d: %s", kind, iteration, metrics)
+    return metrics, [dataclasses.asdict(r) for r in records]
+
+
+def train_rm_stage(
+    cfg: ItergrpoConfig, run: RunWriter, iteration: int, progress: ProgressFn
+) -> StageResult:
+    """Continual RM training on new + replayed labels (or, with reward_models.retrain false,
+    RM_0 carried forward), then RM_k vs RM_{k-1} on fresh held-out outputs of policy_k."""
+    rm_cfg = cfg.reward_models
+    wanted: list[tuple[RMKind, bool]] = [(ORM, rm_cfg.use_orm), (PRM, rm_cfg.use_prm)]
+    kinds = [kind for kind, on in wanted if on]
+    policy_dir = require_checkpoint(ckpt(cfg, run.run_id, POLICY, iteration), f"policy_{iteration}")
+    _, tokenizer = load_policy(policy_dir)
+    backbone = str(rm_cfg.init_path) if rm_cfg.init == "path" else str(policy_dir)
+    metrics: dict[str, float] = {}
+    trained: list[dict[str, Any]] = []
+    for n, kind in enumerate(kinds):
+        if rm_cfg.retrain or iteration == 0:
+            progress(0.8 * n / len(kinds), f"training the {kind.upper()}")
+            kind_metrics, rows = _train_one(cfg, run, kind, iteration, tokenizer, backbone)
+            metrics.update({f"{kind}_{name}": value for name, value in kind_metrics.items()})
+            trained += rows
+        else:  # the control: the iteration-0 RM rewards every iteration
+            frozen = load_rm(cfg, run, kind, 0)
+            save_reward_model(ckpt(cfg, run.run_id, kind, iteration), frozen)
+            log.info("%s_%d: reward_models.retrain is false, kept %s_0", kind, iteration, kind)
+    eval_rows: list[dict[str, Any]] = []
+    if kinds:
+        progress(0.8, "measuring RM drift on fresh held-out outputs")
+        eval_rows = rm_drift_rows(cfg, run, iteration)
+        metrics.update(
+            {r["metric"]: float(r["value"]) for r in eval_rows if "auroc" in str(r["metric"])}
+        )
+    progress(1.0, f"writing {len(trained)} rm_train rows")
+    with run.stage(iteration, TRAIN_RM) as attempt:
+        if trained:
+            attempt.write("rm_train", trained)
+        if eval_rows:
+            attempt.write("eval", eval_rows)
+        attempt.write("metrics", metric_rows(TRAIN_RM, metrics))
+    return StageResult(TRAIN_RM, iteration, metrics=metrics)
+
+
+def _fresh_outputs(
+    cfg: ItergrpoConfig,
+    run: RunWriter,
+    task: Task,
+    model: PreTrainedModel,
+    tokenizer: PreTrainedTokenizerBase,
+    k: int,
+) -> tuple[list[Problem], list[str], RolloutBatch]:
+    """Held-out prompts and outputs of policy_k, sampled as the GRPO stage samples them."""
+    rm_cfg, g = cfg.reward_models, cfg.grpo
+    problems = task.problems(EVAL_SPLIT, rm_cfg.eval_prompts, seed=cfg.run.seed)
+    prompts = [format_prompt(tokenizer, p.question) for p in problems]
+    engine = sharded_engine(
+        cfg, run.run_id, k, model, cfg.rollout.batch_size, RM_EVAL
+    ) or build_rollout_engine(cfg, run, k, "evaluate", model, tokenizer, cfg.rollout.batch_size)
+    params = SamplingParams(max_new_tokens=g.max_new_tokens, temperature=g.algo.temperature)
+    seed = derive_seed(cfg.run.seed, RM_EVAL, k)
+    return problems, prompts, engine.generate(prompts, rm_cfg.eval_samples, params, seed=seed)
+
+
+def rm_drift_rows(cfg: ItergrpoConfig, run: RunWriter, k: int) -> list[dict[str, Any]]:
+    """Eval rows (policy_iteration = k) of RM_k and, for k >= 1, RM_{k-1} ('_stale' metrics)
+    on one set of fresh held-out outputs of policy_k."""
+    task = make_task(cfg.task)
+    model, tokenizer = policy_at(cfg, run, k)
+    problems, prompts, sampled = _fresh_outputs(cfg, run, task, model, tokenizer, k)
+    owners = [problems[i] for i in sampled.prompt_index]
+    row_prompts = [prompts[i] for i in sampled.prompt_index]
+    correct = [float(task.is_correct(p, t)) for p, t in zip(owners, sampled.texts, strict=True)]
+    shape = (len(problems), cfg.reward_models.eval_samples)
+    # Exact step labels, on outputs whose steps the task can check (the PRM's yardstick).
+    exact = [task.step_labels(p, t) for p, t in zip(owners, sampled.texts, strict=True)]
+    rows: list[EvalRow] = []
+    for rm_iteration, suffix in [(k, ""), (k - 1, STALE)][: 2 if k > 0 else 1]:
+        found: list[EvalRow] = []
+        if cfg.reward_models.use_orm:
+            orm = load_rm(cfg, run, ORM, rm_iteration)
+            probs = score_outcome(orm, orm.tokenizer, row_prompts, sampled.texts)
+            found += orm_eval_rows(probs.numpy(), correct, EVAL_SPLIT)
+            if not suffix:
+                found += best_of_n_rows(
+                    probs.reshape(shape).numpy(),
+                    torch.tensor(correct).reshape(shape).numpy(),
+                    EVAL_SPLIT,
+                )
+        if cfg.reward_models.use_prm:
+            prm = load_rm(cfg, run, PRM, rm_iteration)
+            scored = score_steps(prm, prm.tokenizer, row_prompts, sampled.texts)
+            pairs = [
+                (s, [float(x) for x in y])
+                for s, y in zip(scored.scores, exact, strict=True)
+                if s and y is not None and len(y) == len(s)
+            ]
+            if pairs:
+                found += prm_eval_rows([s for s, _ in pairs], [y for _, y in pairs], EVAL_SPLIT)
+        rows += [dataclasses.replace(r, metric=r.metric + suffix) for r in found]
+    return [{"policy_iteration": k, **dataclasses.asdict(r)} for r in rows]
