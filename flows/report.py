@@ -171,6 +171,7 @@ def write_report(store: RunStore, run_id: str, out_dir: Path) -> list[Path]:
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import MaxNLocator
 
     out_dir.mkdir(parents=True, exist_ok=True)
     rows = iteration_table(store, run_id)
@@ -195,6 +196,7 @@ def write_report(store: RunStore, run_id: str, out_dir: Path) -> list[Path]:
                 ax.plot(xs, ys, marker="o", label=heads.get(key, key))
         if filename == "rm_auroc.png":
             ax.axhline(0.5, color="grey", linestyle=":", label="chance")
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))  # policies are whole numbers
         ax.set_xlabel("policy (k = after k GRPO iterations)")
         ax.set_title(f"{title} — {run_id}")
         ax.grid(alpha=0.3)

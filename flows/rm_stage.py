@@ -143,6 +143,8 @@ def _train_one(
     model = load_or_init_reward_model(prev, backbone, kind, tokenizer, seed)
     model.to(resolve_device(cfg))
     engine = build_rm_engine(cfg, model)
+    if prev is not None and rm_cfg.continual_epochs is not None:
+        rm_cfg = rm_cfg.model_copy(update={"epochs": rm_cfg.continual_epochs})
     metrics, records = train_reward_model(model, examples, rm_cfg, seed, engine=engine)
     save_reward_model(ckpt(cfg, run.run_id, kind, iteration), model, trained_weights(engine))
     log.info("%s_%d: %s", kind, iteration, metrics)

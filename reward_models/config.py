@@ -40,6 +40,16 @@ class RewardModelConfig(BaseModel):
         ),
     )
     epochs: int = Field(1, ge=1, le=100, description="Passes over the training mix, 1 to 100.")
+    continual_epochs: int | None = Field(
+        None,
+        ge=1,
+        le=100,
+        description=(
+            "Passes over the mix when continuing from the previous iteration's reward model "
+            "(iterations >= 1), 1 to 100; empty: epochs. The continued model already ranks "
+            "the policy's outputs, so fewer passes usually catch it up."
+        ),
+    )
     batch_size: int = Field(
         16, ge=1, le=4096, description="Examples (sequences) per optimiser step, 1 to 4096."
     )

@@ -174,6 +174,13 @@ def test_orm_trains_on_both_labels(micro_run: tuple[RunStore, str]) -> None:
         f"WHERE run_id = '{run_id}' AND rm_kind = 'orm' GROUP BY ALL ORDER BY ALL",
     )
     assert [r["y"] for r in labels] == [[0.0, 1.0], [0.0, 1.0]]
+    # epochs at iteration 0, continual_epochs when continuing from the previous RM.
+    epochs = sql(
+        store,
+        f"SELECT iteration, list(DISTINCT epoch ORDER BY epoch) AS e FROM rm_train "
+        f"WHERE run_id = '{run_id}' GROUP BY ALL ORDER BY ALL",
+    )
+    assert [r["e"] for r in epochs] == [[0, 1], [0]]
 
 
 def test_rerun_skips_everything_and_writes_nothing(micro_run: tuple[RunStore, str]) -> None:

@@ -29,7 +29,11 @@ def test_demo_ps_preset_is_process_supervised_by_the_prm_alone() -> None:
 
 def test_process_supervised_run_rewards_steps_with_the_prm(tmp_path: Path) -> None:
     cfg = micro_config(
-        tmp_path, "ps", "grpo.algo.supervision=process", "grpo.rewards.verifier=0", "grpo.rewards.orm=0"
+        tmp_path,
+        "ps",
+        "grpo.algo.supervision=process",
+        "grpo.rewards.verifier=0",
+        "grpo.rewards.orm=0",
     )
     results = execute_run(cfg)
     assert [(r.stage, r.iteration) for r in results] == planned_stages(cfg)
