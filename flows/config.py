@@ -24,7 +24,7 @@ from pydantic import (
     model_validator,
 )
 
-from grpo_core.config import DeepSpeedConfig, GRPOConfig
+from grpo_core.config import DeepSpeedConfig, GRPOConfig, merge_trees
 from grpo_core.evaluate import EvalConfig
 from grpo_core.policy import PolicyConfig
 from grpo_core.tasks.registry import TaskConfig
@@ -399,17 +399,6 @@ def preset_path(name: str) -> Path:
     return path
 
 
-def _merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
-    """`over` on top of `base`, section by section (a mapping merges, a value replaces)."""
-    out = dict(base)
-    for key, value in over.items():
-        if isinstance(value, dict) and isinstance(out.get(key), dict):
-            out[key] = _merge(out[key], value)
-        else:
-            out[key] = value
-    return out
-
-
 def _read_tree(path: str | Path, seen: tuple[Path, ...] = ()) -> dict[str, Any]:
     """A YAML config (file or preset name) as a tree; `base: NAME` first loads that preset
     and applies this file's sections on top, so a variant states only what differs."""
@@ -426,7 +415,7 @@ def _read_tree(path: str | Path, seen: tuple[Path, ...] = ()) -> dict[str, Any]:
         return loaded
     if not isinstance(base, str):
         raise ConfigError(f"{file}: base must be a preset name or YAML path (got {base!r})")
-    return _merge(_read_tree(base, (*seen, file.resolve())), loaded)
+    return merge_trees(_read_tree(base, (*seen, file.resolve())), loaded)
 
 
 def load_config(

@@ -190,6 +190,17 @@ GRPO_PRESETS: dict[str, dict[str, Any]] = {
 }
 
 
+def merge_trees(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
+    """`over` on top of `base`, key by key: a mapping merges into a mapping, a value replaces."""
+    merged = dict(base)
+    for key, value in over.items():
+        if isinstance(value, dict) and isinstance(merged.get(key), dict):
+            merged[key] = merge_trees(merged[key], value)
+        else:
+            merged[key] = value
+    return merged
+
+
 ZeroStage = Literal[0, 1, 2, 3]
 
 

@@ -21,7 +21,7 @@ import torch
 from torch import Tensor, nn
 
 from grpo_core.batching import PolicyBatch, sequence_logprobs, sequence_logprobs_and_entropy
-from grpo_core.config import DeepSpeedConfig
+from grpo_core.config import DeepSpeedConfig, merge_trees
 from grpo_core.engine import build_adamw, build_lr_schedule, lr_multiplier
 
 # DeepSpeed's shared-memory all-reduce op serves DeepSpeed inference only; on a CPU machine
@@ -74,17 +74,7 @@ def deepspeed_config_dict(cfg: DeepSpeedConfig, max_grad_norm: float) -> dict[st
         "steps_per_print": 2**31 - 1,
         "wall_clock_breakdown": False,
     }
-    return _merge(generated, cfg.extra)
-
-
-def _merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
-    merged = dict(base)
-    for key, value in over.items():
-        if isinstance(value, dict) and isinstance(merged.get(key), dict):
-            merged[key] = _merge(merged[key], value)
-        else:
-            merged[key] = value
-    return merged
+    return merge_trees(generated, cfg.extra)
 
 
 class _ClippingAdamW(torch.optim.AdamW):

@@ -41,14 +41,8 @@ from tests.flow_helpers import micro_config, snapshot
 REPO = Path(__file__).resolve().parent.parent
 ABS_TOL, REL_TOL, WEIGHT_TOL = 1e-5, 1e-4, 1e-5
 # Discrete or schedule values: identical whenever the two runs sampled the same tokens.
-EXACT_METRICS = {
-    "reward_mean",
-    "rm_reward_mean",
-    "verifier_accuracy",
-    "response_length",
-    "optimizer_steps",
-    "lr",
-}
+# (reward_mean and rm_reward_mean hold the ORM's float scores: compared with tolerance.)
+EXACT_METRICS = {"verifier_accuracy", "response_length", "optimizer_steps", "lr"}
 
 needs_deepspeed = pytest.mark.skipif(
     find_spec("deepspeed") is None,

@@ -181,7 +181,8 @@ def test_prm_beats_the_majority_class_on_held_out_steps(labelled: Labelled) -> N
 
     def step_accuracy(rm: RewardModel) -> tuple[float, float, int]:
         scores = score_steps(rm, data.tokenizer, prompts, completions).scores
-        acc, base = prm_eval_rows(scores, exact, split="test")
+        rows = {r.metric: r for r in prm_eval_rows(scores, exact, split="test")}
+        acc, base = rows["prm_step_accuracy"], rows["prm_step_majority_baseline"]
         return acc.value, base.value, acc.n
 
     rm = RewardModel.from_policy(data.model, "prm", data.tokenizer, seed=0)
