@@ -3,7 +3,7 @@
 Each stage reads its inputs from the store and checkpoints, calls the component libraries,
 writes its rows inside one stage attempt and commits. A stage that crashes leaves nothing
 visible; checkpoints it wrote are overwritten by the rerun. The GRPO stage is in
-`flows/grpo_stage.py`, which shares `policy_at`/`save_model` from here.
+`flows/grpo_stage.py` and the reward-model stage (training and drift) in `flows/rm_stage.py`.
 """
 
 from __future__ import annotations
