@@ -29,6 +29,7 @@ TRAIN_RM = "train_rm"
 GRPO = "grpo"
 EVALUATE = "evaluate"
 ITERATION_STAGES = (ROLLOUT, LABEL, TRAIN_RM, GRPO, EVALUATE)
+EVAL_SPLIT: Final = "test"  # the held-out split every evaluation (policy and RMs) samples
 
 # Checkpoint roles: checkpoints/<run_id>/<role>/iter-<k>/
 POLICY = "policy"  # policy/iter-k is the policy that iteration k starts from (and its reference)

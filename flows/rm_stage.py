@@ -18,6 +18,7 @@ import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from flows.common import (
+    EVAL_SPLIT,
     ORM,
     POLICY,
     PRM,
@@ -35,7 +36,7 @@ from flows.config import ItergrpoConfig
 from flows.engines import build_rm_engine, build_rollout_engine, trained_weights
 from flows.model_io import policy_at, save_reward_model
 from flows.sharding import sharded_engine
-from grpo_core.policy import format_prompt, load_policy
+from grpo_core.policy import format_prompt
 from grpo_core.rollout_types import RolloutBatch, SamplingParams
 from grpo_core.tasks.base import Problem, Task
 from grpo_core.tasks.registry import make_task
@@ -55,7 +56,6 @@ from reward_models.training import (
 from storage.replay import replay_sample
 from storage.store import RunWriter
 
-EVAL_SPLIT: Final = "test"
 RM_EVAL = "rm_eval"  # seed namespace of the drift measurement's samples
 STALE: Final = "_stale"  # metric suffix of RM_{k-1}'s rows
 
@@ -159,8 +159,9 @@ def train_rm_stage(
     rm_cfg = cfg.reward_models
     wanted: list[tuple[RMKind, bool]] = [(ORM, rm_cfg.use_orm), (PRM, rm_cfg.use_prm)]
     kinds = [kind for kind, on in wanted if on]
-    policy_dir = require_checkpoint(ckpt(cfg, run.run_id, POLICY, iteration), f"policy_{iteration}")
-    _, tokenizer = load_policy(policy_dir)
+    # policy_k: its tokenizer encodes the RM examples, its samples measure the drift.
+    model, tokenizer = policy_at(cfg, run, iteration)
+    policy_dir = ckpt(cfg, run.run_id, POLICY, iteration)
     backbone = str(rm_cfg.init_path) if rm_cfg.init == "path" else str(policy_dir)
     metrics: dict[str, float] = {}
     trained: list[dict[str, Any]] = []
@@ -177,7 +178,7 @@ def train_rm_stage(
     eval_rows: list[dict[str, Any]] = []
     if kinds:
         progress(0.8, "measuring RM drift on fresh held-out outputs")
-        eval_rows = rm_drift_rows(cfg, run, iteration)
+        eval_rows = rm_drift_rows(cfg, run, iteration, model, tokenizer)
         metrics.update(
             {r["metric"]: float(r["value"]) for r in eval_rows if "auroc" in str(r["metric"])}
         )
@@ -211,11 +212,16 @@ def _fresh_outputs(
     return problems, prompts, engine.generate(prompts, rm_cfg.eval_samples, params, seed=seed)
 
 
-def rm_drift_rows(cfg: ItergrpoConfig, run: RunWriter, k: int) -> list[dict[str, Any]]:
+def rm_drift_rows(
+    cfg: ItergrpoConfig,
+    run: RunWriter,
+    k: int,
+    model: PreTrainedModel,
+    tokenizer: PreTrainedTokenizerBase,
+) -> list[dict[str, Any]]:
     """Eval rows (policy_iteration = k) of RM_k and, for k >= 1, RM_{k-1} ('_stale' metrics)
-    on one set of fresh held-out outputs of policy_k."""
+    on one set of fresh held-out outputs of policy_k (`model`)."""
     task = make_task(cfg.task)
-    model, tokenizer = policy_at(cfg, run, k)
     problems, prompts, sampled = _fresh_outputs(cfg, run, task, model, tokenizer, k)
     owners = [problems[i] for i in sampled.prompt_index]
     row_prompts = [prompts[i] for i in sampled.prompt_index]
@@ -224,7 +230,8 @@ def rm_drift_rows(cfg: ItergrpoConfig, run: RunWriter, k: int) -> list[dict[str,
     # Exact step labels, on outputs whose steps the task can check (the PRM's yardstick).
     exact = [task.step_labels(p, t) for p, t in zip(owners, sampled.texts, strict=True)]
     rows: list[EvalRow] = []
-    for rm_iteration, suffix in [(k, ""), (k - 1, STALE)][: 2 if k > 0 else 1]:
+    measured = [(k, "")] + ([(k - 1, STALE)] if k > 0 else [])
+    for rm_iteration, suffix in measured:
         found: list[EvalRow] = []
         if cfg.reward_models.use_orm:
             orm = load_rm(cfg, run, ORM, rm_iteration)

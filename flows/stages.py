@@ -17,6 +17,7 @@ import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from flows.common import (
+    EVAL_SPLIT,
     EVALUATE,
     LABEL,
     POLICY,
@@ -33,7 +34,7 @@ from flows.config import ItergrpoConfig
 from flows.engines import build_rollout_engine
 from flows.grpo_stage import grpo_stage
 from flows.model_io import policy_at, save_model, to_device
-from flows.rm_stage import EVAL_SPLIT, labelled_samples, train_rm_stage
+from flows.rm_stage import labelled_samples, train_rm_stage
 from flows.sharding import sharded_engine
 from grpo_core.answers import extract_answer
 from grpo_core.evaluate import evaluate_policy
