@@ -49,7 +49,8 @@ class RMExample:
     """One training sequence: prompt + completion ids, completion positions to read, targets.
 
     read_positions index completion_ids (-1 reads the last prompt token, for an empty
-    completion); step_indices name the PRM steps of the targets (None for an ORM).
+    completion); step_indices name the PRM steps of the targets (None for an ORM);
+    source_table is the store table the labels were read from.
     """
 
     rm_kind: RMKind
@@ -62,6 +63,7 @@ class RMExample:
     step_indices: list[int] | None
     source: Source
     origin_iteration: int
+    source_table: str
 
     def __post_init__(self) -> None:
         where = f"{self.rm_kind} example {self.problem_id}#{self.sample_index}"
@@ -89,6 +91,7 @@ class TrainedRow:
     source: Source
     origin_iteration: int
     epoch: int
+    source_table: str
 
 
 def sample_texts(samples: Sequence[LabelledSample]) -> dict[tuple[str, int], SampleText]:
@@ -120,6 +123,7 @@ def orm_examples(
     tokenizer: PreTrainedTokenizerBase,
     source: Source,
     origin_iteration: int,
+    source_table: str = "orm_labels",
 ) -> list[RMExample]:
     """One example per ORM label, read at the last completion token."""
     out = []
@@ -139,6 +143,7 @@ def orm_examples(
                 None,
                 source,
                 origin_iteration,
+                source_table,
             )
         )
     return out
@@ -151,6 +156,7 @@ def prm_examples(
     label: Literal["hard", "soft"],
     source: Source,
     origin_iteration: int,
+    source_table: str = "prm_labels",
 ) -> list[RMExample]:
     """One example per output holding its labelled steps, read at recomputed step-end tokens."""
     grouped: dict[tuple[str, int], list[PrmLabel]] = {}
@@ -178,6 +184,7 @@ def prm_examples(
                 [r.step_index for r in steps],
                 source,
                 origin_iteration,
+                source_table,
             )
         )
     return out
@@ -325,6 +332,7 @@ def _records(batch: Sequence[RMExample], epoch: int) -> list[TrainedRow]:
             e.source,
             e.origin_iteration,
             epoch,
+            e.source_table,
         )
         for e in batch
         for j, target in enumerate(e.targets)

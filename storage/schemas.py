@@ -91,6 +91,7 @@ TABLE_SCHEMAS: dict[str, pa.Schema] = {
         _req("source", _S),
         _req("origin_iteration", _I64),
         _req("epoch", _I32),
+        _opt("source_table", _S),  # the table the label was read from (orm_labels, ...)
     ),
     "policy_samples": _schema(
         _req("step", _I64),

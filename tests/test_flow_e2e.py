@@ -158,11 +158,14 @@ def test_eval_rows_cover_each_policy_and_rm_drift_of_each_iteration(
         assert (fresh <= set(r["m"])) == (k < 2)
         assert (stale <= set(r["m"])) == (k == 1)
     # micro's RMs see both labels, so every AUROC is defined (NaN would mean one class).
+    # Drift is measured on both splits: GRPO's (train) questions and unseen (test) ones.
     aurocs = sql(
         store,
-        f"SELECT metric, value FROM eval WHERE run_id = '{run_id}' AND metric LIKE '%auroc%'",
+        f"SELECT split, metric, value FROM eval WHERE run_id = '{run_id}' "
+        "AND metric LIKE '%auroc%'",
     )
-    assert len(aurocs) == 6
+    assert len(aurocs) == 12
+    assert {a["split"] for a in aurocs} == {"train", "test"}
     assert all(0.0 <= a["value"] <= 1.0 for a in aurocs), aurocs
 
 
@@ -174,6 +177,16 @@ def test_orm_trains_on_both_labels(micro_run: tuple[RunStore, str]) -> None:
         f"WHERE run_id = '{run_id}' AND rm_kind = 'orm' GROUP BY ALL ORDER BY ALL",
     )
     assert [r["y"] for r in labels] == [[0.0, 1.0], [0.0, 1.0]]
+    # Every trained row names the table its label came from.
+    tables = sql(
+        store,
+        f"SELECT rm_kind, list(DISTINCT source_table) AS t FROM rm_train "
+        f"WHERE run_id = '{run_id}' GROUP BY ALL ORDER BY ALL",
+    )
+    assert [(r["rm_kind"], r["t"]) for r in tables] == [
+        ("orm", ["orm_labels"]),
+        ("prm", ["prm_labels"]),
+    ]
     # epochs at iteration 0, continual_epochs when continuing from the previous RM.
     epochs = sql(
         store,

@@ -150,7 +150,7 @@ def test_mix_check_rejects_replay_from_the_current_iteration() -> None:
 
 def test_bad_examples_are_rejected() -> None:
     with pytest.raises(ValueError, match="targets must be in"):
-        RMExample("orm", [1], [5], [0], [float("nan")], "p", 0, None, "new", 0)
+        RMExample("orm", [1], [5], [0], [float("nan")], "p", 0, None, "new", 0, "orm_labels")
     with pytest.raises(ValueError, match="max_length"):
         train_reward_model(fresh_rm(), orm_set(1, "new", 0), RewardModelConfig(max_length=8), 0)
     with pytest.raises(ValueError, match="no reward-model training examples"):
