@@ -11,7 +11,7 @@ policy_k, never trained on, the stage stores RM_k's ranking quality (`orm_auroc`
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any, Final
 
 import torch
@@ -23,6 +23,7 @@ from flows.common import (
     POLICY,
     PRM,
     TRAIN_RM,
+    TRAIN_SPLIT,
     ProgressFn,
     StageResult,
     ckpt,
@@ -38,7 +39,7 @@ from flows.model_io import policy_at, save_reward_model
 from flows.sharding import sharded_engine
 from grpo_core.policy import format_prompt
 from grpo_core.rollout_types import RolloutBatch, SamplingParams
-from grpo_core.tasks.base import Problem, Task
+from grpo_core.tasks.base import Problem, Split, Task
 from grpo_core.tasks.registry import make_task
 from reward_models.evaluate import EvalRow, best_of_n_rows, orm_eval_rows, prm_eval_rows
 from reward_models.labelling import LabelledSample, OrmLabel, PrmLabel
@@ -140,10 +141,16 @@ def _train_one(
     examples = _rm_examples(cfg, run, kind, iteration, tokenizer)
     prev = ckpt(cfg, run.run_id, kind, iteration - 1) if iteration > 0 else None
     seed = derive_seed(cfg.run.seed, rm_cfg.seed, TRAIN_RM, kind, iteration)
+    if kind == PRM and prev is None and rm_cfg.prm_init == "orm":
+        backbone = str(
+            require_checkpoint(ckpt(cfg, run.run_id, ORM, iteration), f"orm_{iteration}")
+        )
     model = load_or_init_reward_model(prev, backbone, kind, tokenizer, seed)
     model.to(resolve_device(cfg))
     engine = build_rm_engine(cfg, model)
-    if prev is not None and rm_cfg.continual_epochs is not None:
+    if kind == PRM and rm_cfg.prm_epochs is not None:
+        rm_cfg = rm_cfg.model_copy(update={"epochs": rm_cfg.prm_epochs})
+    elif prev is not None and rm_cfg.continual_epochs is not None:
         rm_cfg = rm_cfg.model_copy(update={"epochs": rm_cfg.continual_epochs})
     metrics, records = train_reward_model(model, examples, rm_cfg, seed, engine=engine)
     save_reward_model(ckpt(cfg, run.run_id, kind, iteration), model, trained_weights(engine))
@@ -199,16 +206,20 @@ def _fresh_outputs(
     model: PreTrainedModel,
     tokenizer: PreTrainedTokenizerBase,
     k: int,
+    split: Split,
 ) -> tuple[list[Problem], list[str], RolloutBatch]:
-    """Held-out prompts and outputs of policy_k, sampled as the GRPO stage samples them."""
+    """Prompts of `split` and fresh outputs of policy_k, sampled as the GRPO stage samples them
+    (own seeds: never the rollouts the reward models trained on)."""
     rm_cfg, g = cfg.reward_models, cfg.grpo
-    problems = task.problems(EVAL_SPLIT, rm_cfg.eval_prompts, seed=cfg.run.seed)
+    # The test split keeps the seed namespace it had before the train split was measured too.
+    purpose = RM_EVAL if split == EVAL_SPLIT else f"{RM_EVAL}-{split}"
+    seed = derive_seed(cfg.run.seed, purpose, k)
+    problems = task.problems(split, rm_cfg.eval_prompts, seed=cfg.run.seed)
     prompts = [format_prompt(tokenizer, p.question) for p in problems]
     engine = sharded_engine(
-        cfg, run.run_id, k, model, cfg.rollout.batch_size, RM_EVAL
+        cfg, run.run_id, k, model, cfg.rollout.batch_size, purpose
     ) or build_rollout_engine(cfg, run, k, "evaluate", model, tokenizer, cfg.rollout.batch_size)
     params = SamplingParams(max_new_tokens=g.max_new_tokens, temperature=g.algo.temperature)
-    seed = derive_seed(cfg.run.seed, RM_EVAL, k)
     return problems, prompts, engine.generate(prompts, rm_cfg.eval_samples, params, seed=seed)
 
 
@@ -220,9 +231,36 @@ def rm_drift_rows(
     tokenizer: PreTrainedTokenizerBase,
 ) -> list[dict[str, Any]]:
     """Eval rows (policy_iteration = k) of RM_k and, for k >= 1, RM_{k-1} ('_stale' metrics)
-    on one set of fresh held-out outputs of policy_k (`model`)."""
+    on fresh outputs of policy_k (`model`), once per split: `train`, the questions GRPO
+    draws its prompts from (what the RMs reward), and `test`, questions no stage trains on
+    (how far the RMs' checking carries to new questions)."""
     task = make_task(cfg.task)
-    problems, prompts, sampled = _fresh_outputs(cfg, run, task, model, tokenizer, k)
+    models: dict[tuple[RMKind, int], RewardModel] = {}
+
+    def rm(kind: RMKind, iteration: int) -> RewardModel:
+        if (kind, iteration) not in models:
+            models[kind, iteration] = load_rm(cfg, run, kind, iteration)
+        return models[kind, iteration]
+
+    rows: list[EvalRow] = []
+    for split in (TRAIN_SPLIT, EVAL_SPLIT):
+        problems, prompts, sampled = _fresh_outputs(cfg, run, task, model, tokenizer, k, split)
+        rows += _split_rows(cfg, task, k, split, problems, prompts, sampled, rm)
+    return [{"policy_iteration": k, **dataclasses.asdict(r)} for r in rows]
+
+
+def _split_rows(
+    cfg: ItergrpoConfig,
+    task: Task,
+    k: int,
+    split: str,
+    problems: list[Problem],
+    prompts: list[str],
+    sampled: RolloutBatch,
+    rm: Callable[[RMKind, int], RewardModel],
+) -> list[EvalRow]:
+    """RM_k's (and RM_{k-1}'s) ranking of one split's fresh outputs against the verifier and,
+    for the PRM, against the task's exact step labels."""
     owners = [problems[i] for i in sampled.prompt_index]
     row_prompts = [prompts[i] for i in sampled.prompt_index]
     correct = [float(task.is_correct(p, t)) for p, t in zip(owners, sampled.texts, strict=True)]
@@ -234,17 +272,17 @@ def rm_drift_rows(
     for rm_iteration, suffix in measured:
         found: list[EvalRow] = []
         if cfg.reward_models.use_orm:
-            orm = load_rm(cfg, run, ORM, rm_iteration)
+            orm = rm(ORM, rm_iteration)
             probs = score_outcome(orm, orm.tokenizer, row_prompts, sampled.texts)
-            found += orm_eval_rows(probs.numpy(), correct, EVAL_SPLIT)
+            found += orm_eval_rows(probs.numpy(), correct, split)
             if not suffix:
                 found += best_of_n_rows(
                     probs.reshape(shape).numpy(),
                     torch.tensor(correct).reshape(shape).numpy(),
-                    EVAL_SPLIT,
+                    split,
                 )
         if cfg.reward_models.use_prm:
-            prm = load_rm(cfg, run, PRM, rm_iteration)
+            prm = rm(PRM, rm_iteration)
             scored = score_steps(prm, prm.tokenizer, row_prompts, sampled.texts)
             pairs = [
                 (s, [float(x) for x in y])
@@ -252,6 +290,6 @@ def rm_drift_rows(
                 if s and y is not None and len(y) == len(s)
             ]
             if pairs:
-                found += prm_eval_rows([s for s, _ in pairs], [y for _, y in pairs], EVAL_SPLIT)
+                found += prm_eval_rows([s for s, _ in pairs], [y for _, y in pairs], split)
         rows += [dataclasses.replace(r, metric=r.metric + suffix) for r in found]
-    return [{"policy_iteration": k, **dataclasses.asdict(r)} for r in rows]
+    return rows

@@ -30,6 +30,15 @@ class RewardModelConfig(BaseModel):
         None,
         description="Local model directory used when init is 'path'; must be set then, else unset.",
     )
+    prm_init: Literal["backbone", "orm"] = Field(
+        "backbone",
+        description=(
+            "Starting point of the iteration-0 PRM: 'backbone' (as init says, like the ORM) or "
+            "'orm' (the ORM just trained on the same iteration's outcome labels: it already "
+            "tells right from wrong outputs on thousands of verifier labels, and the PRM "
+            "refines that on the far fewer Math-Shepherd step labels). 'orm' needs use_orm."
+        ),
+    )
     lr: float = Field(
         2e-5,
         gt=0.0,
@@ -48,6 +57,17 @@ class RewardModelConfig(BaseModel):
             "Passes over the mix when continuing from the previous iteration's reward model "
             "(iterations >= 1), 1 to 100; empty: epochs. The continued model already ranks "
             "the policy's outputs, so fewer passes usually catch it up."
+        ),
+    )
+    prm_epochs: int | None = Field(
+        None,
+        ge=1,
+        le=1000,
+        description=(
+            "Passes over the PRM's mix at every iteration, 1 to 1000; empty: as the ORM "
+            "(epochs, then continual_epochs). The PRM learns from the Math-Shepherd labels of "
+            "labelling.prm_outputs outputs, far fewer examples than the ORM's, so it needs "
+            "more passes for as many optimiser steps."
         ),
     )
     batch_size: int = Field(
@@ -108,6 +128,12 @@ class RewardModelConfig(BaseModel):
             raise ValueError(
                 f"reward_model.init_path is set ({self.init_path}) but init is 'policy': "
                 "set init: path to use it, or drop init_path"
+            )
+        if self.prm_init == "orm" and not (self.use_orm and self.use_prm):
+            raise ValueError(
+                "reward_models.prm_init is 'orm' but use_orm/use_prm are "
+                f"{self.use_orm}/{self.use_prm}: it needs both reward models, or set "
+                "prm_init: backbone"
             )
         return self
 
