@@ -30,6 +30,7 @@ GRPO = "grpo"
 EVALUATE = "evaluate"
 ITERATION_STAGES = (ROLLOUT, LABEL, TRAIN_RM, GRPO, EVALUATE)
 EVAL_SPLIT: Final = "test"  # the held-out split every evaluation (policy and RMs) samples
+TRAIN_SPLIT: Final = "train"  # the split rollouts, GRPO and so the reward models draw prompts from
 
 # Checkpoint roles: checkpoints/<run_id>/<role>/iter-<k>/
 POLICY = "policy"  # policy/iter-k is the policy that iteration k starts from (and its reference)

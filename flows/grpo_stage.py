@@ -24,6 +24,7 @@ from flows.common import (
     ORM,
     POLICY,
     PRM,
+    TRAIN_SPLIT,
     ProgressFn,
     StageResult,
     ckpt,
@@ -279,7 +280,7 @@ def grpo_stage(
         sampler.weights_changed()
     try:
         pool = task.problems(
-            "train", g.steps * g.prompts_per_step, seed=derive_seed(cfg.run.seed, GRPO, k)
+            TRAIN_SPLIT, g.steps * g.prompts_per_step, seed=derive_seed(cfg.run.seed, GRPO, k)
         )
         params = SamplingParams(max_new_tokens=g.max_new_tokens, temperature=algo.temperature)
         for step in range(start, g.steps):

@@ -6,6 +6,7 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
+from flows.common import EVAL_SPLIT, TRAIN_SPLIT
 from storage.store import RunStore
 
 # Columns of the per-iteration table, in display order: (key, header).
@@ -19,6 +20,7 @@ TABLE_COLUMNS = (
     ("orm_auroc_stale", "ORM stale"),
     ("prm_step_auroc", "PRM AUROC"),
     ("prm_step_auroc_stale", "PRM stale"),
+    ("orm_auroc_new_questions", "ORM new q"),
     ("rm_reward", "RM reward"),
     ("verifier_acc", "verifier acc"),
     ("kl", "KL"),
@@ -26,18 +28,20 @@ TABLE_COLUMNS = (
 # What the columns mean, under the table (README and summary.md).
 TABLE_NOTE = (
     "AUROCs: the reward models of iteration k (ORM, PRM steps against exact labels) on fresh "
-    "held-out outputs of policy k; 'stale' is the k-1 models on the same outputs, the RMs "
-    "you would have without retraining. RM reward, verifier acc and KL: means over the GRPO "
-    "steps that produced policy k (what the learned RMs paid vs what the verifier says of "
-    "the same samples)."
+    "outputs of policy k that they never trained on, for the train-split questions GRPO "
+    "draws its prompts from (what they reward); 'stale' is the k-1 models on the same "
+    "outputs, the RMs you would have without retraining; 'ORM new q' is the ORM on fresh "
+    "outputs for test-split questions no stage trains on. RM reward, verifier acc and KL: "
+    "means over the GRPO steps that produced policy k (what the learned RMs paid vs what the "
+    "verifier says of the same samples). Accuracies: test split."
 )
 DRIFT_METRICS = ("orm_auroc", "orm_auroc_stale", "prm_step_auroc", "prm_step_auroc_stale")
 
 
-def _eval_by_policy(store: RunStore, run_id: str) -> dict[int, dict[str, float]]:
-    """Test-split eval values per policy: `metric` for K-free metrics, `pass@4` style names
+def _eval_by_policy(store: RunStore, run_id: str, split: str) -> dict[int, dict[str, float]]:
+    """Eval values of one split per policy: `metric` for K-free metrics, `pass@4` style names
     for per-K ones, and `<name>_se` for their standard errors."""
-    table = store.read("eval", run_id=run_id, where="split = 'test'")
+    table = store.read("eval", run_id=run_id, where=f"split = '{split}'")
     out: dict[int, dict[str, float]] = defaultdict(dict)
     for row in table.to_pylist():
         name = row["metric"]
@@ -73,11 +77,12 @@ def _largest_k(metrics: dict[str, float], prefix: str) -> tuple[int, float] | No
 
 def iteration_table(store: RunStore, run_id: str) -> list[dict[str, Any]]:
     """One row per evaluated policy: policy_0 (before RL), then policy_k+1 after iteration k."""
-    evals = _eval_by_policy(store, run_id)
+    evals = _eval_by_policy(store, run_id, EVAL_SPLIT)
+    rewarded = _eval_by_policy(store, run_id, TRAIN_SPLIT)  # RM drift on GRPO's questions
     grpo = _grpo_means(store, run_id)
     rows = []
     for policy in sorted(evals):
-        metrics = evals[policy]
+        metrics, drift = evals[policy], rewarded.get(policy, {})
         maj = _largest_k(metrics, "maj")
         pas = _largest_k(metrics, "pass")
         trained_by = grpo.get(policy - 1, {})
@@ -92,7 +97,8 @@ def iteration_table(store: RunStore, run_id: str) -> list[dict[str, Any]]:
                 "maj_k": maj[0] if maj else None,
                 "pass": pas[1] if pas else None,
                 "pass_k": pas[0] if pas else None,
-                **{name: metrics.get(name) for name in DRIFT_METRICS},
+                **{name: drift.get(name) for name in DRIFT_METRICS},
+                "orm_auroc_new_questions": metrics.get("orm_auroc"),
                 "reward": trained_by.get("reward_mean"),
                 "rm_reward": trained_by.get("rm_reward_mean"),
                 "verifier_acc": trained_by.get("verifier_accuracy"),
@@ -183,7 +189,11 @@ def write_report(store: RunStore, run_id: str, out_dir: Path) -> list[Path]:
             "GRPO: learned-RM reward vs verifier",
             ("reward", "rm_reward", "verifier_acc", "kl"),
         ),
-        ("rm_auroc.png", "RM drift: retrained vs stale AUROC", DRIFT_METRICS),
+        (
+            "rm_auroc.png",
+            "RM drift: retrained vs stale AUROC",
+            (*DRIFT_METRICS, "orm_auroc_new_questions"),
+        ),
     ]
     heads = dict(zip((k for k, _ in TABLE_COLUMNS), _headers(rows), strict=True)) if rows else {}
     heads["reward"] = "reward used"

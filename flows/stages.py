@@ -22,6 +22,7 @@ from flows.common import (
     LABEL,
     POLICY,
     ROLLOUT,
+    TRAIN_SPLIT,
     WARM_START,
     ProgressFn,
     StageResult,
@@ -119,7 +120,7 @@ def rollout_stage(
     task = make_task(cfg.task)
     model, tokenizer = policy_at(cfg, run, iteration)
     seed = derive_seed(cfg.run.seed, ROLLOUT, iteration)
-    problems = task.problems("train", cfg.rollout.prompts, seed=seed)
+    problems = task.problems(TRAIN_SPLIT, cfg.rollout.prompts, seed=seed)
     prompts = [format_prompt(tokenizer, p.question) for p in problems]
     params = SamplingParams(
         max_new_tokens=cfg.rollout.max_new_tokens,
@@ -159,7 +160,7 @@ def rollout_stage(
     prompt_rows = [
         {
             "problem_id": p.problem_id,
-            "split": "train",
+            "split": TRAIN_SPLIT,
             "question": p.question,
             "answer": p.answer,
             "prompt_text": text,

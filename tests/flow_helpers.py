@@ -29,5 +29,7 @@ def snapshot(store: RunStore, run_id: str) -> dict[str, Any]:
         {k: "nan" if isinstance(v, float) and math.isnan(v) else v for k, v in row.items()}
         for row in store.read("eval", run_id=run_id).drop(["run_id"]).to_pylist()
     ]
-    out["eval"] = sorted(evals, key=lambda r: (r["policy_iteration"], r["metric"], r["k"] or 0))
+    out["eval"] = sorted(
+        evals, key=lambda r: (r["policy_iteration"], r["split"], r["metric"], r["k"] or 0)
+    )
     return out

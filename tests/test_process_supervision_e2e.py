@@ -74,7 +74,9 @@ def test_retrain_false_keeps_the_iteration_0_reward_models(tmp_path: Path) -> No
     # Drift is still measured: RM_1 (= RM_0) and RM_0 score the same outputs identically.
     drift = {
         r["metric"]: r["value"]
-        for r in store.read("eval", run_id="frozen", where="policy_iteration = 1").to_pylist()
+        for r in store.read(
+            "eval", run_id="frozen", where="policy_iteration = 1 AND split = 'train'"
+        ).to_pylist()
     }
     assert drift["orm_auroc"] == drift["orm_auroc_stale"]
     assert drift["prm_step_auroc"] == drift["prm_step_auroc_stale"]
