@@ -1,7 +1,8 @@
-"""The demo's reward models at demo scale (seeded): the ORM that rewards GRPO ranks fresh
-held-out outputs of the policy it is about to reward, and GRPO is paid by it, not by the
+"""The demo's reward models at demo scale (seeded): the ORM and PRM that reward GRPO rank
+fresh outputs of the policy they are about to reward (for GRPO's own questions; item 1 of
+the reward-model issue: AUROC >= 0.85 each), and GRPO is paid by the ORM, not by the
 verifier. One iteration of the `demo` preset with a short GRPO stage and evaluation:
-about 2 minutes on 2 cores (warm start, 4096 rollouts, labelling, RM training)."""
+about 80 s on 2 cores (warm start, 3072 rollouts, labelling, RM training, drift)."""
 
 from __future__ import annotations
 
@@ -15,10 +16,10 @@ from storage.store import RunStore
 
 pytestmark = pytest.mark.slow
 
-ORM_AUROC_BAR = 0.85
+AUROC_BAR = 0.85
 
 
-def test_demo_orm_ranks_fresh_outputs_and_is_the_grpo_reward(tmp_path: Path) -> None:
+def test_demo_reward_models_rank_fresh_outputs_and_the_orm_is_the_grpo_reward(tmp_path: Path) -> None:
     cfg = load_config(
         "demo",
         [
@@ -32,17 +33,17 @@ def test_demo_orm_ranks_fresh_outputs_and_is_the_grpo_reward(tmp_path: Path) -> 
     assert cfg.grpo.rewards.verifier == 0 and cfg.grpo.rewards.orm > 0
     execute_run(cfg)
     store = RunStore(tmp_path)
-    drift = {
-        r["metric"]: r["value"]
-        for r in store.read("eval", run_id="demo-rm", where="policy_iteration = 0").to_pylist()
-    }
-    orm, prm = drift["orm_auroc"], drift["prm_step_auroc"]
-    base = drift["prm_step_majority_baseline"]
+    evals = store.read("eval", run_id="demo-rm", where="policy_iteration = 0").to_pylist()
+    drift = {(r["split"], r["metric"]): r["value"] for r in evals}
+    orm, prm = drift["train", "orm_auroc"], drift["train", "prm_step_auroc"]
+    base = drift["train", "prm_step_majority_baseline"]
     print(
-        f"ORM AUROC {orm:.3f} (bar {ORM_AUROC_BAR}); PRM step AUROC {prm:.3f} (majority {base:.3f})"
+        f"ORM AUROC {orm:.3f}, PRM step AUROC {prm:.3f} (majority {base:.3f}); on unseen "
+        f"questions {drift['test', 'orm_auroc']:.3f} / {drift['test', 'prm_step_auroc']:.3f}"
     )
-    assert drift["orm_auroc"] >= ORM_AUROC_BAR
-    assert drift["prm_step_auroc"] > 0.5
+    assert orm >= AUROC_BAR
+    assert prm >= AUROC_BAR
+    assert prm > base
     samples = store.read("policy_samples", run_id="demo-rm").to_pylist()
     # The reward is the ORM's probability alone: never the verifier's 0/1.
     assert all(s["reward"] == pytest.approx(s["reward_rm"]) for s in samples)
