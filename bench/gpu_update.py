@@ -60,8 +60,10 @@ def make_batch() -> tuple[PolicyBatch, torch.Tensor]:
     return batch, advantages
 
 
-def time_updates(engine: TrainEngine, ref: torch.nn.Module, repeats: int) -> list[float]:
-    cfg = GRPOConfig(lr=1e-6, beta=0.04, micro_batch_size=16, mini_batches_per_epoch=1)
+def time_updates(
+    engine: TrainEngine, ref: torch.nn.Module, repeats: int, micro_batch: int
+) -> list[float]:
+    cfg = GRPOConfig(lr=1e-6, beta=0.04, micro_batch_size=micro_batch, mini_batches_per_epoch=1)
     batch, advantages = make_batch()
     device = torch.device("cuda")
     batch, advantages = batch.to(device), advantages.to(device)
@@ -87,6 +89,9 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--repeats", type=int, default=5, help="timed updates per row")
     parser.add_argument("--peak-tflops", type=float, default=None, help="dense bf16 peak")
+    parser.add_argument(
+        "--micro-batch", type=int, nargs="+", default=[16, 64], help="rows per forward pass"
+    )
     args = parser.parse_args()
     if not torch.cuda.is_available():
         print(f"gpu_update: no CUDA device visible (torch {torch.__version__}); nothing to time")
@@ -98,31 +103,34 @@ def main() -> int:
     print(f"GPU: {torch.cuda.get_device_name()}, torch {torch.__version__}, peak {peak} TFLOP/s")
     print(f"model: Llama {n_params / 1e6:.1f}M parameters; update: {ROWS} x {tokens // ROWS} tok")
     rows = []
-    engines: list[tuple[str, bool]] = [("torch fp32", False)]
+    kinds: list[tuple[str, bool]] = [("torch fp32", False)]
     if find_spec("deepspeed") is not None:
-        engines.append(("DeepSpeed ZeRO-2 bf16", True))
-    for name, bf16 in engines:
+        kinds.append(("DeepSpeed ZeRO-2 bf16", True))
+    engines = [(f"{kind}, micro {m}", bf16, m) for kind, bf16 in kinds for m in args.micro_batch]
+    for name, bf16, micro_batch in engines:
         model = build_model().cuda()
         ref = build_model().cuda().eval()
         engine: TrainEngine
         if bf16:
             from grpo_core.deepspeed_engine import DeepSpeedEngine
 
-            engine = DeepSpeedEngine(model, lr=1e-6, config=DeepSpeedConfig(zero_stage=2, bf16=True))
+            engine = DeepSpeedEngine(
+                model, lr=1e-6, config=DeepSpeedConfig(zero_stage=2, bf16=True)
+            )
             ref = ref.to(torch.bfloat16)
         else:
             engine = TorchEngine(model, lr=1e-6)
         torch.cuda.reset_peak_memory_stats()
-        median = statistics.median(time_updates(engine, ref, args.repeats))
+        median = statistics.median(time_updates(engine, ref, args.repeats, micro_batch))
         tflops = flops / median / 1e12
         mfu = f"{100 * tflops / peak:.1f}%" if peak else "-"
         memory = torch.cuda.max_memory_allocated() / 2**30
         rows.append((name, median, tokens / median, tflops, mfu, memory))
         del engine, model, ref
         torch.cuda.empty_cache()
-    print(f"{'engine':<24} {'s/update':>9} {'tokens/s':>10} {'TFLOP/s':>8} {'MFU':>6} {'GiB':>6}")
+    print(f"{'engine':<34} {'s/update':>9} {'tokens/s':>10} {'TFLOP/s':>8} {'MFU':>6} {'GiB':>6}")
     for name, median, tps, tflops, mfu, memory in rows:
-        print(f"{name:<24} {median:>9.3f} {tps:>10.0f} {tflops:>8.1f} {mfu:>6} {memory:>6.1f}")
+        print(f"{name:<34} {median:>9.3f} {tps:>10.0f} {tflops:>8.1f} {mfu:>6} {memory:>6.1f}")
     return 0
 
 

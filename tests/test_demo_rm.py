@@ -19,7 +19,7 @@ pytestmark = pytest.mark.slow
 AUROC_BAR = 0.85
 
 
-def test_demo_reward_models_rank_fresh_outputs_and_the_orm_is_the_grpo_reward(tmp_path: Path) -> None:
+def test_demo_rms_rank_fresh_outputs_and_the_orm_is_the_grpo_reward(tmp_path: Path) -> None:
     cfg = load_config(
         "demo",
         [
