@@ -2,10 +2,10 @@
 
 RM_k is trained on labels of policy_k's outputs (plus a replay of earlier labels) and rewards
 the GRPO stage that moves policy_k to policy_{k+1}. Why retrain at all: the policy's outputs
-move away from what RM_{k-1} was trained on. So on one set of fresh held-out outputs of
-policy_k, never trained on, the stage stores RM_k's ranking quality (`orm_auroc`,
-`prm_step_auroc`) beside RM_{k-1}'s, the RM you would have without retraining
-(`orm_auroc_stale`, `prm_step_auroc_stale`).
+move away from what RM_{k-1} was trained on. So on fresh outputs of policy_k, never trained
+on, the stage stores RM_k's ranking quality (`orm_auroc`, `prm_step_auroc`) beside RM_{k-1}'s,
+the RM you would have without retraining (`orm_auroc_stale`, `prm_step_auroc_stale`): for
+the train-split questions GRPO rewards and, separately, for unseen test-split questions.
 """
 
 from __future__ import annotations
