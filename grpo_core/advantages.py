@@ -20,15 +20,18 @@ def outcome_advantages(
     rewards: Tensor, scaling: OutcomeScaling = "group_std", eps: float = 1e-4
 ) -> Tensor:
     """Outcome advantages, spec section 4: (r - mean(r)) / (std(r) + eps) per group; (P, G)."""
-    centred = rewards - rewards.mean(dim=-1, keepdim=True)
+    if scaling not in ("group_std", "none"):
+        raise ValueError(f"outcome scaling must be 'group_std' or 'none' (got {scaling!r})")
+    # float64: for near-equal rewards (learned-RM scores that differ in the 7th digit) the
+    # float32 rounding of r - mean would be amplified by 1 / eps into visible noise.
+    r = rewards.double()
+    centred = r - r.mean(dim=-1, keepdim=True)
     # equal rewards: exactly 0 (float rounding of the mean would be amplified by 1 / eps)
-    constant = rewards.amax(dim=-1, keepdim=True) == rewards.amin(dim=-1, keepdim=True)
+    constant = r.amax(dim=-1, keepdim=True) == r.amin(dim=-1, keepdim=True)
     centred = torch.where(constant, torch.zeros_like(centred), centred)
-    if scaling == "none":
-        return centred
     if scaling == "group_std":
-        return centred / (rewards.std(dim=-1, unbiased=False, keepdim=True) + eps)
-    raise ValueError(f"outcome scaling must be 'group_std' or 'none' (got {scaling!r})")
+        centred = centred / (r.std(dim=-1, unbiased=False, keepdim=True) + eps)
+    return centred.to(rewards.dtype)
 
 
 def zero_advantage_group_fraction(rewards: Tensor, tol: float = 1e-6) -> float:

@@ -142,3 +142,13 @@ def test_equal_step_rewards_give_zero_process_advantage(value: float, steps: int
     ends = torch.arange(steps).expand(3, steps)
     adv = process_advantages(rewards, torch.ones(3, steps), ends, torch.ones(3, steps + 1))
     assert torch.all(adv == 0)
+
+
+def test_near_equal_rewards_keep_advantages_summing_to_zero() -> None:
+    # Learned-RM scores that differ in the 7th digit: centred in float32, their rounding
+    # (~6e-8) divided by std + eps (~1e-4) left group sums of ~1e-4.
+    gen = torch.Generator().manual_seed(0)
+    rewards = 0.7310586 + torch.randint(-3, 4, (256, 8), generator=gen).float() * 6e-8
+    advantages = outcome_advantages(rewards)
+    assert advantages.dtype == torch.float32
+    assert float(advantages.sum(dim=-1).abs().max()) < 1e-5
