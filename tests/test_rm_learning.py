@@ -51,7 +51,7 @@ GROUP = 4  # samples per prompt
 TRAIN_PROMPTS, MC_PROMPTS, TEST_PROMPTS = 256, 64, 64  # MC labels for the first MC_PROMPTS
 MAX_NEW_TOKENS = 48  # 5 steps of `10+2=12` and the answer line fit
 LABELLING = LabellingConfig(n_completions=4, max_new_tokens=MAX_NEW_TOKENS)
-ORM_CFG = RewardModelConfig(lr=1e-3, epochs=4, batch_size=8)
+ORM_CFG = RewardModelConfig(lr=1e-3, epochs=8, batch_size=8)
 PRM_CFG = RewardModelConfig(lr=1e-3, epochs=3, batch_size=8)
 
 
