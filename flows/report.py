@@ -38,16 +38,16 @@ TABLE_NOTE = (
 DRIFT_METRICS = ("orm_auroc", "orm_auroc_stale", "prm_step_auroc", "prm_step_auroc_stale")
 
 
-def _eval_by_policy(store: RunStore, run_id: str, split: str) -> dict[int, dict[str, float]]:
-    """Eval values of one split per policy: `metric` for K-free metrics, `pass@4` style names
+def _eval_by_policy(store: RunStore, run_id: str) -> dict[str, dict[int, dict[str, float]]]:
+    """Eval values per split and policy: `metric` for K-free metrics, `pass@4` style names
     for per-K ones, and `<name>_se` for their standard errors."""
-    table = store.read("eval", run_id=run_id, where=f"split = '{split}'")
-    out: dict[int, dict[str, float]] = defaultdict(dict)
+    table = store.read("eval", run_id=run_id)
+    out: dict[str, dict[int, dict[str, float]]] = defaultdict(lambda: defaultdict(dict))
     for row in table.to_pylist():
         name = row["metric"]
         if name.endswith("@k"):
             name = f"{name[:-2]}@{row['k']}"
-        values = out[int(row["policy_iteration"])]
+        values = out[row["split"]][int(row["policy_iteration"])]
         values[name] = float(row["value"])
         if row["stderr"] is not None:
             values[f"{name}_se"] = float(row["stderr"])
@@ -77,8 +77,9 @@ def _largest_k(metrics: dict[str, float], prefix: str) -> tuple[int, float] | No
 
 def iteration_table(store: RunStore, run_id: str) -> list[dict[str, Any]]:
     """One row per evaluated policy: policy_0 (before RL), then policy_k+1 after iteration k."""
-    evals = _eval_by_policy(store, run_id, EVAL_SPLIT)
-    rewarded = _eval_by_policy(store, run_id, TRAIN_SPLIT)  # RM drift on GRPO's questions
+    by_split = _eval_by_policy(store, run_id)
+    evals = by_split[EVAL_SPLIT]
+    rewarded = by_split[TRAIN_SPLIT]  # RM drift on GRPO's questions
     grpo = _grpo_means(store, run_id)
     rows = []
     for policy in sorted(evals):

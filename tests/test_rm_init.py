@@ -10,6 +10,7 @@ from safetensors.torch import load_file
 
 from flows.config import ConfigError, load_config
 from flows.loop import execute_run
+from grpo_core.policy import build_policy
 from reward_models.models import RewardModel
 from reward_models.training import load_or_init_reward_model
 from storage.sql import run_query
@@ -19,8 +20,6 @@ from tests.flow_helpers import micro_config
 
 def test_prm_from_an_orm_directory_starts_as_that_orm(tmp_path: Path) -> None:
     cfg = load_config("micro")
-    from grpo_core.policy import build_policy
-
     policy, tokenizer = build_policy(cfg.policy)
     orm = RewardModel.from_policy(policy, "orm", tokenizer, seed=1)
     orm.save(tmp_path / "orm")
