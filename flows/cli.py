@@ -105,10 +105,21 @@ def _emit(text: str, output: str | None, stream: TextIO | None = None) -> None:
         (stream or sys.stdout).write(text)
 
 
-def _store_option(p: argparse.ArgumentParser) -> None:
-    p.add_argument(
-        "--store", help=f"run store directory (default ${STORE_ENV} or ./itergrpo-store)"
-    )
+def nonempty(text: str) -> str:
+    """An argparse type: an empty --store or --run-id is a typo, not 'the default'."""
+    if not text.strip():
+        raise argparse.ArgumentTypeError("must not be empty (leave the option out for the default)")
+    return text
+
+
+STORE_HELP = (
+    f"run store directory (default ${STORE_ENV}, then the config's store.root, "
+    "then ./itergrpo-store)"
+)
+
+
+def store_option(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--store", type=nonempty, help=STORE_HELP)
 
 
 # ---- sql ----------------------------------------------------------------------------------
@@ -122,7 +133,7 @@ def add_sql(sub: Any) -> None:
         f"({', '.join(TABLE_SCHEMAS)}); only committed stages are visible.",
     )
     p.add_argument("query", nargs="?", help='e.g. "SELECT iteration, avg(value) FROM eval ..."')
-    _store_option(p)
+    store_option(p)
     p.add_argument("--format", choices=["table", "csv", "json", "parquet"], default="table")
     p.add_argument("--output", "-o", help="write the result to FILE instead of stdout")
     p.add_argument(
@@ -154,7 +165,7 @@ def cmd_sql(args: argparse.Namespace) -> int:
 
 def add_tables(sub: Any) -> None:
     p = sub.add_parser("tables", help="list tables with committed row counts and columns")
-    _store_option(p)
+    store_option(p)
     p.set_defaults(func=cmd_tables)
 
 
@@ -190,7 +201,7 @@ def _long_table(rows: list[dict[str, str]]) -> str:
 
 def add_runs(sub: Any) -> None:
     p = sub.add_parser("runs", help="list runs with status and iterations done")
-    _store_option(p)
+    store_option(p)
     p.set_defaults(func=cmd_runs)
 
 

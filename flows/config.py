@@ -9,7 +9,6 @@ Pydantic bounds are not shown by the Prefect UI form, so every description state
 from __future__ import annotations
 
 import contextlib
-import os
 import re
 from pathlib import Path
 from typing import Any, Literal
@@ -31,12 +30,13 @@ from grpo_core.tasks.registry import TaskConfig
 from grpo_core.warm_start import WarmStartConfig
 from reward_models.config import LabellingConfig, RewardModelConfig
 from reward_models.scoring import PrmAggregation
+from storage.store import resolve_store_root
 
 CONFIG_DIR = Path(__file__).resolve().parent.parent / "configs"
 
 
 class _Section(BaseModel):
-    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+    model_config = ConfigDict(extra="forbid", validate_assignment=True, allow_inf_nan=False)
 
 
 class RunSection(_Section):
@@ -65,12 +65,14 @@ class StoreSection(_Section):
 
     root: str = Field(
         "",
-        description="Run store directory; empty: $ITERGRPO_STORE or ./itergrpo-store.",
+        description="Run store directory; empty: $ITERGRPO_STORE or ./itergrpo-store. "
+        "The CLI records here the store it resolved (--store, then $ITERGRPO_STORE, then this "
+        "field); it is not compared on resume, so a moved or restored store resumes.",
     )
 
     def resolved_root(self) -> Path:
-        raw = self.root or os.environ.get("ITERGRPO_STORE") or "./itergrpo-store"
-        return Path(raw).expanduser().absolute()
+        """This field when set (the CLI has resolved it), else $ITERGRPO_STORE or the default."""
+        return resolve_store_root(self.root or None)
 
 
 class RolloutSection(_Section):
@@ -450,8 +452,8 @@ def config_to_yaml(cfg: ItergrpoConfig) -> str:
     return yaml.safe_dump(cfg.model_dump(mode="json"), sort_keys=False)
 
 
-# Where the work runs, not what it computes: a run may be resumed with these changed.
-PLACEMENT_SECTIONS = ("cluster",)
+# Where the work runs or lives, not what it computes: a run may be resumed with these changed.
+PLACEMENT_SECTIONS = ("cluster", "store")
 
 
 def stored_config_as_current(stored: dict[str, Any], current: ItergrpoConfig) -> dict[str, Any]:

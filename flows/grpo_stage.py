@@ -40,6 +40,7 @@ from flows.model_io import policy_at, to_device
 from grpo_core.advantages import AdvantageInputs, get_adv_estimator
 from grpo_core.answers import format_reward
 from grpo_core.batching import build_policy_batch
+from grpo_core.numerics import DIVERGED, REWARD_SOURCE, require_finite, require_finite_metrics
 from grpo_core.policy import format_prompt, load_policy
 from grpo_core.rollout_types import RolloutBatch, SamplingParams
 from grpo_core.steps import step_end_token_indices
@@ -204,6 +205,15 @@ def _load_rms(
     return orm, prm
 
 
+def check_rewards(rewards: StepRewards, where: str) -> None:
+    """Every reward of a step finite, the learned ones named first (the usual culprit)."""
+    if rewards.rm is not None:
+        require_finite("the reward models' reward", rewards.rm, where=where, cause=REWARD_SOURCE)
+    for n, steps in enumerate(rewards.step_scores or []):
+        require_finite(f"PRM step rewards of output {n}", steps, where=where, cause=REWARD_SOURCE)
+    require_finite("the weighted reward", rewards.total, where=where, cause=REWARD_SOURCE)
+
+
 def _save_progress(
     path: Path,
     model: Any,
@@ -289,7 +299,15 @@ def grpo_stage(
             step_seed = derive_seed(cfg.run.seed, GRPO, k, step)
             model.eval()
             batch = sampler.generate(prompts, g.group_size, params, seed=step_seed)
+            where = f"GRPO iteration {k}, step {step}"
+            require_finite(
+                "the policy's sampling log-probs",
+                [lp for row in batch.logprobs for lp in row],
+                where=where,
+                cause=DIVERGED,
+            )
             rewards = compute_rewards(cfg, task, problems, prompts, batch, tokenizer, orm, prm)
+            check_rewards(rewards, where)
             shape = (len(problems), g.group_size)
             # Advantages are computed on the CPU in response coordinates, then placed at the
             # completion columns of the padded batch (B, L) the update consumes.
@@ -298,6 +316,7 @@ def grpo_stage(
             )
             response_mask = cpu_batch.full_to_response(cpu_batch.response_mask)
             advantages = token_advantages(cfg, rewards, response_mask, shape)
+            require_finite("advantages", advantages, where=where, cause=REWARD_SOURCE)
             old = (
                 cpu_batch.lists_to_full(batch.logprobs)
                 if algo.use_sampling_logprobs_as_old
@@ -308,6 +327,7 @@ def grpo_stage(
             )
             sampler.weights_changed()
             stats.update(reward_stats(rewards))
+            require_finite_metrics(stats, where=where, cause=DIVERGED)
             metric_log += metric_rows(GRPO, stats, step)
             sample_rows += _sample_rows(
                 step, problems, batch, rewards, advantages, stats, g.group_size

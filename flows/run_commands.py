@@ -9,10 +9,11 @@ import sys
 import time
 from pathlib import Path
 
+from flows.cli import nonempty, store_option
 from flows.config import ItergrpoConfig, load_config, validate_config
 from flows.loop import default_run_id, execute_run
 from flows.report import format_table, iteration_table, write_report
-from storage.store import RunStore
+from storage.store import RunStore, resolve_store_root
 
 log = logging.getLogger("itergrpo")
 
@@ -25,11 +26,11 @@ def _quiet_prefect_env() -> None:
 
 
 def _with_identity(cfg: ItergrpoConfig, run_id: str | None, store: str | None) -> ItergrpoConfig:
+    """`cfg` with its run id and the store this command resolved (resolve_store_root)."""
     tree = cfg.model_dump(mode="json")
     if run_id:
         tree["run"]["run_id"] = run_id
-    if store:
-        tree["store"]["root"] = store
+    tree["store"]["root"] = str(resolve_store_root(store, tree["store"]["root"]))
     if not tree["run"]["run_id"]:
         tree["run"]["run_id"] = default_run_id(tree.get("task", {}).get("name", "run"))
     return validate_config(tree)
@@ -87,7 +88,8 @@ def cmd_demo(args: argparse.Namespace) -> int:
 def cmd_resume(args: argparse.Namespace) -> int:
     store = RunStore(args.store)
     cfg = validate_config(store.run_config(args.run_id))
-    cfg = _with_identity(cfg, args.run_id, args.store)
+    # The run continues in the store it was found in, wherever its config says it started.
+    cfg = _with_identity(cfg, args.run_id, str(store.root))
     args.force_config = False
     return _run_config(cfg, args)
 
@@ -105,8 +107,9 @@ def cmd_serve(args: argparse.Namespace) -> int:
     from flows.prefect_flow import iterative_rl
 
     cfg = load_config(args.config, args.set or [])
-    if args.store:
-        cfg = validate_config({**cfg.model_dump(mode="json"), "store": {"root": args.store}})
+    # UI-triggered runs write where this command would have: resolved once, here.
+    root = resolve_store_root(args.store, cfg.store.root)
+    cfg = validate_config({**cfg.model_dump(mode="json"), "store": {"root": str(root)}})
     iterative_rl.serve(
         name=args.name,
         cron=args.cron,
@@ -123,9 +126,7 @@ def _run_options(p: argparse.ArgumentParser, *, config: bool = True) -> None:
         p.add_argument(
             "--set", action="append", metavar="KEY=VALUE", help="override, e.g. grpo.steps=20"
         )
-    p.add_argument(
-        "--store", help="run store directory (default $ITERGRPO_STORE or ./itergrpo-store)"
-    )
+    store_option(p)
     p.add_argument(
         "--no-prefect", action="store_true", help="call the stages directly, without Prefect"
     )
@@ -134,7 +135,7 @@ def _run_options(p: argparse.ArgumentParser, *, config: bool = True) -> None:
 def add_run_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser("run", help="run the iterative RL loop")
     _run_options(p)
-    p.add_argument("--run-id", help="run id; reusing one resumes it")
+    p.add_argument("--run-id", type=nonempty, help="run id; reusing one resumes it")
     p.add_argument(
         "--force-config", action="store_true", help="reuse a run id with a different config"
     )
@@ -142,7 +143,7 @@ def add_run_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -
 
     p = sub.add_parser("demo", help="the built-in demo: warm start + 3 iterations on CPU")
     _run_options(p)
-    p.add_argument("--run-id", help="run id (default: demo-<time>)")
+    p.add_argument("--run-id", type=nonempty, help="run id (default: demo-<time>)")
     p.set_defaults(func=cmd_demo, force_config=False, config=None)
 
     p = sub.add_parser("resume", help="resume a run from its stored config and artifacts")
@@ -152,14 +153,14 @@ def add_run_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -
 
     p = sub.add_parser("report", help="plots and a markdown summary of a run")
     p.add_argument("run_id")
-    p.add_argument("--store", help="run store directory")
+    store_option(p)
     p.add_argument("--out", help="output directory (default <store>/reports/<run_id>)")
     p.set_defaults(func=cmd_report)
 
     p = sub.add_parser("serve", help="serve the flow as a Prefect deployment (UI-triggered runs)")
     p.add_argument("--config", default="demo", help="default parameters: YAML file or preset")
     p.add_argument("--set", action="append", metavar="KEY=VALUE")
-    p.add_argument("--store", help="run store directory")
+    store_option(p)
     p.add_argument("--name", default="itergrpo", help="deployment name")
     p.add_argument("--cron", help="cron schedule, e.g. '0 2 * * *'")
     p.set_defaults(func=cmd_serve)

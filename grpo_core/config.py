@@ -17,7 +17,7 @@ LRSchedule = Literal["constant", "cosine"]
 class GRPOConfig(BaseModel):
     """Hyper-parameters of one GRPO policy update (GRPO_SPEC sections 1-6)."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
     beta: float = Field(
         default=0.04,
@@ -207,7 +207,7 @@ ZeroStage = Literal[0, 1, 2, 3]
 class DeepSpeedConfig(BaseModel):
     """DeepSpeed engine settings (the `gpu` extra); optimizer and schedule come from GRPOConfig."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
     zero_stage: ZeroStage = Field(
         default=2,

@@ -23,7 +23,7 @@ from grpo_core.tasks.base import Problem, Task
 class EvalConfig(BaseModel):
     """How much to sample for evaluation."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
     n_prompts: int = Field(
         default=1000,

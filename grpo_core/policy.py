@@ -35,7 +35,7 @@ _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torc
 class PolicyConfig(BaseModel):
     """Which policy to start from: a seeded tiny Llama, a local HF directory, or SmolLM2."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
     kind: Literal["tiny", "local", "smollm2"] = Field(
         default="tiny",

@@ -13,6 +13,7 @@ from grpo_core.batching import PolicyBatch, sequence_logprobs
 from grpo_core.config import GRPOConfig
 from grpo_core.engine import TrainEngine
 from grpo_core.losses import grpo_loss
+from grpo_core.numerics import DIVERGED, require_finite
 
 
 def grpo_update(
@@ -85,6 +86,7 @@ def grpo_update(
                     num_tokens=num_tokens,
                     num_seqs=num_seqs,
                 )
+                require_finite("GRPO loss", loss, where="the policy update", cause=DIVERGED)
                 engine.backward(loss)
                 if old_logprobs is not None:
                     gap = (logp.detach() - old_logprobs[micro]).abs() * part.response_mask
@@ -113,7 +115,8 @@ def grpo_update(
         result[key] = sums[key] / steps
     for key, value in extremes.items():
         sign = 1.0 if key.endswith("_max") else -1.0
-        result[key] = sign * value if math.isfinite(value) else empty_extremes[key]
+        # -inf: no response token was seen; NaN/inf otherwise is left for the caller's check.
+        result[key] = sign * value if math.isfinite(value) else empty_extremes.get(key, value)
     result["optimizer_steps"] = float(steps)
     result["lr"] = engine.current_lr()
     return result

@@ -19,6 +19,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from tqdm.auto import tqdm
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
+from grpo_core.numerics import require_finite
 from grpo_core.policy import encode_prompt, ensure_pad_token, format_prompt
 from grpo_core.tasks.base import Problem, Task
 
@@ -29,7 +30,7 @@ _LAST_NUMBER = re.compile(r"-?\d+(?!.*\d)")
 class WarmStartConfig(BaseModel):
     """SFT budget and schedule. Defaults land the tiny policy on `arith` at 30-70% greedy."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
     steps: int = Field(default=375, ge=1, le=10**6, description="Optimizer steps (the budget).")
     max_seconds: float | None = Field(
@@ -146,6 +147,7 @@ def warm_start(
         for group in optimizer.param_groups:
             group["lr"] = _lr_at(step, cfg)
         loss = model(**{k: v.to(device) for k, v in batch.items()}).loss
+        require_finite("warm-start loss", loss, where=f"step {step}", cause="lower warm_start.lr")
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)

@@ -11,7 +11,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 class RewardModelConfig(BaseModel):
     """Which reward models to train, how to initialise them, and their optimiser settings."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
     use_orm: bool = Field(
         True, description="Train an outcome reward model (one score per output): true or false."
@@ -141,7 +141,7 @@ class RewardModelConfig(BaseModel):
 class LabellingConfig(BaseModel):
     """Monte-Carlo (Math-Shepherd) PRM labelling: completions per step prefix and sampling."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
     n_completions: int = Field(
         4,

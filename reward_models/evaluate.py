@@ -130,11 +130,13 @@ def orm_eval_rows(probs: ArrayLike, labels: ArrayLike, split: str) -> list[EvalR
     auc = auroc(probs, y)
     acc = accuracy(probs, y)
     base = majority_baseline(y)
-    return [
-        EvalRow(split, "orm_auroc", None, auc, auroc_stderr(auc, n_pos, n - n_pos), n),
-        EvalRow(split, "orm_accuracy", None, acc, _proportion_stderr(acc, n), n),
-        EvalRow(split, "orm_majority_baseline", None, base, _proportion_stderr(base, n), n),
-    ]
+    return _defined(
+        [
+            EvalRow(split, "orm_auroc", None, auc, auroc_stderr(auc, n_pos, n - n_pos), n),
+            EvalRow(split, "orm_accuracy", None, acc, _proportion_stderr(acc, n), n),
+            EvalRow(split, "orm_majority_baseline", None, base, _proportion_stderr(base, n), n),
+        ]
+    )
 
 
 def prm_eval_rows(
@@ -154,11 +156,21 @@ def prm_eval_rows(
     auc = auroc(probs, (labels >= 0.5).astype(np.float64))  # soft MC labels: majority
     acc = accuracy(probs, labels)
     base = majority_baseline(labels)
-    return [
-        EvalRow(split, "prm_step_auroc", None, auc, auroc_stderr(auc, n_pos, n - n_pos), n),
-        EvalRow(split, "prm_step_accuracy", None, acc, _proportion_stderr(acc, n), n),
-        EvalRow(split, "prm_step_majority_baseline", None, base, _proportion_stderr(base, n), n),
-    ]
+    return _defined(
+        [
+            EvalRow(split, "prm_step_auroc", None, auc, auroc_stderr(auc, n_pos, n - n_pos), n),
+            EvalRow(split, "prm_step_accuracy", None, acc, _proportion_stderr(acc, n), n),
+            EvalRow(
+                split, "prm_step_majority_baseline", None, base, _proportion_stderr(base, n), n
+            ),
+        ]
+    )
+
+
+def _defined(rows: list[EvalRow]) -> list[EvalRow]:
+    """Rows whose metric is defined: an AUROC over one class (or any metric over nothing)
+    has no row, so the store holds no NaN and a missing row reads as 'undefined'."""
+    return [r for r in rows if not math.isnan(r.value)]
 
 
 def best_of_n_rows(scores: ArrayLike, correct: ArrayLike, split: str) -> list[EvalRow]:

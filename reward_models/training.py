@@ -22,6 +22,7 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from grpo_core.batching import build_policy_batch
 from grpo_core.engine import TorchEngine, TrainEngine
+from grpo_core.numerics import require_finite
 from grpo_core.policy import encode_prompt
 from grpo_core.steps import step_end_token_indices
 from reward_models.config import RewardModelConfig
@@ -297,6 +298,12 @@ def train_reward_model(
             for start in range(0, len(order), cfg.batch_size):
                 batch = [examples[i] for i in order[start : start + cfg.batch_size]]
                 loss, n_targets = _batch_loss(engine.model, batch, pad_id, device)
+                require_finite(
+                    f"{model.kind.upper()} training loss",
+                    loss,
+                    where=f"epoch {epoch}, batch {start // cfg.batch_size}",
+                    cause="lower reward_models.lr, or a corrupt RM checkpoint",
+                )
                 engine.backward(loss)
                 engine.step()  # clip to RM_MAX_GRAD_NORM, AdamW step, clear the gradients
                 loss_sum += loss.item() * n_targets

@@ -3,6 +3,7 @@
 from storage.errors import (
     ConfigMismatchError,
     CorruptFileError,
+    NonFiniteValueError,
     RunLockedError,
     SchemaMismatchError,
     SqlReadOnlyError,
@@ -18,6 +19,7 @@ __all__ = [
     "TABLE_SCHEMAS",
     "ConfigMismatchError",
     "CorruptFileError",
+    "NonFiniteValueError",
     "RunLockedError",
     "RunStore",
     "RunWriter",

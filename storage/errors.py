@@ -24,6 +24,10 @@ class SchemaMismatchError(StoreError, ValueError):
     """Rows whose columns or types do not match the table schema."""
 
 
+class NonFiniteValueError(SchemaMismatchError):
+    """Rows holding NaN or infinite floats (the store never holds them)."""
+
+
 class RunLockedError(StoreError):
     """Another live process holds the run's write lock."""
 

@@ -12,7 +12,7 @@ from typing import Any
 
 import pyarrow as pa
 
-from storage.errors import SchemaMismatchError, UnknownTableError
+from storage.errors import NonFiniteValueError, SchemaMismatchError, UnknownTableError
 
 PARTITION_COLUMNS: tuple[str, ...] = ("run_id", "iteration")
 
@@ -293,5 +293,40 @@ def conform(
                 f"table {table!r}, column {field.name!r} (expected {field.type}) is required "
                 f"but has {arr.null_count} null value(s)"
             )
+        _require_finite(table, field.name, arr, columns)
         arrays.append(arr)
     return pa.Table.from_arrays(arrays, schema=schema)
+
+
+# The column that names what a row measures, shown when one of its values is not finite.
+_LABEL_COLUMNS = ("name", "metric", "problem_id")
+
+
+def _require_finite(
+    table: str,
+    name: str,
+    arr: pa.Array | pa.ChunkedArray,
+    columns: Mapping[str, pa.ChunkedArray | list[Any]],
+) -> None:
+    """The store never holds NaN or inf (an undefined metric has no row): refuse them here,
+    before any file is written, naming the table, column and first offending row."""
+    import pyarrow.compute as pc
+
+    if not pa.types.is_floating(arr.type):
+        return
+    bad = pc.invert(pc.fill_null(pc.is_finite(arr), True))
+    n_bad = pc.sum(bad).as_py() or 0
+    if not n_bad:
+        return
+    row = int(pc.index(bad, True).as_py())
+    label = next((c for c in _LABEL_COLUMNS if c in columns and c != name), None)
+    what = ""
+    if label is not None:
+        col = columns[label]
+        labels = col.to_pylist() if isinstance(col, pa.ChunkedArray) else col
+        what = f" ({label} {labels[row]!r})"
+    raise NonFiniteValueError(
+        f"table {table!r}, column {name!r}: {n_bad} value(s) are NaN or infinite, first in row "
+        f"{row}{what}; nothing was written. A reward weight, a reward model's output or "
+        "diverged weights are the usual cause"
+    )

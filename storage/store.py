@@ -36,6 +36,8 @@ from storage.schemas import STAGES_TABLE, TABLE_SCHEMAS, conform, table_schema
 
 STORE_ENV = "ITERGRPO_STORE"
 DEFAULT_ROOT = "./itergrpo-store"
+# What a store root holds; a non-empty directory with none of these is not a store.
+_STORE_ENTRIES = frozenset({"tables", "runs", "checkpoints", "reports"})
 
 _RUN_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 _STAGE_RE = re.compile(r"^[A-Za-z0-9_]{1,64}$")
@@ -98,12 +100,25 @@ def _config_diff(old: Any, new: Any) -> list[str]:
     return [k for k in dict.fromkeys([*a, *b]) if a.get(k, ...) != b.get(k, ...)]
 
 
+def resolve_store_root(given: str | Path | None = None, configured: str | None = None) -> Path:
+    """The store a command uses: `given` (--store), then $ITERGRPO_STORE, then `configured`
+    (a config's store.root), then ./itergrpo-store; absolute, symlinks kept as spelled.
+
+    One rule for every command (run, resume, sql, runs, tables, report, serve). An empty
+    string counts as not given; a run's config records the root this returns, but the root
+    is never compared on resume, so a store may be moved, restored or reached by a link.
+    """
+    for raw in (given, os.environ.get(STORE_ENV), configured):
+        if raw is not None and str(raw).strip():
+            return Path(raw).expanduser().absolute()
+    return Path(DEFAULT_ROOT).absolute()
+
+
 class RunStore:
     """A store root. Reading needs no lock; writing goes through `open_run`."""
 
     def __init__(self, root: str | Path | None = None) -> None:
-        raw = root if root is not None else os.environ.get(STORE_ENV) or DEFAULT_ROOT
-        self.root = Path(raw).expanduser().absolute()
+        self.root = resolve_store_root(root)
         if self.root.exists() and not self.root.is_dir():
             raise StorePathError(
                 f"store path {self.root} is a file, not a directory; pass another --store "
@@ -135,6 +150,11 @@ class RunStore:
     # ---- writing -------------------------------------------------------------------------
 
     def _check_writable(self) -> None:
+        if self.root.is_dir() and not self._looks_like_a_store():
+            raise StorePathError(
+                f"{self.root} holds other files and is not an itergrpo store; pass a new or "
+                f"empty directory as --store (or {STORE_ENV})"
+            )
         try:
             self.root.mkdir(parents=True, exist_ok=True)
         except OSError as exc:
@@ -144,6 +164,11 @@ class RunStore:
                 f"store directory {self.root} is not writable; pass another --store or set "
                 f"{STORE_ENV}"
             )
+
+    def _looks_like_a_store(self) -> bool:
+        """Empty, or holding what a store holds (writing into someone's home folder is a typo)."""
+        names = {p.name for p in self.root.iterdir()}
+        return not names or bool(names & _STORE_ENTRIES)
 
     def open_run(
         self,

@@ -9,10 +9,27 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
+import pytest
 from hypothesis import HealthCheck, settings
+
+from storage.store import RunStore
 
 settings.register_profile(
     "ci", max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow]
 )
 settings.register_profile("dev", max_examples=30, deadline=None)
 settings.load_profile("ci" if os.environ.get("CI") else "dev")
+
+
+@pytest.fixture(scope="session")
+def micro_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[RunStore, str]:
+    """One completed `micro` run, shared by the tests that only read it (or copy its store)."""
+    from flows.loop import execute_run, planned_stages
+    from tests.flow_helpers import micro_config
+
+    root = tmp_path_factory.mktemp("store")
+    cfg = micro_config(root, "e2e")
+    results = execute_run(cfg)
+    assert [(r.stage, r.iteration) for r in results] == planned_stages(cfg)
+    assert not any(r.skipped for r in results)
+    return RunStore(root), "e2e"

@@ -108,3 +108,25 @@ def test_resume_of_an_unknown_run_says_which(
 ) -> None:
     code, text = run_cli(capsys, "resume", "nope", "--store", str(tmp_path), "--no-prefect")
     assert code == 2 and "nope" in text
+
+
+@pytest.mark.parametrize("option", ["--store", "--run-id"])
+def test_an_empty_store_or_run_id_is_refused(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch, option: str
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    code, text = run_cli(capsys, "run", "--config", "micro", "--no-prefect", option, "")
+    assert code == 2
+    assert f"{option}: must not be empty" in text
+    assert list(tmp_path.iterdir()) == []  # nothing created, not even the default store
+
+
+def test_a_folder_of_other_files_is_not_taken_for_a_store(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    (tmp_path / "thesis.tex").write_text("mine")
+    code, text = run_cli(
+        capsys, "run", "--config", "micro", "--no-prefect", "--store", str(tmp_path)
+    )
+    assert code == 2 and "not an itergrpo store" in text
+    assert [p.name for p in tmp_path.iterdir()] == ["thesis.tex"]

@@ -2,28 +2,20 @@
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 
 import pytest
+import yaml
 
 from flows.common import ITERATION_STAGES, WARM_START
-from flows.loop import execute_run, planned_stages
+from flows.loop import execute_run
 from storage.replay import replay_count
 from storage.sql import run_query
 from storage.store import RunStore
 from tests.flow_helpers import micro_config, snapshot
 
 pytestmark = pytest.mark.slow
-
-
-@pytest.fixture(scope="module")
-def micro_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[RunStore, str]:
-    root = tmp_path_factory.mktemp("store")
-    cfg = micro_config(root, "e2e")
-    results = execute_run(cfg)
-    assert [(r.stage, r.iteration) for r in results] == planned_stages(cfg)
-    assert not any(r.skipped for r in results)
-    return RunStore(root), "e2e"
 
 
 def sql(store: RunStore, query: str) -> list[dict]:
@@ -217,3 +209,36 @@ def test_same_seed_reproduces_the_run(micro_run: tuple[RunStore, str], tmp_path:
                     f"checkpoints/{run}/policy/iter-0"
                 }
         assert again[table] == want, table
+
+
+def _status(root: Path, run_id: str) -> str:
+    return (root / "runs" / run_id / "status.json").read_text()
+
+
+@pytest.mark.parametrize("reach", ["copy", "copy/", "symlink"])
+def test_a_moved_store_resumes_where_the_user_names_it(
+    micro_run: tuple[RunStore, str],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    reach: str,
+) -> None:
+    """The store is the one named ($ITERGRPO_STORE here), not the one in the stored config:
+    a copy, the same path spelled with a slash, or a link to it resumes and writes there."""
+    from flows.cli import main
+
+    store, run_id = micro_run
+    copy = tmp_path / "copy"
+    shutil.copytree(store.root, copy)
+    named = str(copy) + "/" if reach == "copy/" else str(copy)
+    if reach == "symlink":
+        (tmp_path / "link").symlink_to(copy, target_is_directory=True)
+        named = str(tmp_path / "link")
+    original = _status(store.root, run_id)
+    moved_before = _status(copy, run_id)
+    monkeypatch.setenv("ITERGRPO_STORE", named)
+    assert main(["resume", run_id, "--no-prefect"]) == 0
+    assert _status(store.root, run_id) == original  # the original store is untouched
+    assert _status(copy, run_id) != moved_before  # the named one was resumed
+    recorded = yaml.safe_load((copy / "runs" / run_id / "config.yaml").read_text())
+    assert recorded["store"]["root"] == str(Path(named).absolute())
+    assert snapshot(RunStore(copy), run_id) == snapshot(store, run_id)

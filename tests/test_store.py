@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import os
 from pathlib import Path
 
@@ -13,12 +14,13 @@ from storage.atomic import atomic_directory
 from storage.errors import (
     ConfigMismatchError,
     CorruptFileError,
+    NonFiniteValueError,
     SchemaMismatchError,
     StageAlreadyCommittedError,
     StorePathError,
     UnknownTableError,
 )
-from storage.store import RunStore
+from storage.store import RunStore, resolve_store_root
 
 
 def orm_rows(n: int, start: int = 0) -> list[dict[str, object]]:
@@ -164,6 +166,19 @@ def test_store_root_from_env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) ->
     assert RunStore().root == tmp_path / "s"
 
 
+def test_store_precedence_is_flag_then_env_then_config_then_default(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("ITERGRPO_STORE", raising=False)
+    assert resolve_store_root(None, "") == tmp_path / "itergrpo-store"
+    assert resolve_store_root(None, "cfg") == tmp_path / "cfg"
+    monkeypatch.setenv("ITERGRPO_STORE", "env/")
+    assert resolve_store_root(None, "cfg") == tmp_path / "env"
+    assert resolve_store_root("flag", "cfg") == tmp_path / "flag"
+    assert resolve_store_root("  ", "cfg") == tmp_path / "env"  # blank is not a choice
+
+
 def test_config_mismatch_is_refused_unless_forced(tmp_path: Path) -> None:
     store = RunStore(tmp_path)
     with store.open_run("r1", {"grpo": {"lr": 1e-6, "beta": 0.04}, "seed": 1}):
@@ -225,3 +240,19 @@ def test_atomic_directory_replaces_only_on_success(tmp_path: Path) -> None:
         (tmp / "a.txt").write_text("v2")
     assert (final / "a.txt").read_text() == "v2"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["ckpt"]
+
+
+@pytest.mark.parametrize("bad", [math.nan, math.inf, -math.inf])
+def test_nan_and_inf_are_never_written(tmp_path: Path, bad: float) -> None:
+    store = RunStore(tmp_path)
+    rows = [
+        {"stage": "grpo", "step": 0, "name": "kl", "value": 0.1},
+        {"stage": "grpo", "step": 0, "name": "loss", "value": bad},
+    ]
+    refused = pytest.raises(
+        NonFiniteValueError, match=r"'metrics', column 'value'.*row 1 \(name 'loss'\)"
+    )
+    with store.open_run("r1", {}) as run, refused, run.stage(0, "grpo") as attempt:
+        attempt.write("metrics", rows)
+    assert store.read("metrics", run_id="r1").num_rows == 0
+    assert not list((tmp_path / "tables").rglob("*.parquet"))  # no data, no commit

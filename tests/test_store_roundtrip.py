@@ -24,7 +24,7 @@ def value_strategy(field: pa.Field) -> st.SearchStrategy[Any]:
         bound = _INT_BOUNDS[t.bit_width]
         base = st.integers(-bound, bound - 1)
     elif pa.types.is_floating(t):
-        base = st.floats(allow_nan=False, width=64)
+        base = st.floats(allow_nan=False, allow_infinity=False, width=64)
     elif pa.types.is_boolean(t):
         base = st.booleans()
     elif pa.types.is_timestamp(t):

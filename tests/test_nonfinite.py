@@ -1,0 +1,184 @@
+"""NaN and infinity never reach the store: each source is injected and must stop the step
+with an error naming the quantity, where it arose and the likely cause."""
+
+from __future__ import annotations
+
+import functools
+import math
+import shutil
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+import pytest
+import torch
+
+from flows.cli import main
+from flows.common import GRPO_PROGRESS, ckpt
+from flows.config import stored_config_as_current
+from flows.grpo_stage import StepRewards, check_rewards, grpo_stage
+from grpo_core.config import GRPOConfig
+from grpo_core.engine import TorchEngine
+from grpo_core.numerics import NonFiniteError, require_finite, require_finite_metrics
+from grpo_core.update import grpo_update
+from storage.store import RunStore
+from tests.flow_helpers import micro_config
+from tests.test_update import ragged_batch, tiny_llama
+
+BAD = [math.nan, math.inf, -math.inf]
+
+
+@pytest.mark.parametrize("bad", BAD)
+def test_require_finite_names_quantity_place_cause_and_first_index(bad: float) -> None:
+    values = torch.tensor([0.5, 1.0, bad, bad])
+    with pytest.raises(NonFiniteError) as err:
+        require_finite("the reward", values, where="step 3", cause="a weight")
+    text = str(err.value)
+    assert text.startswith(f"the reward is {bad} (2 non-finite value(s), first at index 2)")
+    assert "at step 3; likely cause: a weight" in text
+    with pytest.raises(NonFiniteError, match="metric 'kl'"):
+        require_finite_metrics({"loss": 0.1, "kl": bad}, where="x", cause="y")
+    with pytest.raises(NonFiniteError, match="index 1"):
+        require_finite("q", [0.0, bad], where="x", cause="y")
+
+
+def test_finite_values_pass_whatever_their_form() -> None:
+    require_finite("q", torch.tensor([[1.0, -2.0]]), where="x", cause="y")
+    require_finite("q", torch.tensor([1, 2]), where="x", cause="y")  # integers cannot be NaN
+    require_finite("q", 3.0, where="x", cause="y")
+    require_finite("q", [], where="x", cause="y")
+    require_finite_metrics({"a": 0.0, "b": 1e300}, where="x", cause="y")
+
+
+def _rewards(**bad: Any) -> StepRewards:
+    fields: dict[str, Any] = {
+        "total": torch.zeros(4),
+        "verifier": torch.zeros(4),
+        "fmt": torch.zeros(4),
+        "rm": torch.zeros(4),
+        "step_scores": [[0.1, 0.2]] * 4,
+        "step_ends": [[1, 2]] * 4,
+    }
+    return StepRewards(**{**fields, **bad})
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "named"),
+    [
+        ("rm", torch.tensor([0.0, math.nan, 0.0, 0.0]), "the reward models' reward"),
+        ("step_scores", [[0.1], [0.2, math.inf], [0.0], [0.0]], "PRM step rewards of output 1"),
+        ("total", torch.tensor([0.0, 0.0, -math.inf, 0.0]), "the weighted reward"),
+    ],
+)
+def test_every_reward_part_is_checked(field: str, value: Any, named: str) -> None:
+    check_rewards(_rewards(), "GRPO iteration 0, step 0")  # finite: passes
+    with pytest.raises(NonFiniteError, match=named) as err:
+        check_rewards(_rewards(**{field: value}), "GRPO iteration 0, step 0")
+    assert "reward weight (grpo.rewards) or a reward model's output" in str(err.value)
+
+
+def test_a_nan_advantage_stops_the_update_before_any_weight_moves() -> None:
+    batch, advantages = ragged_batch()
+    advantages[1, -1] = math.nan
+    model = tiny_llama()
+    before = [p.detach().clone() for p in model.parameters()]
+    with pytest.raises(NonFiniteError, match="GRPO loss is nan"):
+        grpo_update(TorchEngine(model, lr=1e-3), None, batch, advantages, GRPOConfig(beta=0.0))
+    assert all(torch.equal(a, b) for a, b in zip(before, model.parameters(), strict=True))
+
+
+def test_an_infinite_reward_weight_is_refused_when_the_config_loads(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    code = main(
+        [
+            *("run", "--config", "micro", "--store", str(tmp_path / "s"), "--no-prefect"),
+            *("--set", "grpo.rewards.verifier=inf"),
+        ]
+    )
+    text = capsys.readouterr().err
+    assert code == 2
+    assert "grpo.rewards.verifier: Input should be a finite number" in text
+    assert not (tmp_path / "s").exists()
+
+
+# ---- injected into a real GRPO stage (the micro run's iteration 1, rerun on a copy) --------
+
+
+def _float_values(root: Path) -> list[float]:
+    out: list[float] = []
+    for path in (root / "tables").rglob("*.parquet"):
+        table = pq.read_table(path)
+        for col in table.columns:
+            if pa.types.is_floating(col.type):
+                out += pc.drop_null(col).to_pylist()
+    return out
+
+
+def _rerun_grpo(
+    micro_run: tuple[RunStore, str], tmp_path: Path, inject: Callable[[], None]
+) -> NonFiniteError:
+    store, run_id = micro_run
+    copy = tmp_path / "store"
+    shutil.copytree(store.root, copy)
+    cfg = micro_config(copy, run_id)
+    shutil.rmtree(ckpt(cfg, run_id, GRPO_PROGRESS, 1))  # start the stage from its step 0
+    tables = sorted((copy / "tables").rglob("*"))
+    inject()
+    upgrade = functools.partial(stored_config_as_current, current=cfg)
+    run = RunStore(copy).open_run(run_id, cfg.model_dump(mode="json"), upgrade_config=upgrade)
+    with run, pytest.raises(NonFiniteError) as err:
+        grpo_stage(cfg, run, 1, lambda fraction, text: None)
+    assert sorted((copy / "tables").rglob("*")) == tables  # nothing written
+    assert not (ckpt(cfg, run_id, GRPO_PROGRESS, 1) / "config.json").exists()
+    assert all(math.isfinite(v) for v in _float_values(copy))
+    return err.value
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("bad", [math.nan, math.inf])
+def test_an_orm_emitting_nan_or_inf_stops_grpo_naming_it(
+    micro_run: tuple[RunStore, str],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    bad: float,
+) -> None:
+    import flows.grpo_stage as stage
+
+    real = stage.score_outcome
+
+    def broken(*args: Any, **kwargs: Any) -> torch.Tensor:
+        scores = real(*args, **kwargs).clone()
+        scores[2] = bad
+        return scores
+
+    err = _rerun_grpo(
+        micro_run, tmp_path, lambda: monkeypatch.setattr(stage, "score_outcome", broken)
+    )
+    assert str(err).startswith(f"the reward models' reward is {bad}")
+    assert "at GRPO iteration 1, step 0" in str(err)
+
+
+@pytest.mark.slow
+def test_diverged_policy_weights_are_named_not_a_key_error(
+    micro_run: tuple[RunStore, str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import flows.grpo_stage as stage
+
+    real = stage.policy_at
+
+    def diverged(*args: Any) -> Any:
+        model, tokenizer = real(*args)
+        with torch.no_grad():
+            for p in model.parameters():
+                p.fill_(math.nan)
+        return model, tokenizer
+
+    err = _rerun_grpo(
+        micro_run, tmp_path, lambda: monkeypatch.setattr(stage, "policy_at", diverged)
+    )
+    assert "the policy's sampling log-probs is nan" in str(err)
+    assert "weights have diverged" in str(err)
