@@ -26,6 +26,10 @@ from storage.schemas import TABLE_SCHEMAS
 from storage.store import STORE_ENV, RunStore
 
 AddCommand = Callable[[Any], None]
+# What a command reports as one line with exit 2: the user's to fix (a path, a value, the
+# data), not a bug; other exceptions keep their traceback.
+USER_ERRORS: tuple[type[Exception], ...] = (StoreError, ValueError, OSError)
+_COMMAND_ERRORS: tuple[type[Exception], ...] = (*USER_ERRORS, duckdb.Error)
 
 _MAX_CELL = 60
 
@@ -258,7 +262,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     try:
         return int(args.func(args))
-    except (StoreError, duckdb.Error, ValueError, OSError) as exc:
+    except _COMMAND_ERRORS as exc:
         print(f"itergrpo {args.command}: error: {exc}", file=sys.stderr)
         return 2
 

@@ -334,6 +334,17 @@ class ItergrpoConfig(_Section):
         return self
 
     @model_validator(mode="after")
+    def _batches_fit(self) -> ItergrpoConfig:
+        rows = self.grpo.prompts_per_step * self.grpo.group_size
+        if self.grpo.algo.mini_batches_per_epoch > rows:
+            raise ValueError(
+                f"grpo.algo.mini_batches_per_epoch ({self.grpo.algo.mini_batches_per_epoch}) "
+                f"exceeds the {rows} outputs of a GRPO step (prompts_per_step x group_size): "
+                "lower it or raise prompts_per_step"
+            )
+        return self
+
+    @model_validator(mode="after")
     def _shards_can_use_the_device(self) -> ItergrpoConfig:
         if self.cluster.ray_address is None:
             return self
@@ -409,7 +420,13 @@ def _read_tree(path: str | Path, seen: tuple[Path, ...] = ()) -> dict[str, Any]:
         file = preset_path(str(path))
     if file.resolve() in seen:
         raise ConfigError(f"{file}: 'base' presets form a cycle")
-    loaded = yaml.safe_load(file.read_text()) or {}
+    try:
+        loaded = yaml.safe_load(file.read_text(encoding="utf-8")) or {}
+    except (yaml.YAMLError, UnicodeDecodeError) as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f" line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
+        problem = getattr(exc, "problem", None) or str(exc)
+        raise ConfigError(f"{file}{where}: not valid YAML ({problem}); fix the file") from None
     if not isinstance(loaded, dict):
         raise ConfigError(f"{file}: top level must be a mapping of sections")
     base = loaded.pop("base", None)
@@ -441,7 +458,8 @@ def validate_config(tree: dict[str, Any]) -> ItergrpoConfig:
         for err in exc.errors():
             where = ".".join(str(p) for p in err["loc"]) or "(top level)"
             got = ""
-            if "input" in err and err["type"] != "missing":
+            # a section's own rule: its whole input would only bury the message
+            if "input" in err and err["type"] != "missing" and not isinstance(err["input"], dict):
                 shown = repr(err["input"])
                 got = f" (got {shown[:77] + '...' if len(shown) > 80 else shown})"
             lines.append(f"  {where}: {err['msg']}{got}")

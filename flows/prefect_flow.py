@@ -22,6 +22,7 @@ from prefect.cache_policies import NO_CACHE
 from flows.common import StageResult, with_fault_hook
 from flows.config import ItergrpoConfig
 from flows.loop import Executor, StageFn, default_run_id, execute_run
+from flows.preflight import preflight
 from flows.report import iteration_table, summary_markdown
 from storage.store import RunStore, RunWriter
 
@@ -90,6 +91,7 @@ def iterative_rl(config: ItergrpoConfig, force_config: bool = False) -> dict[str
     run_id = config.run.run_id
     assert run_id is not None
     logger.info("run %s, store %s", run_id, config.store.resolved_root())
+    preflight(config, force_config=force_config)  # UI-triggered runs: refused before any write
     results = execute_run(
         config,
         force_config=force_config,

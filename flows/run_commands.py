@@ -9,9 +9,10 @@ import sys
 import time
 from pathlib import Path
 
-from flows.cli import nonempty, store_option
+from flows.cli import USER_ERRORS, nonempty, store_option
 from flows.config import ItergrpoConfig, load_config, validate_config
 from flows.loop import default_run_id, execute_run
+from flows.preflight import preflight
 from flows.report import format_table, iteration_table, write_report
 from storage.store import RunStore, resolve_store_root
 
@@ -36,14 +37,27 @@ def _with_identity(cfg: ItergrpoConfig, run_id: str | None, store: str | None) -
     return validate_config(tree)
 
 
+class _NoUserErrorTraceback(logging.Filter):
+    """Prefect logs a failed task/flow with its traceback; for a user error the one-line
+    message says all (the CLI prints it again at the end), so the traceback is dropped."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.exc_info and isinstance(record.exc_info[1], USER_ERRORS):
+            record.exc_info, record.exc_text = None, None
+        return True
+
+
 def _execute(cfg: ItergrpoConfig, *, use_prefect: bool, force_config: bool) -> None:
     from transformers.utils import logging as hf_logging
 
     # transformers draws a bar per checkpoint load/save; the stage bars are the useful ones.
     hf_logging.disable_progress_bar()
+    preflight(cfg, force_config=force_config)  # before Prefect: a refusal is one clean line
     if use_prefect:
         from flows.prefect_flow import iterative_rl
 
+        for name in ("prefect.flow_runs", "prefect.task_runs"):
+            logging.getLogger(name).addFilter(_NoUserErrorTraceback())
         iterative_rl(cfg, force_config=force_config)
     else:
         execute_run(cfg, force_config=force_config)

@@ -11,7 +11,7 @@ from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 from transformers import PreTrainedTokenizerBase
 
 from grpo_core.answers import answers_match, extract_answer, format_reward, normalize_number
@@ -41,11 +41,19 @@ class EvalConfig(BaseModel):
     top_p: float = Field(default=1.0, gt=0, le=1, description="Nucleus sampling mass (0-1].")
     max_new_tokens: int = Field(default=64, ge=1, description="Generation budget per completion.")
 
+    @model_validator(mode="after")
+    def _ks_within_samples(self) -> EvalConfig:
+        self.k_values()  # raises naming the field, at load instead of after the run's stages
+        return self
+
     def k_values(self) -> list[int]:
         if self.ks is not None:
             bad = [k for k in self.ks if not 1 <= k <= self.n_samples]
             if bad:
-                raise ValueError(f"eval.ks must lie in 1..n_samples={self.n_samples} (got {bad})")
+                raise ValueError(
+                    f"evaluation.ks must lie in 1..n_samples={self.n_samples} (got {bad}): "
+                    "lower them or raise evaluation.n_samples"
+                )
             return sorted(set(self.ks))
         ks, k = [], 1
         while k <= self.n_samples:

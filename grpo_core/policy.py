@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import string
 import warnings
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Literal
 
 import torch
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+from safetensors import SafetensorError
 from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, processors
 from transformers import (
     AutoModelForCausalLM,
@@ -79,6 +82,22 @@ class PolicyConfig(BaseModel):
         default="float32", description="Parameter dtype (float32 on CPU)."
     )
 
+    @model_validator(mode="after")
+    def _heads_divide_the_width(self) -> PolicyConfig:
+        if self.kind == "tiny" and (
+            self.hidden_size % self.n_heads or self.hidden_size // self.n_heads % 2
+        ):
+            raise ValueError(
+                f"policy.hidden_size ({self.hidden_size}) must be an even multiple of "
+                f"policy.n_heads ({self.n_heads}): rotary embeddings need an even head width"
+            )
+        kv = self.n_kv_heads or self.n_heads
+        if self.kind == "tiny" and self.n_heads % kv:
+            raise ValueError(
+                f"policy.n_heads ({self.n_heads}) must be a multiple of policy.n_kv_heads ({kv})"
+            )
+        return self
+
 
 def build_char_tokenizer(alphabet: str = DEFAULT_ALPHABET) -> PreTrainedTokenizerFast:
     """Character-level tokenizer: one token per character, `<bos>` prepended, `<eos>`, `<pad>`."""
@@ -116,11 +135,8 @@ def ensure_pad_token(tokenizer: PreTrainedTokenizerBase) -> None:
 
 
 def create_tiny_policy(cfg: PolicyConfig, tokenizer: PreTrainedTokenizerBase) -> LlamaForCausalLM:
-    """A new Llama sized by `cfg`, weights drawn from `cfg.seed`, vocabulary of `tokenizer`."""
-    if cfg.hidden_size % cfg.n_heads:
-        raise ValueError(
-            f"policy.hidden_size ({cfg.hidden_size}) must be divisible by n_heads ({cfg.n_heads})"
-        )
+    """A new Llama sized by `cfg` (its validator checked the shapes), weights drawn from
+    `cfg.seed`, vocabulary of `tokenizer`."""
     config = LlamaConfig(
         vocab_size=len(tokenizer),
         hidden_size=cfg.hidden_size,
@@ -142,6 +158,26 @@ def create_tiny_policy(cfg: PolicyConfig, tokenizer: PreTrainedTokenizerBase) ->
     return model
 
 
+class CorruptCheckpointError(ValueError):
+    """A checkpoint directory whose files exist but cannot be read."""
+
+
+@contextlib.contextmanager
+def reading_checkpoint(path: Path) -> Iterator[None]:
+    """Turn a failure to parse `path`'s files (truncated weights, broken JSON) into one error
+    naming the directory and the way out, instead of a library traceback."""
+    try:
+        yield
+    except (OSError, ValueError, RuntimeError, SafetensorError) as exc:
+        if isinstance(exc, FileNotFoundError):
+            raise
+        raise CorruptCheckpointError(
+            f"checkpoint {path} cannot be read ({str(exc).splitlines()[0]}): it was truncated "
+            "or overwritten. Restore the directory from a backup, or start a new run id "
+            "(a committed stage is not redone)"
+        ) from exc
+
+
 def load_policy(
     path: str | Path, dtype: str = "float32"
 ) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
@@ -149,9 +185,12 @@ def load_policy(
     path = Path(path)
     if not (path / "config.json").is_file():
         raise FileNotFoundError(f"no HF model directory at {path} (config.json missing)")
-    tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True)
+    with reading_checkpoint(path):
+        tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True)
+        model = AutoModelForCausalLM.from_pretrained(
+            path, local_files_only=True, dtype=_DTYPES[dtype]
+        )
     ensure_pad_token(tokenizer)
-    model = AutoModelForCausalLM.from_pretrained(path, local_files_only=True, dtype=_DTYPES[dtype])
     return model, tokenizer
 
 

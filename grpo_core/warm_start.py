@@ -128,6 +128,8 @@ def warm_start(
     ensure_pad_token(tokenizer)
     rng = random.Random(cfg.seed)
     problems = task.problems("train", cfg.steps * cfg.batch_size, cfg.seed)
+    if not problems:
+        raise ValueError(f"task {task.name} has no train problems to warm-start on")
     device = next(model.parameters()).device
     optimizer = torch.optim.AdamW(
         model.parameters(), lr=cfg.lr, betas=(0.9, 0.95), weight_decay=cfg.weight_decay
@@ -138,7 +140,10 @@ def warm_start(
     for step in range(cfg.steps):
         if cfg.max_seconds is not None and time.perf_counter() - start > cfg.max_seconds:
             break
-        chunk = problems[step * cfg.batch_size : (step + 1) * cfg.batch_size]
+        # A train split smaller than steps x batch_size is cycled through (epochs over it).
+        chunk = [
+            problems[(step * cfg.batch_size + i) % len(problems)] for i in range(cfg.batch_size)
+        ]
         batch = sft_batch(
             tokenizer,
             [format_prompt(tokenizer, p.question) for p in chunk],

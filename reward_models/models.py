@@ -22,7 +22,7 @@ from transformers import (
     PreTrainedTokenizerBase,
 )
 
-from grpo_core.policy import ensure_pad_token
+from grpo_core.policy import ensure_pad_token, reading_checkpoint
 
 RMKind = Literal["orm", "prm"]
 META_FILE = "reward_model.json"
@@ -129,7 +129,9 @@ class RewardModel(nn.Module):
                 f"no reward-model checkpoint at {path} ({META_FILE} missing): "
                 "was the RM of that iteration saved?"
             )
-        kind = json.loads(meta.read_text())["kind"]
-        net = AutoModelForTokenClassification.from_pretrained(path)
-        model = cls(net, AutoTokenizer.from_pretrained(path), kind)
+        with reading_checkpoint(path):
+            kind = json.loads(meta.read_text())["kind"]
+            net = AutoModelForTokenClassification.from_pretrained(path)
+            tokenizer = AutoTokenizer.from_pretrained(path)
+        model = cls(net, tokenizer, kind)
         return model.to(device)

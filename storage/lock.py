@@ -89,6 +89,27 @@ def read_lock(path: Path) -> dict[str, Any] | None:
     return data
 
 
+def _refuse_a_live_holder(path: Path, run_id: str, holder: dict[str, Any]) -> None:
+    """RunLockedError if `holder` is alive (or on another host, where it cannot be checked)."""
+    same_host = holder.get("host") == socket.gethostname()
+    if not same_host or _holder_alive(holder):
+        where = "" if same_host else f" on host {holder.get('host')} (cannot check it)"
+        raise RunLockedError(
+            f"run {run_id!r} is locked by PID {holder.get('pid')}{where} since "
+            f"{holder.get('started_at')}; wait for it to finish, or delete {path} "
+            "if that process is gone",
+            pid=holder.get("pid"),
+            host=holder.get("host"),
+        )
+
+
+def check_unlocked(path: Path, run_id: str) -> None:
+    """Raise RunLockedError if a live process holds the lock at `path`; writes nothing."""
+    holder = read_lock(path)
+    if holder is not None:
+        _refuse_a_live_holder(path, run_id, holder)
+
+
 def acquire_lock(path: Path, run_id: str) -> RunLock:
     """Take the lock at `path` or raise RunLockedError naming the live holder."""
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -102,16 +123,7 @@ def acquire_lock(path: Path, run_id: str) -> RunLock:
     with _guard(path):
         holder = read_lock(path)
         if holder is not None:
-            same_host = holder.get("host") == me["host"]
-            if not same_host or _holder_alive(holder):
-                where = "" if same_host else f" on host {holder.get('host')} (cannot check it)"
-                raise RunLockedError(
-                    f"run {run_id!r} is locked by PID {holder.get('pid')}{where} since "
-                    f"{holder.get('started_at')}; wait for it to finish, or delete {path} "
-                    "if that process is gone",
-                    pid=holder.get("pid"),
-                    host=holder.get("host"),
-                )
+            _refuse_a_live_holder(path, run_id, holder)
             log.warning(
                 "taking over the stale lock of run %r: PID %s (started %s) is no longer running",
                 run_id,

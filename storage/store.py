@@ -30,7 +30,7 @@ from storage.errors import (
     StoreError,
     StorePathError,
 )
-from storage.lock import RunLock, acquire_lock
+from storage.lock import RunLock, acquire_lock, check_unlocked
 from storage.scan import present_columns, quote_ident, resolve_corrupt, table_select_sql
 from storage.schemas import STAGES_TABLE, TABLE_SCHEMAS, conform, table_schema
 
@@ -149,12 +149,23 @@ class RunStore:
 
     # ---- writing -------------------------------------------------------------------------
 
-    def _check_writable(self) -> None:
+    def _check_is_a_store(self) -> None:
+        """Refuse a non-empty folder of other files; check the store (or where it would be
+        created) is writable. Writes nothing."""
         if self.root.is_dir() and not self._looks_like_a_store():
             raise StorePathError(
                 f"{self.root} holds other files and is not an itergrpo store; pass a new or "
                 f"empty directory as --store (or {STORE_ENV})"
             )
+        existing = next(p for p in (self.root, *self.root.parents) if p.exists())
+        if not existing.is_dir() or not os.access(existing, os.W_OK | os.X_OK):
+            raise StorePathError(
+                f"cannot create or write the store at {self.root} ({existing} is not a writable "
+                f"directory); pass another --store or set {STORE_ENV}"
+            )
+
+    def _check_writable(self) -> None:
+        self._check_is_a_store()
         try:
             self.root.mkdir(parents=True, exist_ok=True)
         except OSError as exc:
@@ -205,6 +216,54 @@ class RunStore:
             raise
         return RunWriter(self, run_id, lock)
 
+    def check_can_open(
+        self,
+        run_id: str,
+        config: Mapping[str, Any],
+        *,
+        force_config: bool = False,
+        upgrade_config: Callable[[dict[str, Any]], dict[str, Any]] | None = None,
+    ) -> None:
+        """Raise what `open_run` would (bad run id, unusable store, a different config, a live
+        lock holder) without creating or writing anything: a pre-flight check."""
+        validate_run_id(run_id)
+        self._check_is_a_store()
+        run_dir = self.run_dir(run_id)
+        if not run_dir.is_dir():
+            return
+        if not force_config:
+            self._config_difference(run_id, dict(config), upgrade_config)
+        check_unlocked(run_dir / "lock", run_id)
+
+    def _config_difference(
+        self,
+        run_id: str,
+        config: dict[str, Any],
+        upgrade: Callable[[dict[str, Any]], dict[str, Any]] | None,
+        *,
+        force: bool = False,
+    ) -> bool:
+        """Whether the stored config must be rewritten as `config` (it differs only in form,
+        or `force`, or nothing was committed yet); ConfigMismatchError on a real difference
+        of a run with committed stages unless forced."""
+        path = self.run_dir(run_id) / "config.yaml"
+        if not path.exists():
+            return False
+        stored = yaml.safe_load(path.read_text()) or {}
+        old = upgrade(stored) if upgrade is not None else stored
+        diff = _config_diff(old, yaml.safe_load(yaml.safe_dump(config)) or {})
+        # A run that failed before its first commit has nothing to keep consistent with:
+        # its corrected rerun takes the new config (the old one is kept beside it).
+        if diff and not force and self.committed_stages(run_id):
+            shown = ", ".join(diff[:5]) + (f" (+{len(diff) - 5} more)" if len(diff) > 5 else "")
+            raise ConfigMismatchError(
+                f"run {run_id!r} was started with a different config (differing keys: {shown}); "
+                "use a new run id, or `itergrpo run --force-config` to replace it (the old "
+                "config is kept beside it)",
+                diff,
+            )
+        return bool(diff or _config_diff(stored, old))
+
     def _record_config(
         self,
         run_id: str,
@@ -217,20 +276,8 @@ class RunStore:
         if not path.exists():
             atomic_write_text(path, text)
             return
-        stored = yaml.safe_load(path.read_text()) or {}
-        old = upgrade(stored) if upgrade is not None else stored
-        diff = _config_diff(old, yaml.safe_load(text) or {})
-        if not diff and _config_diff(stored, old):
-            force = True  # the same run in the current form: record that form
-        elif not diff:
+        if not self._config_difference(run_id, config, upgrade, force=force):
             return
-        if not force:
-            shown = ", ".join(diff[:5]) + (f" (+{len(diff) - 5} more)" if len(diff) > 5 else "")
-            raise ConfigMismatchError(
-                f"run {run_id!r} was started with a different config (differing keys: {shown}); "
-                "use a new run id, or force_config=True (--force-config) to replace it",
-                diff,
-            )
         stamp = _now().strftime("%Y%m%dT%H%M%S%fZ")
         atomic_write_text(path.with_name(f"config.{stamp}.yaml"), path.read_text())
         atomic_write_text(path, text)

@@ -11,6 +11,7 @@ import pytest
 
 from flows.cli import main
 from storage.store import RunStore
+from tests.test_store import commit_a_stage
 
 
 def run_cli(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str]:
@@ -55,8 +56,7 @@ def test_existing_run_with_another_config_is_refused_unless_forced(
     capsys: pytest.CaptureFixture[str], tmp_path: Path
 ) -> None:
     store = RunStore(tmp_path)
-    with store.open_run("r1", {"run": {"seed": 0}}):
-        pass
+    commit_a_stage(store, "r1", {"run": {"seed": 0}})
     code, text = run_cli(
         capsys,
         "run",

@@ -157,6 +157,8 @@ def test_resume_accepts_a_run_started_before_new_sections_and_a_moved_cluster(
     tmp_path: Path,
 ) -> None:
     from storage.errors import ConfigMismatchError
+    from storage.store import RunStore
+    from tests.test_store import commit_a_stage
 
     cfg = load_config("micro", [f"store.root={tmp_path}"])
     # the run as an older version stored it: no `cluster` or `engines` section yet
@@ -170,7 +172,8 @@ def test_resume_accepts_a_run_started_before_new_sections_and_a_moved_cluster(
     assert len(list(run_dir.glob("config.*.yaml"))) == 1  # the older file is kept
     # where the work runs may change between attempts ...
     _open_and_close(tmp_path, load_config("micro", [f"store.root={tmp_path}", "cluster.shards=4"]))
-    # ... what it computes may not
+    # ... what it computes may not, once a stage is committed
+    commit_a_stage(RunStore(tmp_path), "r1", cfg.model_dump(mode="json"))
     with pytest.raises(ConfigMismatchError, match=r"grpo\.steps"):
         _open_and_close(tmp_path, load_config("micro", [f"store.root={tmp_path}", "grpo.steps=9"]))
 

@@ -47,8 +47,11 @@ def test_build_policy_kinds(tmp_path: Path) -> None:
         build_policy(PolicyConfig(kind="local"))
     with pytest.raises(FileNotFoundError, match=r"config\.json"):
         load_policy(tmp_path)
-    with pytest.raises(ValueError, match="divisible"):
-        create_tiny_policy(PolicyConfig(hidden_size=130), tok)
+    for width, heads in ((130, 4), (30, 2)):  # not a multiple; an odd head width (RoPE)
+        with pytest.raises(ValueError, match=r"policy\.hidden_size .* even multiple"):
+            PolicyConfig(hidden_size=width, n_heads=heads)
+    with pytest.raises(ValueError, match=r"multiple of policy\.n_kv_heads"):
+        PolicyConfig(n_heads=4, n_kv_heads=3)
 
 
 def test_plain_prompt_and_pad_rule() -> None:
@@ -58,3 +61,16 @@ def test_plain_prompt_and_pad_rule() -> None:
     with pytest.warns(UserWarning, match="EOS"):
         ensure_pad_token(tok)
     assert tok.pad_token_id == tok.eos_token_id
+
+
+def test_a_truncated_checkpoint_names_the_directory_and_the_way_out(tmp_path: Path) -> None:
+    from grpo_core.policy import CorruptCheckpointError
+
+    tok = build_char_tokenizer()
+    model = create_tiny_policy(PolicyConfig(n_layers=1, hidden_size=32, n_heads=2), tok)
+    model.save_pretrained(tmp_path)
+    tok.save_pretrained(tmp_path)
+    weights = tmp_path / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[:100])
+    with pytest.raises(CorruptCheckpointError, match=f"checkpoint {tmp_path} cannot be read"):
+        load_policy(tmp_path)

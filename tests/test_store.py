@@ -6,6 +6,7 @@ import json
 import math
 import os
 from pathlib import Path
+from typing import Any
 
 import pyarrow as pa
 import pytest
@@ -179,10 +180,14 @@ def test_store_precedence_is_flag_then_env_then_config_then_default(
     assert resolve_store_root("  ", "cfg") == tmp_path / "env"  # blank is not a choice
 
 
+def commit_a_stage(store: RunStore, run_id: str, config: dict[str, Any]) -> None:
+    with store.open_run(run_id, config) as run, run.stage(0, "s") as attempt:
+        attempt.write("metrics", [{"stage": "s", "name": "x", "value": 1.0}])
+
+
 def test_config_mismatch_is_refused_unless_forced(tmp_path: Path) -> None:
     store = RunStore(tmp_path)
-    with store.open_run("r1", {"grpo": {"lr": 1e-6, "beta": 0.04}, "seed": 1}):
-        pass
+    commit_a_stage(store, "r1", {"grpo": {"lr": 1e-6, "beta": 0.04}, "seed": 1})
     with store.open_run("r1", {"grpo": {"lr": 1e-6, "beta": 0.04}, "seed": 1}):
         pass
     with pytest.raises(ConfigMismatchError, match=r"grpo\.beta, seed") as err:
@@ -194,6 +199,20 @@ def test_config_mismatch_is_refused_unless_forced(tmp_path: Path) -> None:
     assert store.run_config("r1") == {"grpo": {"lr": 1e-6, "beta": 0.1}}
     (old,) = (tmp_path / "runs" / "r1").glob("config.*.yaml")
     assert "beta: 0.04" in old.read_text()
+
+
+def test_a_run_that_never_committed_takes_the_corrected_config(tmp_path: Path) -> None:
+    """A run refused or failed before its first commit holds nothing the new config could
+    contradict: rerunning it corrected is not 'a different config'."""
+    store = RunStore(tmp_path)
+    with store.open_run("r1", {"policy": {"path": "/typo"}}):
+        pass
+    store.check_can_open("r1", {"policy": {"path": "/right"}})
+    with store.open_run("r1", {"policy": {"path": "/right"}}):
+        pass
+    assert store.run_config("r1") == {"policy": {"path": "/right"}}
+    (old,) = (tmp_path / "runs" / "r1").glob("config.*.yaml")
+    assert "/typo" in old.read_text()
 
 
 def test_invalid_run_id_is_refused(tmp_path: Path) -> None:

@@ -8,6 +8,13 @@ from typing import Literal, Protocol
 Split = Literal["train", "test"]
 
 
+class TaskDataError(ValueError):
+    """A task's data file has rows the pipeline cannot use (named by file and line).
+
+    A ValueError so the CLI prints it as an error message with exit status 2, not a traceback.
+    """
+
+
 @dataclass(frozen=True)
 class Problem:
     """One prompt of a task with its gold answer.

@@ -12,7 +12,7 @@ from grpo_core.tasks.base import Task
 class TaskConfig(BaseModel):
     """Which task to train and evaluate on, and its difficulty knobs."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
     name: Literal["arith", "reasoning_gym", "local_files"] = Field(
         default="arith",
@@ -57,6 +57,12 @@ class TaskConfig(BaseModel):
         default=None,
         description="local_files: optional separate test file; else a hash split of path.",
     )
+    on_bad_rows: Literal["error", "skip"] = Field(
+        default="error",
+        description="local_files: rows that fail the load-time check (invalid JSON, missing or "
+        "empty question/answer, no numeric '#### <answer>', one question with two gold answers). "
+        "error: stop before the run and list them by file:line; skip: drop them with a warning.",
+    )
 
     @model_validator(mode="after")
     def _check(self) -> TaskConfig:
@@ -86,4 +92,4 @@ def make_task(cfg: TaskConfig) -> Task:
     from grpo_core.tasks.local_files import LocalFilesTask
 
     assert cfg.path is not None
-    return LocalFilesTask(cfg.path, cfg.test_path, cfg.test_fraction)
+    return LocalFilesTask(cfg.path, cfg.test_path, cfg.test_fraction, cfg.on_bad_rows)

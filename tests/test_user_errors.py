@@ -1,0 +1,181 @@
+"""Every user error found before a run starts: exit 2, one line naming the fix, no
+traceback, under Prefect as without it, and the store exactly as it was (hashed listing)."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from flows.cli import main
+from flows.config import load_config
+from grpo_core.policy import PolicyConfig, build_char_tokenizer, create_tiny_policy
+from storage.store import RunStore
+
+Case = Callable[[Path, Path], list[str]]  # (tmp dir, store) -> extra CLI arguments
+
+
+def listing(root: Path) -> dict[str, str]:
+    """Every file under `root` with the hash of its bytes (empty if `root` does not exist)."""
+    return {
+        str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest()
+        for p in sorted(root.rglob("*"))
+        if p.is_file()
+    }
+
+
+def _policy_dir(tmp: Path, *, special_tokens: bool) -> Path:
+    path = tmp / "policy"
+    tokenizer = build_char_tokenizer()
+    create_tiny_policy(
+        PolicyConfig(n_layers=1, hidden_size=32, n_heads=2), tokenizer
+    ).save_pretrained(path)
+    if not special_tokens:
+        tokenizer.pad_token, tokenizer.eos_token = None, None
+    tokenizer.save_pretrained(path)
+    return path
+
+
+def _jsonl(tmp: Path, rows: list[str]) -> Path:
+    path = tmp / "data.jsonl"
+    path.write_text("\n".join(rows) + "\n")
+    return path
+
+
+def _local_task(path: Path) -> list[str]:
+    return ["--set", "task.name=local_files", "--set", f"task.path={path}"]
+
+
+GOOD_ROW = json.dumps({"question": "What is 1+1?", "answer": "1+1=2\n#### 2"})
+
+CASES: dict[str, tuple[Case, str]] = {
+    "missing policy path": (
+        lambda tmp, store: ["--set", "policy.kind=local", "--set", f"policy.path={tmp / 'nope'}"],
+        "is not an HF model directory (no config.json)",
+    ),
+    "policy dir without config.json": (
+        lambda tmp, store: [
+            "--set",
+            "policy.kind=local",
+            "--set",
+            f"policy.path={tmp.joinpath('e').mkdir() or tmp / 'e'}",
+        ],
+        "no config.json",
+    ),
+    "tokenizer without pad or EOS": (
+        lambda tmp, store: [
+            "--set",
+            "policy.kind=local",
+            "--set",
+            f"policy.path={_policy_dir(tmp, special_tokens=False)}",
+        ],
+        "neither a pad nor an EOS token",
+    ),
+    "missing task.path": (
+        lambda tmp, store: _local_task(tmp / "missing.jsonl"),
+        "missing.jsonl",
+    ),
+    "a data row without an answer": (
+        lambda tmp, store: _local_task(_jsonl(tmp, [GOOD_ROW, json.dumps({"question": "q?"})])),
+        "data.jsonl:2",
+    ),
+    "a split with no problems": (
+        lambda tmp, store: _local_task(_jsonl(tmp, [GOOD_ROW])),
+        "problems: give it more data",
+    ),
+    "store is a file": (
+        lambda tmp, store: ["--store", str(tmp / "file")],
+        "is a file, not a directory",
+    ),
+    "run id with a slash": (lambda tmp, store: ["--run-id", "a/b"], "invalid run id"),
+    "changed config of a run with commits": (
+        lambda tmp, store: ["--run-id", "r1", "--set", "grpo.steps=7"],
+        "different config (differing keys: grpo.steps",
+    ),
+    "a run another process holds": (lambda tmp, store: ["--run-id", "held"], "is locked by PID"),
+    "prompt longer than the policy's context": (
+        lambda tmp, store: ["--set", "policy.max_position_embeddings=16"],
+        "exceeds the policy's context (max_position_embeddings) = 16",
+    ),
+    "prompt longer than the RMs' max_length": (
+        lambda tmp, store: ["--set", "reward_models.max_length=20"],
+        "exceeds reward_models.max_length = 20",
+    ),
+    "ks above n_samples": (lambda tmp, store: ["--set", "evaluation.ks=[16]"], "evaluation.ks"),
+    "mini-batches above the batch": (
+        lambda tmp, store: ["--set", "grpo.algo.mini_batches_per_epoch=999"],
+        "grpo.algo.mini_batches_per_epoch (999) exceeds",
+    ),
+    "heads that do not divide the width": (
+        lambda tmp, store: ["--set", "policy.hidden_size=30"],
+        "even multiple of policy.n_heads",
+    ),
+    "a config file that is not YAML": (
+        lambda tmp, store: ["--config", str(_write(tmp / "c.yaml", "run: [1\n"))],
+        "c.yaml line 2, column 1: not valid YAML",
+    ),
+}
+
+
+def _write(path: Path, text: str) -> Path:
+    path.write_text(text)
+    return path
+
+
+def _existing_store(store: Path) -> None:
+    """A store holding a committed run `r1` (micro config) and a run `held` locked by us."""
+    from tests.test_store import commit_a_stage
+
+    cfg = load_config("micro", [f"store.root={store}", "run.run_id=r1"])
+    commit_a_stage(RunStore(store), "r1", cfg.model_dump(mode="json"))
+
+
+@pytest.mark.parametrize("prefect", [False, True], ids=["no-prefect", "prefect"])
+@pytest.mark.parametrize("name", list(CASES))
+def test_user_error_is_one_clean_line_and_the_store_is_untouched(
+    name: str, prefect: bool, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    case, expected = CASES[name]
+    store = tmp_path / "store"
+    (tmp_path / "file").write_text("not a store")
+    _existing_store(store)
+    held = RunStore(store).open_run("held", {})  # a live holder: this process
+    try:
+        args = case(tmp_path, store)
+        argv = ["run", "--config", "micro", "--store", str(store), *args]
+        argv += [] if prefect else ["--no-prefect"]
+        before = listing(store)
+        code = main(argv)
+        after = listing(store)
+    finally:
+        held.close()
+    out = capsys.readouterr()
+    text = out.out + out.err
+    assert code == 2, text
+    assert expected in text, text
+    assert "Traceback" not in text
+    errors = [line for line in out.err.splitlines() if "error" in line]
+    assert len(errors) <= 3, out.err  # the message (a config error lists one line per field)
+    assert after == before
+
+
+def test_prefect_logs_a_user_error_without_its_traceback() -> None:
+    import logging
+    import sys
+
+    from flows.run_commands import _NoUserErrorTraceback
+
+    def record(exc: Exception) -> logging.LogRecord:
+        try:
+            raise exc
+        except Exception:
+            info = sys.exc_info()
+        return logging.LogRecord("prefect.flow_runs", logging.ERROR, "f", 1, "failed", None, info)
+
+    user, bug = record(FileNotFoundError("no such policy")), record(KeyError("ratio_max"))
+    assert _NoUserErrorTraceback().filter(user) and _NoUserErrorTraceback().filter(bug)
+    assert user.exc_info is None  # the message says it all
+    assert bug.exc_info is not None  # a bug keeps its traceback
