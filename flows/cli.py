@@ -154,12 +154,15 @@ def add_sql(sub: Any) -> None:
 def cmd_sql(args: argparse.Namespace) -> int:
     from storage.sql import run_query, view_statements
 
-    store = RunStore(args.store)
+    store = RunStore(args.store).require_existing()
     if args.print_views:
         _emit("\n".join(view_statements(store)) + "\n", args.output)
         return 0
     if not args.query:
-        raise StoreError('give a query, e.g. itergrpo sql "SELECT * FROM runs"')
+        raise StoreError(
+            'give a query, e.g. itergrpo sql "SELECT * FROM eval LIMIT 10" (tables: '
+            f"{', '.join(TABLE_SCHEMAS)}; `itergrpo tables` lists their columns)"
+        )
     _write_result(run_query(store, args.query), args.format, args.output, args.max_rows)
     return 0
 
@@ -176,7 +179,7 @@ def add_tables(sub: Any) -> None:
 def cmd_tables(args: argparse.Namespace) -> int:
     import pyarrow.parquet as pq
 
-    store = RunStore(args.store)
+    store = RunStore(args.store).require_existing()
     rows = []
     for name, schema in TABLE_SCHEMAS.items():
         count: int | str = 0
@@ -210,7 +213,7 @@ def add_runs(sub: Any) -> None:
 
 
 def cmd_runs(args: argparse.Namespace) -> int:
-    runs = RunStore(args.store).runs()
+    runs = RunStore(args.store).require_existing().runs()
     cols = ["run_id", "status", "iterations_done", "created_at", "updated_at"]
     table = pa.Table.from_pylist(
         [{c: None if r.get(c) is None else str(r.get(c)) for c in cols} for r in runs],

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shlex
 from collections import defaultdict
 from pathlib import Path
 from typing import Any
@@ -167,9 +168,16 @@ def summary_markdown(store: RunStore, run_id: str) -> str:
         text.append("No evaluation rows yet.")
     text += [
         "",
-        f"Inspect with SQL: `itergrpo sql \"SELECT * FROM eval WHERE run_id = '{run_id}'\"`",
+        f"Inspect with SQL: `{sql_hint(store, run_id)}`",
     ]
     return "\n".join(text) + "\n"
+
+
+def sql_hint(store: RunStore, run_id: str) -> str:
+    """A command that queries this run, pasteable from any shell (the store named)."""
+    query = f"SELECT * FROM eval WHERE run_id = '{run_id}'"
+    # Run ids are [A-Za-z0-9._-]: the query is safe inside double quotes.
+    return f'itergrpo sql "{query}" --store {shlex.quote(str(store.root))}'
 
 
 def write_report(store: RunStore, run_id: str, out_dir: Path) -> list[Path]:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import shlex
 import sys
 import time
 from pathlib import Path
@@ -13,7 +14,7 @@ from flows.cli import USER_ERRORS, nonempty, store_option
 from flows.config import ItergrpoConfig, load_config, validate_config
 from flows.loop import default_run_id, execute_run
 from flows.preflight import preflight
-from flows.report import format_table, iteration_table, write_report
+from flows.report import format_table, iteration_table, sql_hint, write_report
 from storage.store import RunStore, resolve_store_root
 
 log = logging.getLogger("itergrpo")
@@ -72,7 +73,7 @@ def _finish(cfg: ItergrpoConfig, seconds: float) -> None:
     print(f"\nrun {cfg.run.run_id} finished in {seconds:.0f} s")
     print(f"store:  {store.root.resolve()}")
     print(f"report: {plots[0].parent.resolve()}")
-    print(f"query:  itergrpo sql \"SELECT * FROM eval WHERE run_id = '{cfg.run.run_id}'\"")
+    print(f"query:  {sql_hint(store, cfg.run.run_id)}")
 
 
 def _run_config(cfg: ItergrpoConfig, args: argparse.Namespace) -> int:
@@ -82,7 +83,8 @@ def _run_config(cfg: ItergrpoConfig, args: argparse.Namespace) -> int:
     try:
         _execute(cfg, use_prefect=not args.no_prefect, force_config=args.force_config)
     except RunInterrupted as exc:
-        print(f"{exc}: itergrpo resume {cfg.run.run_id}", file=sys.stderr)
+        store = shlex.quote(str(cfg.store.resolved_root()))
+        print(f"{exc}: itergrpo resume {cfg.run.run_id} --store {store}", file=sys.stderr)
         return 130
     _finish(cfg, time.perf_counter() - start)
     return 0
@@ -109,7 +111,8 @@ def cmd_resume(args: argparse.Namespace) -> int:
 
 
 def cmd_report(args: argparse.Namespace) -> int:
-    store = RunStore(args.store)
+    store = RunStore(args.store).require_existing()
+    store.run_status(args.run_id)  # an unknown run is an error, not empty plots
     out = Path(args.out) if args.out else store.root / "reports" / args.run_id
     print(format_table(iteration_table(store, args.run_id)))
     for path in write_report(store, args.run_id, out):

@@ -125,6 +125,16 @@ class RunStore:
                 f"or set {STORE_ENV}"
             )
 
+    def require_existing(self) -> RunStore:
+        """Self, or StoreError if nothing is stored at the root (a typo'd --store would
+        otherwise read as an empty store)."""
+        if not self.runs_dir.is_dir():
+            raise StoreError(
+                f"no itergrpo store at {self.root}: pass --store DIR or set {STORE_ENV} (runs "
+                f"write to {DEFAULT_ROOT} unless told otherwise)"
+            )
+        return self
+
     def __repr__(self) -> str:
         return f"RunStore({str(self.root)!r})"
 

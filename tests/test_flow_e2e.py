@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shlex
 import shutil
 from pathlib import Path
 
@@ -220,6 +221,7 @@ def test_a_moved_store_resumes_where_the_user_names_it(
     micro_run: tuple[RunStore, str],
     tmp_path: Path,
     monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
     reach: str,
 ) -> None:
     """The store is the one named ($ITERGRPO_STORE here), not the one in the stored config:
@@ -242,3 +244,8 @@ def test_a_moved_store_resumes_where_the_user_names_it(
     recorded = yaml.safe_load((copy / "runs" / run_id / "config.yaml").read_text())
     assert recorded["store"]["root"] == str(Path(named).absolute())
     assert snapshot(RunStore(copy), run_id) == snapshot(store, run_id)
+    # The printed query names the store: pasted in a shell without the variable, it works.
+    (hint,) = [x for x in capsys.readouterr().out.splitlines() if x.startswith("query:")]
+    monkeypatch.delenv("ITERGRPO_STORE")
+    assert main(shlex.split(hint.removeprefix("query:"))[1:]) == 0
+    assert "orm_auroc" in capsys.readouterr().out

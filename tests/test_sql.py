@@ -150,3 +150,31 @@ def test_cli_store_that_is_a_file(tmp_path: Path, capsys: pytest.CaptureFixture[
     f.write_text("x")
     assert main(["runs", "--store", str(f)]) == 2
     assert "is a file" in capsys.readouterr().err
+
+
+def test_pivot_is_a_read_only_query(store: RunStore) -> None:
+    t = run_query(store, "PIVOT (SELECT metric, value FROM eval) ON metric USING max(value)")
+    assert sorted(t.column_names) == ["greedy_acc", "maj@4", "pass@4"]
+    with pytest.raises(SqlReadOnlyError):
+        run_query(store, "PIVOT (SELECT metric FROM eval) ON metric; COPY eval TO 'x.csv'")
+
+
+@pytest.mark.parametrize("command", [["sql", "SELECT 1"], ["tables"], ["runs"], ["report", "r1"]])
+def test_a_missing_store_is_an_error_not_an_empty_one(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], command: list[str]
+) -> None:
+    missing = tmp_path / "typo"
+    assert main([*command, "--store", str(missing)]) == 2
+    assert f"no itergrpo store at {missing}" in capsys.readouterr().err
+    assert not missing.exists()
+
+
+def test_report_of_an_unknown_run_and_the_sql_hint(
+    store: RunStore, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["report", "nope", "--store", str(store.root)]) == 2
+    assert "no run 'nope'" in capsys.readouterr().err
+    assert not (store.root / "reports" / "nope").exists()
+    assert main(["sql", "--store", str(store.root)]) == 2
+    hint = capsys.readouterr().err
+    assert "SELECT * FROM eval LIMIT 10" in hint and "rollouts" in hint
