@@ -403,12 +403,16 @@ def parse_override(text: str) -> tuple[str, Any]:
     return key, value
 
 
+def preset_names() -> list[str]:
+    """The presets `--config NAME` accepts (configs/*.yaml)."""
+    return sorted(p.stem for p in CONFIG_DIR.glob("*.yaml"))
+
+
 def preset_path(name: str) -> Path:
     """configs/<name>.yaml, or an error listing the presets."""
     path = CONFIG_DIR / f"{name}.yaml"
     if not path.is_file():
-        known = sorted(p.stem for p in CONFIG_DIR.glob("*.yaml"))
-        raise ConfigError(f"unknown preset {name!r}; presets: {', '.join(known)}")
+        raise ConfigError(f"unknown preset {name!r}; presets: {', '.join(preset_names())}")
     return path
 
 

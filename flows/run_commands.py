@@ -11,7 +11,7 @@ import time
 from pathlib import Path
 
 from flows.cli import USER_ERRORS, nonempty, store_option
-from flows.config import ItergrpoConfig, load_config, validate_config
+from flows.config import ItergrpoConfig, load_config, preset_names, validate_config
 from flows.loop import default_run_id, execute_run
 from flows.preflight import preflight
 from flows.report import format_table, iteration_table, sql_hint, write_report
@@ -139,7 +139,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
 def _run_options(p: argparse.ArgumentParser, *, config: bool = True) -> None:
     if config:
-        p.add_argument("--config", help="YAML file or preset name (configs/*.yaml)")
+        p.add_argument("--config", help=f"YAML file or preset name: {', '.join(preset_names())}")
         p.add_argument(
             "--set", action="append", metavar="KEY=VALUE", help="override, e.g. grpo.steps=20"
         )
