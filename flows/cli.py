@@ -32,6 +32,8 @@ USER_ERRORS: tuple[type[Exception], ...] = (StoreError, ValueError, OSError)
 _COMMAND_ERRORS: tuple[type[Exception], ...] = (*USER_ERRORS, duckdb.Error)
 
 _MAX_CELL = 60
+# The loggers of itergrpo's own lines (stage starts, GRPO steps, tables): INFO and up.
+PACKAGE_LOGGERS = ("itergrpo", "flows", "grpo_core", "reward_models", "storage")
 
 
 # ---- output -------------------------------------------------------------------------------
@@ -251,7 +253,7 @@ def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
     os.environ.setdefault("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1")
     # Our own progress lines (stage starts, metrics) are INFO; libraries stay at WARNING.
-    for name in ("itergrpo", "flows", "grpo_core", "reward_models", "storage"):
+    for name in PACKAGE_LOGGERS:
         logging.getLogger(name).setLevel(logging.INFO)
     command = next((a for a in args_list if not a.startswith("-")), None)
     known = command in COMMANDS or any(command in n for _, n in LAZY_COMMANDS.values())

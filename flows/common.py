@@ -52,12 +52,16 @@ FAULT_ENV = "ITERGRPO_FAULT"
 
 
 def with_fault_hook(progress: ProgressFn, stage: str, iteration: int) -> ProgressFn:
-    """`progress`, plus the signal FAULT_ENV asks for at its stage/iteration/report."""
+    """`progress`, plus the signal FAULT_ENV asks for at its stage/iteration/report:
+    `SIGNAL@stage:iteration:n` to this process, `SIGNAL-GROUP@...` to its whole process group
+    (what a terminal's Ctrl-C does)."""
     spec = os.environ.get(FAULT_ENV, "")
     if not spec:
         return progress
     try:
         sig_name, where = spec.split("@")
+        group = sig_name.endswith("-GROUP")
+        sig_name = sig_name.removesuffix("-GROUP")
         want_stage, want_iteration, want_count = where.split(":")
         sig = signal.Signals[sig_name]
         count_at = int(want_count)
@@ -73,8 +77,11 @@ def with_fault_hook(progress: ProgressFn, stage: str, iteration: int) -> Progres
         progress(fraction, message)
         calls += 1
         if calls == count_at:
-            log.warning("%s: sending %s at %s", FAULT_ENV, sig.name, where)
-            os.kill(os.getpid(), sig)
+            log.warning("%s: sending %s at %s", FAULT_ENV, spec.split("@")[0], where)
+            if group:
+                os.killpg(os.getpgrp(), sig)
+            else:
+                os.kill(os.getpid(), sig)
 
     return hooked
 
@@ -104,6 +111,12 @@ def apply_threads(cfg: ItergrpoConfig) -> None:
     """torch CPU threads from run.num_threads (unset: torch's default)."""
     if cfg.run.num_threads:
         torch.set_num_threads(cfg.run.num_threads)
+
+
+def set_deepspeed_accelerator(cfg: ItergrpoConfig) -> None:
+    """DeepSpeed picks its accelerator once, when first imported (transformers may import it
+    without DeepSpeed being used): name run.device's, so it neither guesses nor warns."""
+    os.environ.setdefault("DS_ACCELERATOR", resolve_device(cfg).type)
 
 
 def derive_seed(base: int, *parts: object) -> int:

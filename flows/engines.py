@@ -34,7 +34,7 @@ from safetensors.torch import load_file
 from torch import Tensor, nn
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-from flows.common import POLICY, ckpt, log, resolve_device
+from flows.common import POLICY, ckpt, log, set_deepspeed_accelerator
 from flows.config import ConfigError, ItergrpoConfig
 from grpo_core.batching import PolicyBatch
 from grpo_core.engine import TorchEngine, TrainEngine
@@ -121,8 +121,7 @@ def build_train_engine(
     if cfg.engines.train == "torch":
         return TorchEngine(model, **kwargs)
     _require_deepspeed()
-    # DeepSpeed's accelerator follows run.device (read once, when deepspeed is imported).
-    os.environ.setdefault("DS_ACCELERATOR", resolve_device(cfg).type)
+    set_deepspeed_accelerator(cfg)
     from grpo_core.deepspeed_engine import DeepSpeedEngine
 
     ds = cfg.engines.deepspeed.model_copy(update={"processes_per_node": 1, "hostfile": None})

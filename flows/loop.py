@@ -15,6 +15,7 @@ from flows.common import (
     EVALUATE,
     GRPO,
     INTERRUPT,
+    ITERATION_STAGES,
     LABEL,
     ROLLOUT,
     TRAIN_RM,
@@ -25,6 +26,7 @@ from flows.common import (
     apply_threads,
     graceful_sigint,
     no_progress,
+    set_deepspeed_accelerator,
     with_fault_hook,
 )
 from flows.config import ItergrpoConfig, stored_config_as_current
@@ -56,8 +58,20 @@ def planned_stages(cfg: ItergrpoConfig) -> list[tuple[str, int]]:
     """Every (stage, iteration) of the run, in order. The warm start also evaluates policy_0."""
     plan = [(WARM_START, 0)]
     for k in range(cfg.run.iterations):
-        plan.extend((name, k) for name in (ROLLOUT, LABEL, TRAIN_RM, GRPO, EVALUATE))
+        plan.extend((name, k) for name in ITERATION_STAGES)
     return plan
+
+
+def seconds_left(remaining: list[str], last_seconds: dict[str, float]) -> float | None:
+    """Time the `remaining` stages should take, each as long as its last run; None while a
+    stage has not run yet (the first iteration)."""
+    if any(name not in last_seconds for name in remaining):
+        return None
+    return sum(last_seconds[name] for name in remaining)
+
+
+def _minutes(seconds: float) -> str:
+    return f"{int(seconds) // 60}m{int(seconds) % 60:02d}s"
 
 
 def call_directly(
@@ -77,16 +91,29 @@ def run_loop(
 ) -> list[StageResult]:
     """Run every planned stage not yet committed; committed ones are skipped (resume)."""
     results: list[StageResult] = []
-    for name, iteration in planned_stages(cfg):
+    plan = planned_stages(cfg)
+    n, began = cfg.run.iterations, time.perf_counter()
+    last_seconds: dict[str, float] = {}
+    for position, (name, iteration) in enumerate(plan):
         INTERRUPT.check()
         if run.is_committed(iteration, name):
             result = StageResult(name, iteration, skipped=True)
         else:
-            log.info("iteration %d: %s", iteration, name)
+            where = "policy_0" if name == WARM_START else f"iteration {iteration + 1}/{n}"
+            log.info("%s: %s", where, name)
             start = time.perf_counter()
             result = execute(name, iteration, STAGE_FUNCTIONS[name])
-            result.seconds = time.perf_counter() - start
-            log.info("iteration %d: %s done in %.1f s", iteration, name, result.seconds)
+            result.seconds = last_seconds[name] = time.perf_counter() - start
+            left = seconds_left([s for s, _ in plan[position + 1 :]], last_seconds)
+            eta = "" if left is None else f", about {_minutes(left)} left"
+            log.info(
+                "%s: %s done in %.1f s (run: %s elapsed%s)",
+                where,
+                name,
+                result.seconds,
+                _minutes(time.perf_counter() - began),
+                eta,
+            )
         results.append(result)
         if name == EVALUATE:
             run.set_status("running", iterations_done=iteration + 1)
@@ -106,6 +133,7 @@ def execute_run(
     if cfg.run.run_id is None:
         raise ValueError("run.run_id is empty: the caller picks one (see default_run_id)")
     apply_threads(cfg)
+    set_deepspeed_accelerator(cfg)
     check_engines(cfg)  # a selected engine that is not installed fails before any stage
     store = RunStore(cfg.store.resolved_root())
     with store.open_run(

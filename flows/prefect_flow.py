@@ -5,8 +5,12 @@ and the deployment entry point used by `itergrpo serve`."""
 # process from a pickled copy of the flow, and the parameter model Prefect builds there from
 # the signature must see the ItergrpoConfig class itself, not the string "ItergrpoConfig"
 # (it failed with "Iterative_RlModel is not fully defined").
+import contextlib
+import json
+import logging
 import os
 import re
+from collections.abc import Iterator
 from typing import Any, cast
 from uuid import UUID
 
@@ -18,16 +22,24 @@ from prefect.artifacts import (
     update_progress_artifact,
 )
 from prefect.cache_policies import NO_CACHE
+from prefect.logging.handlers import APILogHandler
+from prefect.states import Cancelled, State
 
-from flows.common import StageResult, with_fault_hook
-from flows.config import ItergrpoConfig
+from flows.cli import PACKAGE_LOGGERS
+from flows.common import RunInterrupted, StageResult, with_fault_hook
+from flows.config import ItergrpoConfig, validate_config
 from flows.loop import Executor, StageFn, default_run_id, execute_run
 from flows.preflight import preflight
 from flows.report import iteration_table, summary_markdown
+from grpo_core.config import merge_trees
 from storage.store import RunStore, RunWriter
 
 os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
 os.environ.setdefault("DO_NOT_TRACK", "1")
+
+
+# Set by `itergrpo serve` for its flow runs: the served config, as JSON.
+SERVED_CONFIG_ENV = "ITERGRPO_SERVED_CONFIG"
 
 
 def artifact_key(run_id: str, what: str) -> str:
@@ -80,10 +92,42 @@ def _publish_iteration_table(cfg: ItergrpoConfig, result: StageResult) -> None:
         )
 
 
+def served_config(given: ItergrpoConfig, served: str | None) -> ItergrpoConfig:
+    """The fields the run's parameters set, on top of the config `itergrpo serve` was started
+    with (`served`, JSON; None outside a served deployment). Prefect replaces a parameter
+    whole, so without this `--params '{"config": {"run": {"iterations": 1}}}'` ran the class
+    defaults (another store, another task size) instead of the served preset with one
+    iteration. The UI form sends every field, so it is taken as it is."""
+    if not served:
+        return given
+    return validate_config(
+        merge_trees(json.loads(served), given.model_dump(mode="json", exclude_unset=True))
+    )
+
+
+@contextlib.contextmanager
+def itergrpo_lines_in_the_flow_run_logs() -> Iterator[None]:
+    """Send itergrpo's own log lines (stages, GRPO steps, tables) to the flow run's logs, so
+    a run started from the UI or a deployment shows them; INFO where no level was set (a
+    served run's process never ran the CLI that sets it)."""
+    handler = APILogHandler()
+    loggers = [logging.getLogger(name) for name in PACKAGE_LOGGERS]
+    for lg in loggers:
+        lg.addHandler(handler)
+        if lg.level == logging.NOTSET:
+            lg.setLevel(logging.INFO)
+    try:
+        yield
+    finally:
+        for lg in loggers:
+            lg.removeHandler(handler)
+
+
 @flow(name="iterative-rl", log_prints=True)
-def iterative_rl(config: ItergrpoConfig, force_config: bool = False) -> dict[str, Any]:
+def iterative_rl(config: ItergrpoConfig, force_config: bool = False) -> dict[str, Any] | State:
     """DeepSeekMath Algorithm 1: rollout -> label -> train RMs (replay) -> GRPO -> evaluate."""
     logger = get_run_logger()
+    config = served_config(config, os.environ.get(SERVED_CONFIG_ENV))
     if config.run.run_id is None:
         config = config.model_copy(
             update={"run": config.run.model_copy(update={"run_id": default_run_id()})}
@@ -91,13 +135,18 @@ def iterative_rl(config: ItergrpoConfig, force_config: bool = False) -> dict[str
     run_id = config.run.run_id
     assert run_id is not None
     logger.info("run %s, store %s", run_id, config.store.resolved_root())
-    preflight(config, force_config=force_config)  # UI-triggered runs: refused before any write
-    results = execute_run(
-        config,
-        force_config=force_config,
-        make_executor=prefect_executor,
-        on_stage_done=lambda r: _publish_iteration_table(config, r),
-    )
+    try:
+        with itergrpo_lines_in_the_flow_run_logs():
+            preflight(config, force_config=force_config)  # UI runs: refused before any write
+            results = execute_run(
+                config,
+                force_config=force_config,
+                make_executor=prefect_executor,
+                on_stage_done=lambda r: _publish_iteration_table(config, r),
+            )
+    except RunInterrupted as exc:  # stopped at a safe point: resumable, not a failure
+        logger.warning("%s: itergrpo resume %s", exc, run_id)
+        return Cancelled(message=str(exc))
     store = RunStore(config.store.resolved_root())
     create_markdown_artifact(
         summary_markdown(store, run_id),

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import os
 import shlex
@@ -11,6 +12,7 @@ import time
 from pathlib import Path
 
 from flows.cli import USER_ERRORS, nonempty, store_option
+from flows.common import RunInterrupted
 from flows.config import ItergrpoConfig, load_config, preset_names, validate_config
 from flows.loop import default_run_id, execute_run
 from flows.preflight import preflight
@@ -43,7 +45,8 @@ class _NoUserErrorTraceback(logging.Filter):
     message says all (the CLI prints it again at the end), so the traceback is dropped."""
 
     def filter(self, record: logging.LogRecord) -> bool:
-        if record.exc_info and isinstance(record.exc_info[1], USER_ERRORS):
+
+        if record.exc_info and isinstance(record.exc_info[1], (*USER_ERRORS, RunInterrupted)):
             record.exc_info, record.exc_text = None, None
         return True
 
@@ -56,10 +59,15 @@ def _execute(cfg: ItergrpoConfig, *, use_prefect: bool, force_config: bool) -> N
     preflight(cfg, force_config=force_config)  # before Prefect: a refusal is one clean line
     if use_prefect:
         from flows.prefect_flow import iterative_rl
+        from flows.prefect_server import prefect_api
 
         for name in ("prefect.flow_runs", "prefect.task_runs"):
             logging.getLogger(name).addFilter(_NoUserErrorTraceback())
-        iterative_rl(cfg, force_config=force_config)
+        with prefect_api():
+            state = iterative_rl(cfg, force_config=force_config, return_state=True)
+        if state.is_cancelled():  # the flow stopped at a safe point after Ctrl-C
+            raise RunInterrupted(state.message or "interrupted")
+        state.result()  # the flow's exception, if it failed
     else:
         execute_run(cfg, force_config=force_config)
 
@@ -77,7 +85,6 @@ def _finish(cfg: ItergrpoConfig, seconds: float) -> None:
 
 
 def _run_config(cfg: ItergrpoConfig, args: argparse.Namespace) -> int:
-    from flows.common import RunInterrupted
 
     start = time.perf_counter()
     try:
@@ -121,12 +128,14 @@ def cmd_report(args: argparse.Namespace) -> int:
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
-    from flows.prefect_flow import iterative_rl
+    from flows.prefect_flow import SERVED_CONFIG_ENV, iterative_rl
 
     cfg = load_config(args.config, args.set or [])
     # UI-triggered runs write where this command would have: resolved once, here.
     root = resolve_store_root(args.store, cfg.store.root)
     cfg = validate_config({**cfg.model_dump(mode="json"), "store": {"root": str(root)}})
+    # Flow runs are child processes of this one: they merge partial parameters onto this.
+    os.environ[SERVED_CONFIG_ENV] = json.dumps(cfg.model_dump(mode="json"))
     iterative_rl.serve(
         name=args.name,
         cron=args.cron,

@@ -21,6 +21,7 @@ from transformers import (
     PreTrainedModel,
     PreTrainedTokenizerBase,
 )
+from transformers.utils import logging as hf_logging
 
 from grpo_core.policy import ensure_pad_token, reading_checkpoint
 
@@ -97,7 +98,14 @@ class RewardModel(nn.Module):
                 f"reward-model backbone {path} is not a model directory (no config.json)"
             )
         config = _head_config(AutoConfig.from_pretrained(path))
-        net = AutoModelForTokenClassification.from_pretrained(path, config=config)
+        # The head is new by design: transformers' load report ("score.weight MISSING") is
+        # noise here, so its warnings are held back while the backbone loads.
+        verbosity = hf_logging.get_verbosity()
+        hf_logging.set_verbosity_error()
+        try:
+            net = AutoModelForTokenClassification.from_pretrained(path, config=config)
+        finally:
+            hf_logging.set_verbosity(verbosity)
         return cls(net, tokenizer or AutoTokenizer.from_pretrained(path), kind)
 
     def save(

@@ -89,10 +89,21 @@ def read_lock(path: Path) -> dict[str, Any] | None:
     return data
 
 
+def _held(holder: dict[str, Any]) -> bool:
+    """Whether `holder` still holds its lock: alive, or on another host (cannot be checked)."""
+    return holder.get("host") != socket.gethostname() or _holder_alive(holder)
+
+
+def lock_is_held(path: Path) -> bool:
+    """Whether a live process holds the lock at `path`."""
+    holder = read_lock(path)
+    return holder is not None and _held(holder)
+
+
 def _refuse_a_live_holder(path: Path, run_id: str, holder: dict[str, Any]) -> None:
     """RunLockedError if `holder` is alive (or on another host, where it cannot be checked)."""
     same_host = holder.get("host") == socket.gethostname()
-    if not same_host or _holder_alive(holder):
+    if _held(holder):
         where = "" if same_host else f" on host {holder.get('host')} (cannot check it)"
         raise RunLockedError(
             f"run {run_id!r} is locked by PID {holder.get('pid')}{where} since "

@@ -30,7 +30,7 @@ from storage.errors import (
     StoreError,
     StorePathError,
 )
-from storage.lock import RunLock, acquire_lock, check_unlocked
+from storage.lock import RunLock, acquire_lock, check_unlocked, lock_is_held
 from storage.scan import present_columns, quote_ident, resolve_corrupt, table_select_sql
 from storage.schemas import STAGES_TABLE, TABLE_SCHEMAS, conform, table_schema
 
@@ -435,6 +435,9 @@ class RunStore:
                 status = self.run_status(rid)
             except (StoreError, ValueError):
                 status = {"status": "unknown"}
+            if status.get("status") == "running" and not lock_is_held(self.run_dir(rid) / "lock"):
+                # killed (-9, power loss) before it could record anything: resumable
+                status["status"] = "interrupted (stale)"
             out.append({"run_id": rid, **status})
         return out
 

@@ -7,12 +7,19 @@ from pathlib import Path
 
 import pytest
 from prefect.client.orchestration import get_client
-from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterKey, FlowRunFilter
+from prefect.client.schemas.filters import (
+    ArtifactFilter,
+    ArtifactFilterKey,
+    FlowRunFilter,
+    LogFilter,
+    LogFilterLevel,
+)
 from prefect.client.schemas.objects import Artifact
+from prefect.logging.handlers import APILogHandler
 from prefect.testing.utilities import prefect_test_harness
 
 from flows.loop import planned_stages
-from flows.prefect_flow import artifact_key, iterative_rl
+from flows.prefect_flow import artifact_key, iterative_rl, served_config
 from storage.store import RunStore
 from tests.flow_helpers import micro_config
 
@@ -54,9 +61,31 @@ def test_flow_runs_each_stage_as_a_task_publishes_artifacts_and_resumes(tmp_path
     progress = [t for t in tasks if t.name == "grpo-iter0"]
     assert progress and all(t.state and t.state.is_completed() for t in progress)
 
+    # itergrpo's own lines reach the flow run's logs (what the UI's Logs tab shows)
+    APILogHandler().flush()
+    with get_client(sync_client=True) as client:
+        logs = client.read_logs(log_filter=LogFilter(level=LogFilterLevel(ge_=0)), limit=200)
+    messages = "\n".join(log.message for log in logs)
+    assert "iteration 1/1: rollout done in" in messages
+    assert "GRPO iter 0 step 0: reward" in messages
+
     again = iterative_rl(cfg)
     assert again == {"run_id": "pf-1", "stages_run": 0, "stages_skipped": n_stages}
 
 
 def test_artifact_keys_are_what_prefect_accepts() -> None:
     assert artifact_key("Demo_2026.11", "metrics") == "itergrpo-metrics-demo-2026-11"
+
+
+def test_partial_parameters_merge_onto_the_served_config(tmp_path: Path) -> None:
+    """What `prefect deployment run --params '{"config": {"run": {"iterations": 1}}}'` sends
+    is validated by Prefect into a config whose unset fields are remembered: only the named
+    field changes; the served preset and store stay."""
+    served = micro_config(tmp_path, "served")
+    given = iterative_rl.validate_parameters({"config": {"run": {"iterations": 1}}})["config"]
+    merged = served_config(given, served.model_dump_json())
+    assert merged.run.iterations == 1
+    assert merged.store.root == str(tmp_path)  # not ./itergrpo-store
+    assert merged.warm_start == served.warm_start  # micro's, not the class defaults
+    assert merged.model_copy(update={"run": served.run}) == served
+    assert served_config(given, None) is given  # outside `itergrpo serve`

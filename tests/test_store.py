@@ -224,9 +224,11 @@ def test_status_and_runs(tmp_path: Path) -> None:
     store = RunStore(tmp_path)
     with store.open_run("r1", {}) as run:
         run.set_status("running", iterations_done=2)
-    (info,) = store.runs()
+        (info,) = store.runs()
     assert (info["run_id"], info["status"], info["iterations_done"]) == ("r1", "running", 2)
     assert "created_at" in info
+    # its process gone without recording an end (kill -9): not shown as running
+    assert store.runs()[0]["status"] == "interrupted (stale)"
     status = json.loads((tmp_path / "runs" / "r1" / "status.json").read_text())
     assert status["status"] == "running"
 

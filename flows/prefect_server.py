@@ -1,0 +1,109 @@
+"""The Prefect API a CLI run reports to: the user's server when PREFECT_API_URL is set, else
+a temporary one started here.
+
+Prefect's own temporary server runs in the CLI's process group, so a terminal's Ctrl-C
+(sent to the whole group) stopped the server too, and the run then retried its API calls
+for minutes instead of stopping at its next safe point; a `kill -9` of the CLI orphaned it.
+This one runs in its own session (Ctrl-C reaches only the run) and is tied to the CLI's
+life (Linux: the kernel stops it when the CLI dies, however it dies).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+
+from flows.common import log
+
+STARTUP_SECONDS = 90.0
+_PR_SET_PDEATHSIG = 1  # prctl(2)
+
+
+def _stop_with_parent() -> None:
+    """In the child before exec: SIGTERM when the parent dies (Linux; elsewhere a no-op)."""
+    if sys.platform.startswith("linux"):
+        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def _wait_until_healthy(url: str, server: subprocess.Popen[bytes]) -> None:
+    import httpx
+
+    deadline = time.monotonic() + STARTUP_SECONDS
+    while time.monotonic() < deadline:
+        if server.poll() is not None:
+            raise RuntimeError(f"the temporary Prefect server exited with code {server.returncode}")
+        with contextlib.suppress(httpx.HTTPError):
+            if httpx.get(f"{url}/health", timeout=2).status_code == 200:
+                return
+        time.sleep(0.2)
+    raise RuntimeError(
+        f"the temporary Prefect server did not answer at {url} within "
+        f"{STARTUP_SECONDS:.0f} s; set PREFECT_API_URL to a running server"
+    )
+
+
+@contextlib.contextmanager
+def prefect_api() -> Iterator[None]:
+    """Run the body against the configured Prefect API, or a temporary server of our own."""
+    from prefect.settings import PREFECT_API_URL, get_current_settings, temporary_settings
+
+    if PREFECT_API_URL.value():
+        yield
+        return
+    port = _free_port()
+    url = f"http://127.0.0.1:{port}/api"
+    env = {
+        **os.environ,
+        **get_current_settings().to_environment_variables(exclude_unset=True),
+        # What Prefect's own temporary server sets: the API only, no background services.
+        "PREFECT_UI_ENABLED": "0",
+        "PREFECT__SERVER_EPHEMERAL": "1",
+        "PREFECT__SERVER_FINAL": "1",
+        "PREFECT_SERVER_LOGGING_LEVEL": "ERROR",
+    }
+    log.info("starting a temporary Prefect server on %s", url)
+    server = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "uvicorn",
+            "--factory",
+            "prefect.server.api.server:create_app",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            "--log-level",
+            "error",
+            "--lifespan",
+            "on",
+        ],
+        env=env,
+        start_new_session=True,  # a terminal's Ctrl-C reaches the run, not its server
+        preexec_fn=_stop_with_parent,  # only a prctl call, between fork and exec
+        stdout=subprocess.DEVNULL,
+    )
+    try:
+        _wait_until_healthy(url, server)
+        with temporary_settings({PREFECT_API_URL: url}):
+            yield
+    finally:
+        server.terminate()
+        try:
+            server.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            server.kill()
+            server.wait()
