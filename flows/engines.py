@@ -547,7 +547,13 @@ def build_rollout_engine(
     (labelling always with prefix caching: each step prefix is shared by N completions).
     """
     if cfg.engines.rollout == "hf":
-        return HFRolloutEngine(model, tokenizer, batch_size=batch_size, show_progress=show_progress)
+        return HFRolloutEngine(
+            model,
+            tokenizer,
+            batch_size=batch_size,
+            show_progress=show_progress,
+            progress_label=purpose,
+        )
     checkpoint_dir = ckpt(cfg, run.run_id, POLICY, policy_iteration)
     prefix_caching = True if purpose == "label" else cfg.engines.vllm.prefix_caching
     engine: RolloutEngine = VLLM_WORKER.engine(cfg, run, checkpoint_dir, prefix_caching)

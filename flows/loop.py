@@ -105,7 +105,7 @@ def run_loop(
             result = execute(name, iteration, STAGE_FUNCTIONS[name])
             result.seconds = last_seconds[name] = time.perf_counter() - start
             left = seconds_left([s for s, _ in plan[position + 1 :]], last_seconds)
-            eta = "" if left is None else f", about {_minutes(left)} left"
+            eta = f", about {_minutes(left)} left" if left else ""
             log.info(
                 "%s: %s done in %.1f s (run: %s elapsed%s)",
                 where,

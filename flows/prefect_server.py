@@ -55,6 +55,17 @@ def _wait_until_healthy(url: str, server: subprocess.Popen[bytes]) -> None:
     )
 
 
+def _send_queued_logs() -> None:
+    """Deliver the log lines still queued for the API while the server is up; at exit the
+    worker would retry a stopped server ('Error logging to API') for half a minute."""
+    from prefect.logging.handlers import APILogHandler
+
+    try:
+        APILogHandler().flush()
+    except Exception as exc:  # delivery of log copies must not fail a finished run
+        log.warning("could not send the last log lines to the Prefect API: %s", exc)
+
+
 @contextlib.contextmanager
 def prefect_api() -> Iterator[None]:
     """Run the body against the configured Prefect API, or a temporary server of our own."""
@@ -99,7 +110,10 @@ def prefect_api() -> Iterator[None]:
     try:
         _wait_until_healthy(url, server)
         with temporary_settings({PREFECT_API_URL: url}):
-            yield
+            try:
+                yield
+            finally:
+                _send_queued_logs()
     finally:
         server.terminate()
         try:

@@ -157,12 +157,14 @@ class HFRolloutEngine:
         batch_size: int = 256,
         device: str | torch.device | None = None,
         show_progress: bool = True,
+        progress_label: str = "sampling",
     ) -> None:
         ensure_pad_token(tokenizer)
         self.model, self.tokenizer = model, tokenizer
         self.batch_size = batch_size
         self.device = torch.device(device) if device else next(model.parameters()).device
         self.show_progress = show_progress
+        self.progress_label = progress_label  # the bar's title: the stage that samples
         self.stop_ids = stop_token_ids(tokenizer, getattr(model, "generation_config", None))
 
     def generate(
@@ -198,7 +200,7 @@ class HFRolloutEngine:
         reasons: list[FinishReason] = []
         was_training = self.model.training
         self.model.eval()
-        bar = tqdm(total=len(rows_ids), desc="rollout", unit="seq", disable=not self.show_progress)
+        bar = tqdm(total=len(rows_ids), desc=self.progress_label, unit="seq", disable=not self.show_progress)
         try:
             for at in range(0, len(rows_ids), self.batch_size):
                 chunk = rows_ids[at : at + self.batch_size]

@@ -109,6 +109,7 @@ def test_ctrl_c_under_prefect_stops_at_a_safe_point_and_resumes(tmp_path: Path) 
     assert stopped_in < 10, f"took {stopped_in:.1f} s to stop"
     assert f"itergrpo resume {RUN_ID} --store {store}" in text
     assert "Traceback" not in text, text[-3000:]
+    assert "Error logging to API" not in text, text[-3000:]
     deadline = time.monotonic() + 15
     while alive(children) and time.monotonic() < deadline:
         time.sleep(0.2)
@@ -119,6 +120,7 @@ def test_ctrl_c_under_prefect_stops_at_a_safe_point_and_resumes(tmp_path: Path) 
     code = resumed.wait(timeout=300)
     text = drain(lines, [])
     assert code == 0, text[-3000:]
+    assert "Error logging to API" not in text, text[-3000:]
     assert "GRPO: resuming at step" in text
     assert RunStore(store).run_status(RUN_ID)["status"] == "completed"
 
