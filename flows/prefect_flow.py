@@ -125,7 +125,14 @@ def itergrpo_lines_in_the_flow_run_logs() -> Iterator[None]:
 
 @flow(name="iterative-rl", log_prints=True)
 def iterative_rl(config: ItergrpoConfig, force_config: bool = False) -> dict[str, Any] | State:
-    """DeepSeekMath Algorithm 1: rollout -> label -> train RMs (replay) -> GRPO -> evaluate."""
+    """DeepSeekMath Algorithm 1: rollout -> label -> train RMs (replay) -> GRPO -> evaluate.
+
+    Args:
+        config: The run's configuration; fields left out keep the served preset's values.
+        force_config: Reuse run.run_id although its stored config differs from this one
+            (a run with committed stages is otherwise refused): its config.yaml is replaced
+            and the old one kept beside it.
+    """
     logger = get_run_logger()
     config = served_config(config, os.environ.get(SERVED_CONFIG_ENV))
     if config.run.run_id is None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import shlex
 from collections import defaultdict
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -191,46 +192,115 @@ def write_report(store: RunStore, run_id: str, out_dir: Path) -> list[Path]:
     out_dir.mkdir(parents=True, exist_ok=True)
     rows = iteration_table(store, run_id)
     written = []
-    panels = [
-        ("accuracy.png", "Accuracy", ("greedy_acc", "sample_acc", "maj", "pass")),
-        (
-            "reward_kl.png",
-            "GRPO: learned-RM reward vs verifier",
-            ("reward", "rm_reward", "verifier_acc", "kl"),
-        ),
-        (
-            "rm_auroc.png",
-            "RM drift: retrained vs stale AUROC",
-            (*DRIFT_METRICS, "orm_auroc_new_questions"),
-        ),
-    ]
     heads = dict(zip((k for k, _ in TABLE_COLUMNS), _headers(rows), strict=True)) if rows else {}
     heads["reward"] = "reward used"
-    for filename, title, keys in panels:
-        fig, ax = plt.subplots(figsize=(6, 4))
-        for key in keys:
-            points = [(r["policy"], r[key]) for r in rows if r.get(key) is not None]
-            if points:
-                xs, ys = zip(*points, strict=True)
-                ax.plot(xs, ys, marker="o", label=heads.get(key, key))
-        if filename == "rm_auroc.png":
-            ax.axhline(0.5, color="grey", linestyle=":", label="chance")
+    for panel in PANELS:
+        fig, ax = plt.subplots(figsize=(6.5, 4))
+        plotted = _draw(ax, rows, panel.keys, heads)
+        if panel.right_keys:  # another quantity, another axis
+            right = ax.twinx()
+            plotted += _draw(right, rows, panel.right_keys, heads, style="--", color="tab:red")
+            right.set_ylabel(panel.right_label)
+            lines = ax.get_legend_handles_labels()[0] + right.get_legend_handles_labels()[0]
+        else:
+            lines = ax.get_legend_handles_labels()[0]
+        if panel.chance is not None:
+            ax.axhline(panel.chance, color="grey", linestyle=":", label="chance")
+            lines = ax.get_legend_handles_labels()[0]
+        if not plotted:
+            ax.text(0.5, 0.5, panel.empty, ha="center", va="center", transform=ax.transAxes)
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))  # policies are whole numbers
         ax.set_xlabel("policy (k = after k GRPO iterations)")
-        ax.set_title(f"{title} — {run_id}")
+        ax.set_ylabel(panel.ylabel)
+        ax.set_title(f"{panel.title} — {run_id}")
         ax.grid(alpha=0.3)
-        if ax.get_legend_handles_labels()[0]:
-            ax.legend()
-        path = out_dir / filename
+        if lines:
+            ax.legend(handles=lines, fontsize="small")
+        path = out_dir / panel.filename
         fig.tight_layout()
         fig.savefig(path, dpi=100)
         plt.close(fig)
         written.append(path)
     written.append(_plot_rm_gap(plt, store, run_id, out_dir))
     summary = out_dir / "summary.md"
-    summary.write_text(summary_markdown(store, run_id))
+    pictures = [f"![{p.stem}]({p.name})" for p in written]
+    summary.write_text(summary_markdown(store, run_id) + "\n" + "\n\n".join(pictures) + "\n")
     written.append(summary)
     return written
+
+
+@dataclass(frozen=True)
+class Panel:
+    """One report plot: what it shows on which axis, and what it says when it has nothing."""
+
+    filename: str
+    title: str
+    ylabel: str
+    keys: tuple[str, ...]
+    empty: str
+    right_keys: tuple[str, ...] = ()
+    right_label: str = ""
+    chance: float | None = None
+
+
+PANELS = (
+    Panel(
+        "accuracy.png",
+        "Accuracy on held-out problems",
+        "accuracy (error bars: ±1 s.e.)",
+        ("greedy_acc", "sample_acc", "maj", "pass"),
+        "no evaluation yet",
+    ),
+    Panel(
+        "reward_kl.png",
+        "GRPO: reward paid vs verifier",
+        "mean over the GRPO steps",
+        ("reward", "rm_reward", "verifier_acc"),
+        "no GRPO stage yet",
+        right_keys=("kl",),
+        right_label="KL to the reference (dashed)",
+    ),
+    Panel(
+        "rm_auroc.png",
+        "RM drift: retrained vs stale",
+        "AUROC on fresh held-out outputs",
+        (*DRIFT_METRICS, "orm_auroc_new_questions"),
+        "no AUROC: no reward model, or outputs all right or all wrong",
+        chance=0.5,
+    ),
+)
+
+
+def _draw(
+    ax: Any,
+    rows: list[dict[str, Any]],
+    keys: tuple[str, ...],
+    heads: dict[str, str],
+    style: str = "-",
+    color: str | None = None,
+) -> int:
+    """Plot each key's values per policy (with ±1 s.e. bars where known); lines drawn."""
+    drawn = 0
+    for key in keys:
+        points = [r for r in rows if r.get(key) is not None]
+        if not points:
+            continue
+        xs = [r["policy"] for r in points]
+        ys = [r[key] for r in points]
+        errs = [r.get(f"{key}_se") or 0.0 for r in points]
+        label = heads.get(key, key)
+        ax.errorbar(
+            xs,
+            ys,
+            yerr=errs if any(errs) else None,
+            marker="o",
+            linestyle=style,
+            capsize=3,
+            label=label,
+            color=color,
+        )
+        drawn += 1
+    return drawn
 
 
 def _plot_rm_gap(plt: Any, store: RunStore, run_id: str, out_dir: Path) -> Path:

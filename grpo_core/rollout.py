@@ -200,7 +200,12 @@ class HFRolloutEngine:
         reasons: list[FinishReason] = []
         was_training = self.model.training
         self.model.eval()
-        bar = tqdm(total=len(rows_ids), desc=self.progress_label, unit="seq", disable=not self.show_progress)
+        bar = tqdm(
+            total=len(rows_ids),
+            desc=self.progress_label,
+            unit="seq",
+            disable=not self.show_progress,
+        )
         try:
             for at in range(0, len(rows_ids), self.batch_size):
                 chunk = rows_ids[at : at + self.batch_size]

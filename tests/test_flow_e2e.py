@@ -249,3 +249,21 @@ def test_a_moved_store_resumes_where_the_user_names_it(
     monkeypatch.delenv("ITERGRPO_STORE")
     assert main(shlex.split(hint.removeprefix("query:"))[1:]) == 0
     assert "orm_auroc" in capsys.readouterr().out
+
+
+def test_report_draws_every_panel_and_one_page_embeds_them(
+    micro_run: tuple[RunStore, str], tmp_path: Path
+) -> None:
+    import matplotlib.image as mpimg
+
+    from flows.report import PANELS, write_report
+
+    store, run_id = micro_run
+    written = write_report(store, run_id, tmp_path)
+    names = [p.name for p in written]
+    assert names == [*(p.filename for p in PANELS), "rm_vs_verifier.png", "summary.md"]
+    for path in written[:-1]:
+        assert mpimg.imread(path).shape[2] in (3, 4)  # a real PNG
+    page = (tmp_path / "summary.md").read_text()
+    assert all(f"]({name})" in page for name in names[:-1])
+    assert f"--store {store.root}" in page  # the SQL hint pastes into any shell
