@@ -228,21 +228,40 @@ def cmd_runs(args: argparse.Namespace) -> int:
 # ---- registry -----------------------------------------------------------------------------
 
 COMMANDS: dict[str, AddCommand] = {"sql": add_sql, "tables": add_tables, "runs": add_runs}
-# "module": ("function adding subparsers", (commands it adds)); imported on demand.
-LAZY_COMMANDS: dict[str, tuple[str, tuple[str, ...]]] = {
-    "flows.run_commands": ("add_run_commands", ("run", "demo", "resume", "report", "serve")),
+# Commands of modules that load torch and Prefect, with their one-line help (shown by
+# `itergrpo --help` without importing them): "module": ("function adding them", {name: help}).
+LAZY_COMMANDS: dict[str, tuple[str, dict[str, str]]] = {
+    "flows.run_commands": (
+        "add_run_commands",
+        {
+            "run": "run the iterative RL loop",
+            "demo": "the built-in demo: warm start + 3 iterations on CPU",
+            "resume": "resume a run from its stored config and artifacts",
+            "report": "plots and a markdown summary of a run",
+            "serve": "serve the flow as a Prefect deployment (UI-triggered runs)",
+        },
+    ),
 }
 
 
+def command_help(name: str) -> str:
+    """The one-line help of a lazily imported command."""
+    return next(helps[name] for _, helps in LAZY_COMMANDS.values() if name in helps)
+
+
 def build_parser(command: str | None) -> argparse.ArgumentParser:
-    """The parser; lazy modules are imported only for their own command (or for --help)."""
+    """The parser; a lazy module is imported only when its own command runs (--help lists
+    its commands from LAZY_COMMANDS, so it starts in a fraction of a second)."""
     parser = argparse.ArgumentParser(prog="itergrpo", description="Iterative GRPO runs and store.")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for add in COMMANDS.values():
         add(sub)
-    for module, (func, names) in LAZY_COMMANDS.items():
-        if command is None or command in names:
+    for module, (func, helps) in LAZY_COMMANDS.items():
+        if command in helps:
             getattr(importlib.import_module(module), func)(sub)
+        else:
+            for name, text in helps.items():
+                sub.add_parser(name, help=text, add_help=False)
     return parser
 
 
@@ -256,7 +275,7 @@ def main(argv: list[str] | None = None) -> int:
     for name in PACKAGE_LOGGERS:
         logging.getLogger(name).setLevel(logging.INFO)
     command = next((a for a in args_list if not a.startswith("-")), None)
-    known = command in COMMANDS or any(command in n for _, n in LAZY_COMMANDS.values())
+    known = command in COMMANDS or any(command in h for _, h in LAZY_COMMANDS.values())
     parser = build_parser(command if known else None)
     try:
         args = parser.parse_args(args_list)

@@ -48,6 +48,7 @@ from reward_models.scoring import score_outcome, score_steps
 from reward_models.training import (
     RMExample,
     Source,
+    check_training_mix,
     load_or_init_reward_model,
     orm_examples,
     prm_examples,
@@ -125,6 +126,7 @@ def _rm_examples(
             examples += prm_examples(
                 steps, texts, tokenizer, cfg.reward_models.prm_label, source, origin
             )
+    check_training_mix(examples, iteration)  # new from k, replay from before k only
     return examples
 
 

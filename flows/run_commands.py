@@ -11,7 +11,7 @@ import sys
 import time
 from pathlib import Path
 
-from flows.cli import USER_ERRORS, nonempty, store_option
+from flows.cli import USER_ERRORS, command_help, nonempty, store_option
 from flows.common import RunInterrupted
 from flows.config import ItergrpoConfig, load_config, preset_names, validate_config
 from flows.loop import default_run_id, execute_run
@@ -159,7 +159,7 @@ def _run_options(p: argparse.ArgumentParser, *, config: bool = True) -> None:
 
 
 def add_run_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    p = sub.add_parser("run", help="run the iterative RL loop")
+    p = sub.add_parser("run", help=command_help("run"))
     _run_options(p)
     p.add_argument("--run-id", type=nonempty, help="run id; reusing one resumes it")
     p.add_argument(
@@ -167,23 +167,23 @@ def add_run_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -
     )
     p.set_defaults(func=cmd_run)
 
-    p = sub.add_parser("demo", help="the built-in demo: warm start + 3 iterations on CPU")
+    p = sub.add_parser("demo", help=command_help("demo"))
     _run_options(p)
     p.add_argument("--run-id", type=nonempty, help="run id (default: demo-<time>)")
     p.set_defaults(func=cmd_demo, force_config=False, config=None)
 
-    p = sub.add_parser("resume", help="resume a run from its stored config and artifacts")
+    p = sub.add_parser("resume", help=command_help("resume"))
     p.add_argument("run_id")
     _run_options(p, config=False)
     p.set_defaults(func=cmd_resume)
 
-    p = sub.add_parser("report", help="plots and a markdown summary of a run")
+    p = sub.add_parser("report", help=command_help("report"))
     p.add_argument("run_id")
     store_option(p)
     p.add_argument("--out", help="output directory (default <store>/reports/<run_id>)")
     p.set_defaults(func=cmd_report)
 
-    p = sub.add_parser("serve", help="serve the flow as a Prefect deployment (UI-triggered runs)")
+    p = sub.add_parser("serve", help=command_help("serve"))
     p.add_argument("--config", default="demo", help="default parameters: YAML file or preset")
     p.add_argument("--set", action="append", metavar="KEY=VALUE")
     store_option(p)

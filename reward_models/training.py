@@ -191,13 +191,6 @@ def prm_examples(
     return out
 
 
-def replay_size(n_new: int, replay_ratio: float) -> int:
-    """Replay rows to add to n_new new rows so they make up replay_ratio of the mix."""
-    if not 0.0 <= replay_ratio < 1.0:
-        raise ValueError(f"replay_ratio must be in [0, 1) (got {replay_ratio})")
-    return round(n_new * replay_ratio / (1.0 - replay_ratio))
-
-
 def check_training_mix(examples: Sequence[RMExample], iteration: int) -> None:
     """New examples must come from `iteration`, replayed ones from earlier iterations only."""
     for e in examples:

@@ -130,3 +130,25 @@ def test_a_folder_of_other_files_is_not_taken_for_a_store(
     )
     assert code == 2 and "not an itergrpo store" in text
     assert [p.name for p in tmp_path.iterdir()] == ["thesis.tex"]
+
+
+def test_help_lists_every_command_without_loading_torch_or_prefect() -> None:
+    code = (
+        "import sys, contextlib, io\n"
+        "from flows.cli import main\n"
+        "out = io.StringIO()\n"
+        "with contextlib.redirect_stdout(out):\n"
+        "    main(['--help'])\n"
+        "print(out.getvalue())\n"
+        "print('heavy:', sorted(m for m in ('torch', 'prefect') if m in sys.modules))\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code],
+        cwd=Path(__file__).resolve().parent.parent,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    for command in ("sql", "tables", "runs", "run", "demo", "resume", "report", "serve"):
+        assert f"    {command} " in done.stdout
+    assert "heavy: []" in done.stdout

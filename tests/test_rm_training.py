@@ -19,7 +19,6 @@ from reward_models.training import (
     load_or_init_reward_model,
     orm_examples,
     prm_examples,
-    replay_size,
     train_reward_model,
 )
 
@@ -130,14 +129,6 @@ def test_continual_training_starts_from_the_saved_model(tmp_path: Path) -> None:
     trained = rm.state_dict()
     assert all(torch.equal(w, trained[k]) for k, w in resumed.state_dict().items())
     assert not torch.equal(resumed.net.score.weight, fresh_rm().net.score.weight)
-
-
-def test_replay_makes_up_the_configured_share_of_the_mix() -> None:
-    assert replay_size(90, 0.10) == 10
-    assert replay_size(0, 0.10) == 0 and replay_size(50, 0.0) == 0
-    assert replay_size(300, 0.25) == 100
-    with pytest.raises(ValueError, match="replay_ratio"):
-        replay_size(10, 1.0)
 
 
 def test_mix_check_rejects_replay_from_the_current_iteration() -> None:
