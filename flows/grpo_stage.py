@@ -37,7 +37,7 @@ from flows.common import (
 from flows.config import ItergrpoConfig
 from flows.engines import GRPOSampler, PolicyUpdater, build_policy_updater, save_policy
 from flows.model_io import policy_at, to_device
-from grpo_core.advantages import AdvantageInputs, get_adv_estimator
+from grpo_core.advantages import AdvantageInputs, get_adv_estimator, pad_steps
 from grpo_core.answers import format_reward
 from grpo_core.batching import build_policy_batch
 from grpo_core.numerics import DIVERGED, REWARD_SOURCE, require_finite, require_finite_metrics
@@ -148,25 +148,6 @@ def reward_stats(rewards: StepRewards) -> dict[str, float]:
     return stats
 
 
-def _pad_steps(
-    values: list[list[float]], ends: list[list[int]], shape: tuple[int, int]
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Ragged per-output step lists -> (P, G, S) rewards, mask and end indices."""
-    width = max((len(v) for v in values), default=0) or 1
-    rewards = torch.zeros(len(values), width)
-    mask = torch.zeros(len(values), width, dtype=torch.bool)
-    end_idx = torch.zeros(len(values), width, dtype=torch.long)
-    for r, (vals, idx) in enumerate(zip(values, ends, strict=True)):
-        rewards[r, : len(vals)] = torch.tensor(vals)
-        mask[r, : len(vals)] = True
-        end_idx[r, : len(idx)] = torch.tensor(idx, dtype=torch.long)
-    return (
-        rewards.reshape(*shape, width),
-        mask.reshape(*shape, width),
-        end_idx.reshape(*shape, width),
-    )
-
-
 def token_advantages(
     cfg: ItergrpoConfig, rewards: StepRewards, response_mask: torch.Tensor, shape: tuple[int, int]
 ) -> torch.Tensor:
@@ -178,7 +159,7 @@ def token_advantages(
         correct=rewards.verifier.reshape(shape),
     )
     if rewards.step_scores is not None and rewards.step_ends is not None:
-        step_rewards, step_mask, step_ends = _pad_steps(
+        step_rewards, step_mask, step_ends = pad_steps(
             rewards.step_scores, rewards.step_ends, shape
         )
         inputs = AdvantageInputs(

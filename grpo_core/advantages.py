@@ -101,6 +101,34 @@ def process_advantages_batched(
     return step_rewards_to_token_advantages(normed, step_mask, step_ends, response_mask)
 
 
+def pad_steps(
+    values: list[list[float]], ends: list[list[int]], shape: tuple[int, int]
+) -> tuple[Tensor, Tensor, Tensor]:
+    """Ragged per-output step rewards and step-end token indices (B = P * G lists) ->
+    (P, G, S) rewards, valid-step mask and end indices, S the most steps of any output
+    (at least 1); padding is 0 / False / 0."""
+    if len(values) != len(ends) or len(values) != shape[0] * shape[1]:
+        raise ValueError(
+            f"{len(values)} step-reward lists and {len(ends)} step-end lists for a "
+            f"{shape[0]} x {shape[1]} group batch"
+        )
+    width = max((len(v) for v in values), default=0) or 1
+    rewards = torch.zeros(len(values), width)
+    mask = torch.zeros(len(values), width, dtype=torch.bool)
+    end_idx = torch.zeros(len(values), width, dtype=torch.long)
+    for r, (vals, idx) in enumerate(zip(values, ends, strict=True)):
+        if len(vals) != len(idx):
+            raise ValueError(f"output {r}: {len(vals)} step rewards but {len(idx)} step ends")
+        rewards[r, : len(vals)] = torch.tensor(vals, dtype=rewards.dtype)
+        mask[r, : len(vals)] = True
+        end_idx[r, : len(idx)] = torch.tensor(idx, dtype=torch.long)
+    return (
+        rewards.reshape(*shape, width),
+        mask.reshape(*shape, width),
+        end_idx.reshape(*shape, width),
+    )
+
+
 def sft_coefficients(correct: Tensor) -> Tensor:
     """SFT gradient coefficient, spec section 6: 1 for every output; shape of `correct`."""
     return torch.ones_like(correct, dtype=torch.float32)

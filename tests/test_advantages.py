@@ -152,3 +152,21 @@ def test_near_equal_rewards_keep_advantages_summing_to_zero() -> None:
     advantages = outcome_advantages(rewards)
     assert advantages.dtype == torch.float32
     assert float(advantages.sum(dim=-1).abs().max()) < 1e-5
+
+
+def test_pad_steps_makes_ragged_step_lists_a_masked_group_tensor() -> None:
+    from grpo_core.advantages import pad_steps
+
+    rewards, mask, ends = pad_steps(
+        [[0.5, 1.0], [], [0.2], [0.1, 0.3]], [[3, 7], [], [4], [2, 9]], (2, 2)
+    )
+    assert rewards.shape == mask.shape == ends.shape == (2, 2, 2)
+    want = torch.tensor([[[0.5, 1.0], [0.0, 0.0]], [[0.2, 0.0], [0.1, 0.3]]])
+    assert torch.equal(rewards, want)
+    assert mask.tolist() == [[[True, True], [False, False]], [[True, False], [True, True]]]
+    assert ends.tolist() == [[[3, 7], [0, 0]], [[4, 0], [2, 9]]]
+    assert pad_steps([[], []], [[], []], (1, 2))[1].shape == (1, 2, 1)  # no steps: width 1
+    with pytest.raises(ValueError, match="output 0: 2 step rewards but 1 step ends"):
+        pad_steps([[0.1, 0.2]], [[3]], (1, 1))
+    with pytest.raises(ValueError, match="for a 2 x 2 group batch"):
+        pad_steps([[0.1]], [[3]], (2, 2))
