@@ -128,8 +128,13 @@ def execute_run(
     force_config: bool = False,
     make_executor: Callable[[ItergrpoConfig, RunWriter], Executor] | None = None,
     on_stage_done: Callable[[StageResult], None] | None = None,
+    stop_signals: tuple[type[BaseException], ...] = (),
 ) -> list[StageResult]:
-    """Open (lock) the run, run the loop, record the final status."""
+    """Open (lock) the run, run the loop, record the final status.
+
+    A RunInterrupted (Ctrl-C at a safe point) or one of `stop_signals` (the engine's own
+    termination, e.g. Prefect's on a UI cancel) records `interrupted`; anything else `failed`.
+    """
     if cfg.run.run_id is None:
         raise ValueError("run.run_id is empty: the caller picks one (see default_run_id)")
     apply_threads(cfg)
@@ -147,11 +152,9 @@ def execute_run(
         try:
             with graceful_sigint():
                 results = run_loop(cfg, run, executor, on_stage_done)
-        except RunInterrupted:
-            run.set_status("interrupted")
-            raise
-        except BaseException:
-            run.set_status("failed")
+        except BaseException as exc:
+            stopped = isinstance(exc, (RunInterrupted, *stop_signals))
+            run.set_status("interrupted" if stopped else "failed")
             raise
         finally:
             close_rollout_engines()  # the vLLM worker kept between stages, if any

@@ -22,6 +22,7 @@ from prefect.artifacts import (
     update_progress_artifact,
 )
 from prefect.cache_policies import NO_CACHE
+from prefect.exceptions import TerminationSignal
 from prefect.logging.handlers import APILogHandler
 from prefect.states import Cancelled, State
 
@@ -150,6 +151,7 @@ def iterative_rl(config: ItergrpoConfig, force_config: bool = False) -> dict[str
                 force_config=force_config,
                 make_executor=prefect_executor,
                 on_stage_done=lambda r: _publish_iteration_table(config, r),
+                stop_signals=(TerminationSignal,),  # a cancel from the UI: resumable
             )
     except RunInterrupted as exc:  # stopped at a safe point: resumable, not a failure
         logger.warning("%s: itergrpo resume %s", exc, run_id)
