@@ -1,0 +1,83 @@
+"""`itergrpo serve` end to end: a deployment triggered with partial parameters (as
+`prefect deployment run --params` sends them) runs the served preset in the served store,
+and the flow run's logs, read back through the Prefect API, hold itergrpo's own lines."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+from prefect.client.orchestration import get_client
+from prefect.client.schemas.filters import LogFilter, LogFilterFlowRunId
+from prefect.client.schemas.objects import FlowRun
+from prefect.deployments import run_deployment
+from prefect.settings import PREFECT_API_URL
+from prefect.testing.utilities import prefect_test_harness
+
+from storage.store import RunStore
+
+pytestmark = pytest.mark.slow
+REPO = Path(__file__).resolve().parent.parent
+
+
+def _wait_for_deployment(name: str, serve: subprocess.Popen[str], timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    with get_client(sync_client=True) as client:
+        while time.monotonic() < deadline:
+            assert serve.poll() is None, serve.stderr.read() if serve.stderr else ""
+            try:
+                client.read_deployment_by_name(name)
+                return
+            except Exception:  # not registered yet
+                time.sleep(1)
+    raise AssertionError(f"deployment {name} not registered within {timeout} s")
+
+
+def test_a_served_deployment_merges_partial_parameters_and_logs_its_stages(
+    tmp_path: Path,
+) -> None:
+    store = tmp_path / "store"
+    with prefect_test_harness(server_startup_timeout=120):
+        env = {**os.environ, "PREFECT_API_URL": str(PREFECT_API_URL.value())}
+        env["OMP_NUM_THREADS"] = "1"
+        serve = subprocess.Popen(
+            [
+                *(sys.executable, "-m", "flows.cli", "serve", "--config", "micro"),
+                *("--store", str(store), "--name", "t"),
+            ],
+            cwd=REPO,
+            env=env,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            text=True,
+            start_new_session=True,
+        )
+        try:
+            _wait_for_deployment("iterative-rl/t", serve, timeout=120)
+            flow_run = run_deployment(
+                "iterative-rl/t",
+                parameters={"config": {"run": {"iterations": 1, "run_id": "served-1"}}},
+                timeout=300,
+            )
+            assert isinstance(flow_run, FlowRun)  # the sync call returns the run itself
+            assert flow_run.state is not None and flow_run.state.is_completed(), flow_run.state
+            with get_client(sync_client=True) as client:
+                logs = client.read_logs(
+                    log_filter=LogFilter(flow_run_id=LogFilterFlowRunId(any_=[flow_run.id]))
+                )
+        finally:
+            os.killpg(serve.pid, signal.SIGTERM)
+            serve.wait(timeout=60)
+    status = RunStore(store).run_status("served-1")
+    assert (status["status"], status["iterations_done"]) == ("completed", 1)
+    stored = yaml.safe_load((store / "runs" / "served-1" / "config.yaml").read_text())
+    assert stored["warm_start"]["steps"] == 200  # micro's, not the class default 375
+    messages = "\n".join(log.message for log in logs)
+    assert "iteration 1/1: grpo done in" in messages
+    assert "GRPO iter 0 step 0: reward" in messages
