@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 from collections import defaultdict
-from dataclasses import replace
+from dataclasses import dataclass, field, replace
 
 import torch
 from torch import Tensor, nn
@@ -54,10 +54,7 @@ def grpo_update(
         with torch.no_grad():
             ref = sequence_logprobs(ref_model, batch, cfg.temperature, cfg.micro_batch_size)
 
-    sums: dict[str, float] = defaultdict(float)
-    extremes: dict[str, float] = {}
-    empty_extremes: dict[str, float] = {}  # what grpo_loss reports without response tokens
-    weight_total = 0.0
+    folded = _UpdateMetrics()
     grad_norm_total = 0.0
     steps = 0
     for _ in range(cfg.mu):
@@ -66,7 +63,6 @@ def grpo_update(
             mini_mask = batch.response_mask[mini]
             num_tokens = mini_mask.sum()
             num_seqs = (mini_mask.sum(dim=-1) > 0).sum()
-            additive: dict[str, float] = defaultdict(float)  # micro terms sum to the loss
             for micro, live in rank_micro_batches(
                 mini, cfg.micro_batch_size, engine.data_parallel_rank, engine.data_parallel_size
             ):
@@ -91,35 +87,57 @@ def grpo_update(
                 if old_logprobs is not None:
                     gap = (logp.detach() - old_logprobs[micro]).abs() * part.response_mask
                     metrics["sampling_logprob_gap_max"] = float(gap.max())
-                weight = float(part.response_mask.sum())
-                weight_total += weight
-                for key, value in metrics.items():
-                    if key.endswith(("_max", "_min")):
-                        sign = 1.0 if key.endswith("_max") else -1.0  # min(x) = -max(-x)
-                        seen = extremes.get(key, -math.inf)
-                        extremes[key] = max(seen, sign * value if weight > 0 else -math.inf)
-                        if weight == 0:
-                            empty_extremes.setdefault(key, value)
-                    elif key in ("loss", "policy_loss"):
-                        additive[key] += value
-                    else:
-                        sums[key] += value * weight
+                folded.add(metrics, float(part.response_mask.sum()))
             grad_norm_total += engine.step()
-            for key, value in additive.items():
-                sums[key] += value
             steps += 1
-    sums, extremes, weight_total = _reduce_over_ranks(engine, sums, extremes, weight_total)
-    result = {key: value / max(weight_total, 1.0) for key, value in sums.items()}
+    result = folded.averages(engine, steps)
     result["grad_norm"] = grad_norm_total / steps
-    for key in ("loss", "policy_loss"):
-        result[key] = sums[key] / steps
-    for key, value in extremes.items():
-        sign = 1.0 if key.endswith("_max") else -1.0
-        # -inf: no response token was seen; NaN/inf otherwise is left for the caller's check.
-        result[key] = sign * value if math.isfinite(value) else empty_extremes.get(key, value)
     result["optimizer_steps"] = float(steps)
     result["lr"] = engine.current_lr()
     return result
+
+
+# Loss terms: the micro-batch terms of one optimizer step add up to that step's loss.
+_ADDITIVE = ("loss", "policy_loss")
+
+
+@dataclass
+class _UpdateMetrics:
+    """grpo_loss's per-micro-batch metrics folded into the update's figures: token-weighted
+    means, per-step sums of the loss terms, and maxima / minima (min(x) = -max(-x))."""
+
+    sums: dict[str, float] = field(default_factory=lambda: defaultdict(float))
+    extremes: dict[str, float] = field(default_factory=dict)
+    empty_extremes: dict[str, float] = field(default_factory=dict)  # without response tokens
+    weight: float = 0.0
+
+    def add(self, metrics: dict[str, float], weight: float) -> None:
+        self.weight += weight
+        for key, value in metrics.items():
+            if key.endswith(("_max", "_min")):
+                sign = 1.0 if key.endswith("_max") else -1.0
+                seen = self.extremes.get(key, -math.inf)
+                self.extremes[key] = max(seen, sign * value if weight > 0 else -math.inf)
+                if weight == 0:
+                    self.empty_extremes.setdefault(key, value)
+            elif key in _ADDITIVE:
+                self.sums[key] += value
+            else:
+                self.sums[key] += value * weight
+
+    def averages(self, engine: TrainEngine, steps: int) -> dict[str, float]:
+        """Means over tokens (loss terms: over optimizer steps), reduced over the ranks."""
+        sums, extremes, weight = _reduce_over_ranks(engine, self.sums, self.extremes, self.weight)
+        result = {key: value / max(weight, 1.0) for key, value in sums.items()}
+        for key in _ADDITIVE:
+            result[key] = sums[key] / steps
+        for key, value in extremes.items():
+            sign = 1.0 if key.endswith("_max") else -1.0
+            # -inf: no response token was seen; NaN/inf otherwise is left for the caller's check
+            result[key] = (
+                sign * value if math.isfinite(value) else self.empty_extremes.get(key, value)
+            )
+        return result
 
 
 def rank_micro_batches(
