@@ -37,7 +37,12 @@ from flows.common import (
 from flows.config import ItergrpoConfig
 from flows.engines import GRPOSampler, PolicyUpdater, build_policy_updater, save_policy
 from flows.model_io import policy_at, to_device
-from grpo_core.advantages import AdvantageInputs, get_adv_estimator, pad_steps
+from grpo_core.advantages import (
+    AdvantageInputs,
+    get_adv_estimator,
+    pad_steps,
+    zero_advantage_group_fraction,
+)
 from grpo_core.answers import format_reward
 from grpo_core.batching import build_policy_batch
 from grpo_core.numerics import DIVERGED, REWARD_SOURCE, require_finite, require_finite_metrics
@@ -136,12 +141,16 @@ def compute_rewards(
     return StepRewards(total, verifier, fmt, step_mean, step_scores, step_ends)
 
 
-def reward_stats(rewards: StepRewards) -> dict[str, float]:
+def reward_stats(rewards: StepRewards, group_size: int) -> dict[str, float]:
     """Per-step reward metrics: what was used, what the learned RMs gave, what the verifier
-    says of the same samples (rm_reward_mean - verifier_accuracy is the over-optimisation gap)."""
+    says of the same samples (rm_reward_mean - verifier_accuracy is the over-optimisation gap),
+    and the share of groups whose outputs all got the same reward (no outcome gradient)."""
     stats = {
         "reward_mean": float(rewards.per_output.mean()),
         "verifier_accuracy": float(rewards.verifier.mean()),
+        "equal_reward_groups": zero_advantage_group_fraction(
+            rewards.per_output.reshape(-1, group_size)
+        ),
     }
     if rewards.rm is not None:
         stats["rm_reward_mean"] = float(rewards.rm.mean())
@@ -307,7 +316,7 @@ def grpo_stage(
                 cpu_batch, cpu_batch.response_to_full(advantages), old, step_seed
             )
             sampler.weights_changed()
-            stats.update(reward_stats(rewards))
+            stats.update(reward_stats(rewards, g.group_size))
             require_finite_metrics(stats, where=where, cause=DIVERGED)
             metric_log += metric_rows(GRPO, stats, step)
             sample_rows += _sample_rows(

@@ -170,7 +170,8 @@ def test_prm_outcome_reward_is_weighted_in_and_reported_beside_the_verifier() ->
     assert rewards.step_scores is None  # outcome supervision: one reward per output
     assert torch.allclose(rewards.total, cfg.grpo.rewards.verifier * verifier + 2.0 * worst)
     assert rewards.rm is not None and torch.allclose(rewards.rm, worst)
-    stats = reward_stats(rewards)
+    stats = reward_stats(rewards, group_size=3)
     assert stats["rm_reward_mean"] == pytest.approx(float(worst.mean()))
+    assert stats["equal_reward_groups"] == 0.0  # the three outputs were rewarded differently
     assert stats["verifier_accuracy"] == pytest.approx(2 / 3)
     assert stats["reward_mean"] == pytest.approx(float(rewards.total.mean()))
