@@ -3,9 +3,13 @@
 from __future__ import annotations
 
 import math
+import os
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
+from flows.common import FAULT_ENV
 from flows.config import ItergrpoConfig, load_config
 from storage.schemas import TABLE_KEYS
 from storage.store import RunStore
@@ -33,3 +37,26 @@ def snapshot(store: RunStore, run_id: str) -> dict[str, Any]:
         evals, key=lambda r: (r["policy_iteration"], r["split"], r["metric"], r["k"] or 0)
     )
     return out
+
+
+REPO = Path(__file__).resolve().parent.parent
+# torch.distributed variables an in-process DeepSpeed run of the test process may have left
+# set: a child seeing them would try to listen on this process's port.
+_DIST_VARS = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
+
+
+def cli(store: Path, *args: str, fault: str | None = None) -> subprocess.CompletedProcess[str]:
+    """`itergrpo ARGS --store STORE --no-prefect` in a child process, one torch thread, with
+    the ITERGRPO_FAULT signal `fault` (or none)."""
+    env = {k: v for k, v in os.environ.items() if k not in (*_DIST_VARS, FAULT_ENV)}
+    env["OMP_NUM_THREADS"] = "1"
+    if fault:
+        env[FAULT_ENV] = fault
+    return subprocess.run(
+        [sys.executable, "-m", "flows.cli", *args, "--store", str(store), "--no-prefect"],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )

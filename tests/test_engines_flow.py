@@ -15,11 +15,8 @@ part. Two launched processes add a gradient all-reduce (same bound, per the engi
 from __future__ import annotations
 
 import math
-import os
 import signal
 import socket
-import subprocess
-import sys
 from collections.abc import Iterator
 from importlib.util import find_spec
 from pathlib import Path
@@ -30,15 +27,14 @@ import torch
 from safetensors.torch import load_file
 
 from flows import engines
-from flows.common import FAULT_ENV, GRPO_PROGRESS, POLICY
+from flows.common import GRPO_PROGRESS, POLICY
 from flows.config import ConfigError, EnginesSection, ItergrpoConfig
 from flows.engines import LAUNCH_JOBS, VLLM_SYNC, VLLM_WORKER, check_engines
 from flows.loop import execute_run
 from storage.checkpoints import EXTRA_FILE, checkpoint_path
 from storage.store import RunStore
-from tests.flow_helpers import micro_config, snapshot
+from tests.flow_helpers import cli, micro_config, snapshot
 
-REPO = Path(__file__).resolve().parent.parent
 ABS_TOL, REL_TOL, WEIGHT_TOL = 1e-5, 1e-4, 1e-5
 # Discrete or schedule values: identical whenever the two runs sampled the same tokens.
 # (reward_mean and rm_reward_mean hold the ORM's float scores: compared with tolerance.)
@@ -203,25 +199,6 @@ def test_micro_run_with_deepspeed_zero2_matches_torch(
     want, got = snapshot(RunStore(torch_store), "eng"), snapshot(RunStore(ds_store), "eng")
     for table in ("prompts", "orm_labels", "rm_train"):
         assert got[table] == want[table], table
-
-
-def cli(store: Path, *args: str, fault: str | None = None) -> subprocess.CompletedProcess[str]:
-    # Without the torch.distributed variables an in-process DeepSpeed run of this test
-    # process left set: the child would try to listen on this process's port.
-    dist_vars = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
-    env = {k: v for k, v in os.environ.items() if k not in dist_vars}
-    env["OMP_NUM_THREADS"] = "1"
-    env.pop(FAULT_ENV, None)
-    if fault:
-        env[FAULT_ENV] = fault
-    return subprocess.run(
-        [sys.executable, "-m", "flows.cli", *args, "--store", str(store), "--no-prefect"],
-        cwd=REPO,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
 
 
 @needs_deepspeed

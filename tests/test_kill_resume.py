@@ -9,38 +9,19 @@ exactly (no tolerance), eval values included.
 from __future__ import annotations
 
 import json
-import os
 import signal
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-from flows.common import FAULT_ENV, GRPO_PROGRESS
+from flows.common import GRPO_PROGRESS
 from flows.loop import execute_run
 from storage.checkpoints import EXTRA_FILE, checkpoint_path
 from storage.store import RunStore
-from tests.flow_helpers import micro_config, snapshot
+from tests.flow_helpers import cli, micro_config, snapshot
 
 pytestmark = pytest.mark.slow
 RUN_ID = "kr"
-REPO = Path(__file__).resolve().parent.parent
-
-
-def cli(store: Path, *args: str, fault: str | None = None) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    env.pop(FAULT_ENV, None)
-    if fault:
-        env[FAULT_ENV] = fault
-    return subprocess.run(
-        [sys.executable, "-m", "flows.cli", *args, "--store", str(store), "--no-prefect"],
-        cwd=REPO,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
 
 
 def committed(store: Path) -> set[tuple[str, int]]:
