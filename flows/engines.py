@@ -36,6 +36,7 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from flows.common import POLICY, ckpt, log, set_deepspeed_accelerator
 from flows.config import ConfigError, ItergrpoConfig
+from flows.model_io import save_model
 from grpo_core.batching import PolicyBatch
 from grpo_core.engine import TorchEngine, TrainEngine
 from grpo_core.rollout import HFRolloutEngine
@@ -43,7 +44,6 @@ from grpo_core.rollout_types import RolloutBatch, RolloutEngine, SamplingParams
 from grpo_core.update import grpo_update
 from reward_models.models import RewardModel
 from reward_models.training import rm_optimizer_settings
-from storage.checkpoints import save_checkpoint
 from storage.store import RunWriter
 
 Purpose = Literal["rollout", "label", "evaluate", "grpo"]
@@ -178,21 +178,6 @@ def _plain_state(engine: TrainEngine) -> bool:
     """Whether engine.state_dict() + the model's weights resume the engine exactly (always
     for TorchEngine; DeepSpeedEngine says, else its own checkpoint directory is used)."""
     return bool(getattr(engine, "has_plain_state", True))
-
-
-def save_policy(
-    path: Path,
-    model: PreTrainedModel,
-    tokenizer: PreTrainedTokenizerBase,
-    weights: dict[str, Tensor] | None = None,
-) -> None:
-    """save_model with the weights an engine reports (None: the model's own state_dict)."""
-
-    def write(tmp: Path) -> None:
-        model.save_pretrained(tmp, safe_serialization=True, state_dict=weights)
-        tokenizer.save_pretrained(tmp)
-
-    save_checkpoint(path, write, overwrite=True)
 
 
 # ---- the GRPO update: in process or through the launcher ----------------------------------
@@ -598,7 +583,7 @@ class GRPOSampler:
             return self.hf.generate(prompts, n, params, seed=seed)
         start, synced = time.perf_counter(), self.stale
         if synced:  # the worker loads checkpoints: write the current policy for it
-            save_policy(self.sync_dir, self.model, self.tokenizer, self.weights())
+            save_model(self.sync_dir, self.model, self.tokenizer, self.weights())
             self.current_dir, self.stale = self.sync_dir, False
         saved = time.perf_counter()
         prefix_caching = self.cfg.engines.vllm.prefix_caching

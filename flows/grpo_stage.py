@@ -35,8 +35,8 @@ from flows.common import (
     resolve_device,
 )
 from flows.config import ItergrpoConfig
-from flows.engines import GRPOSampler, PolicyUpdater, build_policy_updater, save_policy
-from flows.model_io import policy_at, to_device
+from flows.engines import GRPOSampler, PolicyUpdater, build_policy_updater
+from flows.model_io import policy_at, save_model, to_device
 from grpo_core.advantages import (
     AdvantageInputs,
     get_adv_estimator,
@@ -341,7 +341,7 @@ def grpo_stage(
                     progress_dir, model, tokenizer, updater, done, sample_rows, metric_log
                 )
             INTERRUPT.check()
-        save_policy(ckpt(cfg, run.run_id, POLICY, k + 1), model, tokenizer, updater.weights())
+        save_model(ckpt(cfg, run.run_id, POLICY, k + 1), model, tokenizer, updater.weights())
     finally:
         sampler.close()
         updater.close()

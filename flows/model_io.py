@@ -16,11 +16,17 @@ from storage.checkpoints import save_checkpoint
 from storage.store import RunWriter
 
 
-def save_model(path: Path, model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase) -> None:
-    """Weights (safetensors) and tokenizer into a temp dir renamed into place."""
+def save_model(
+    path: Path,
+    model: PreTrainedModel,
+    tokenizer: PreTrainedTokenizerBase,
+    weights: dict[str, Tensor] | None = None,
+) -> None:
+    """Weights (safetensors) and tokenizer into a temp dir renamed into place; `weights`
+    (the model's state_dict keys) replace its own, e.g. what a DeepSpeed engine holds."""
 
     def write(tmp: Path) -> None:
-        model.save_pretrained(tmp, safe_serialization=True)
+        model.save_pretrained(tmp, safe_serialization=True, state_dict=weights)
         tokenizer.save_pretrained(tmp)
 
     save_checkpoint(path, write, overwrite=True)
