@@ -26,7 +26,7 @@ os.environ.setdefault("DO_NOT_TRACK", "1")
 
 from flows import loop
 from flows.config import ItergrpoConfig, load_config
-from flows.report import format_table, iteration_table
+from flows.report import format_iteration_table, iteration_table
 from storage.store import RunStore
 
 # (start, end) in time.perf_counter() seconds
@@ -69,7 +69,7 @@ def run_once(mode: str, overrides: list[str], root: Path) -> tuple[Span, StageTi
     finally:
         loop.STAGE_FUNCTIONS.update(original)
     run_span = (start, time.perf_counter())
-    return run_span, times, format_table(iteration_table(RunStore(root), run_id))
+    return run_span, times, format_iteration_table(iteration_table(RunStore(root), run_id))
 
 
 def report(mode: str, run_span: Span, times: StageTimes, iterations: int) -> None:

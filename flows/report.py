@@ -133,8 +133,8 @@ def _headers(rows: list[dict[str, Any]]) -> list[str]:
     return heads
 
 
-def format_table(rows: list[dict[str, Any]]) -> str:
-    """A plain-text table for the terminal."""
+def format_iteration_table(rows: list[dict[str, Any]]) -> str:
+    """The per-iteration table as plain text for the terminal (`iteration_table` rows)."""
     if not rows:
         return "(no evaluation rows yet)"
     heads = _headers(rows)

@@ -16,7 +16,7 @@ from flows.common import RunInterrupted
 from flows.config import ItergrpoConfig, load_config, preset_names, validate_config
 from flows.loop import default_run_id, execute_run
 from flows.preflight import preflight
-from flows.report import format_table, iteration_table, sql_hint, write_report
+from flows.report import format_iteration_table, iteration_table, sql_hint, write_report
 from storage.store import RunStore, resolve_store_root
 
 log = logging.getLogger("itergrpo")
@@ -76,7 +76,7 @@ def _finish(cfg: ItergrpoConfig, seconds: float) -> None:
     assert cfg.run.run_id is not None
     store = RunStore(cfg.store.resolved_root())
     print()
-    print(format_table(iteration_table(store, cfg.run.run_id)))
+    print(format_iteration_table(iteration_table(store, cfg.run.run_id)))
     plots = write_report(store, cfg.run.run_id, store.root / "reports" / cfg.run.run_id)
     print(f"\nrun {cfg.run.run_id} finished in {seconds:.0f} s")
     print(f"store:  {store.root.resolve()}")
@@ -121,7 +121,7 @@ def cmd_report(args: argparse.Namespace) -> int:
     store = RunStore(args.store).require_existing()
     store.run_status(args.run_id)  # an unknown run is an error, not empty plots
     out = Path(args.out) if args.out else store.root / "reports" / args.run_id
-    print(format_table(iteration_table(store, args.run_id)))
+    print(format_iteration_table(iteration_table(store, args.run_id)))
     for path in write_report(store, args.run_id, out):
         print(f"wrote {path}")
     return 0
