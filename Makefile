@@ -80,9 +80,10 @@ $(VLLM_VENV)/.installed:
 	$(VLLM_VENV)/bin/python -c "import vllm; print('vllm', vllm.__version__)"
 	touch $@
 
-# TRL's side of `bench/grpo_step.py --vs-trl`, in its own venv: TRL pins its own transformers
-# and accelerate. torch==2.13.0 first (a CPU build on local disk here; an unpinned torch would
-# pull a multi-GB CUDA build), then bench/requirements-trl.txt. bench/trl_side.py imports only
+# TRL's side of `bench/grpo_step.py --vs-trl`, in its own venv: bench/requirements-trl.txt
+# pins trl and every package it drives to the main venv's versions. torch==2.13.0 first (a
+# CPU build on local disk here; an unpinned torch would pull a multi-GB CUDA build), then
+# bench/requirements-trl.txt. bench/trl_side.py imports only
 # bench/grpo_bench_common.py (standard library), found beside it, so itergrpo is not installed.
 VENV_BENCH ?= .venv-bench
 .PHONY: bench-env
@@ -93,5 +94,6 @@ $(VENV_BENCH)/.installed: bench/requirements-trl.txt
 	$(VENV_BENCH)/bin/pip install --quiet --upgrade pip
 	$(VENV_BENCH)/bin/pip install --quiet torch==2.13.0
 	$(VENV_BENCH)/bin/pip install --quiet -r bench/requirements-trl.txt
-	$(VENV_BENCH)/bin/python -c "import torch, transformers, trl; print('bench-env: torch', torch.__version__, 'transformers', transformers.__version__, 'trl', trl.__version__)"
+	$(VENV_BENCH)/bin/pip check  # the pins must agree with trl's own requirements
+	$(VENV_BENCH)/bin/python -c "import torch, transformers, trl, accelerate; print('bench-env: torch', torch.__version__, 'transformers', transformers.__version__, 'trl', trl.__version__, 'accelerate', accelerate.__version__)"
 	touch $@

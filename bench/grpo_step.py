@@ -2,12 +2,16 @@
 
     OMP_NUM_THREADS=2 python bench/grpo_step.py --config tiny
     OMP_NUM_THREADS=2 python bench/grpo_step.py --config small --vs-trl --pairs 3  # make bench-env
+    OMP_NUM_THREADS=2 python bench/grpo_step.py --config tiny --vs-trl --check-only
     OMP_NUM_THREADS=2 python bench/grpo_step.py --config tiny --profile            # where time goes
 
 Each side runs in its own process (so peak RSS is its own) on the same saved model: 1 warm-up
 + 10 timed steps of 8 prompts x G = 8, temperature 1, beta 0.04, eps 0.2, mu 1, lr 1e-5
-constant. With --vs-trl the sides alternate (ours, TRL, ours, TRL, ...) and each pair gives
-the ratio of median step times ours / TRL.
+constant. With --vs-trl each pair runs both sides, ours first in pairs 1, 3, ... and TRL first
+in pairs 2, 4, ..., and gives the ratio of median step times ours / TRL. Both workers get the
+same OMP_NUM_THREADS and TOKENIZERS_PARALLELISM; each reads back and reports its effective
+settings (optimizer, checkpointing, algorithm, dtype, threads, versions), and the run stops
+if a setting that must match differs. --check-only prints those settings and times nothing.
 """
 
 from __future__ import annotations
@@ -23,6 +27,7 @@ import time
 from collections import defaultdict
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -107,10 +112,20 @@ def maybe_profile(enabled: bool) -> Iterator[None]:
     print(table, file=sys.stderr)
 
 
-def run_ours(
-    cfg: common.BenchConfig, model_dir: Path, profile: bool, compile_models: bool = False
-) -> dict[str, Any]:
-    """Our GRPO step loop, as flows/grpo_stage.py runs it, with per-phase timings.
+@dataclass
+class OurSetup:
+    """Everything our step loop runs on, built the way flows/grpo_stage.py builds it."""
+
+    model: nn.Module
+    reference: nn.Module
+    tokenizer: Any
+    algo: GRPOConfig
+    engine: TimedEngine
+    times: dict[str, float]
+
+
+def build_ours(cfg: common.BenchConfig, model_dir: Path, compile_models: bool) -> OurSetup:
+    """Policy, frozen reference, GRPO settings and engine for `cfg`.
 
     compile_models: torch.compile (dynamic shapes) the policy and reference first, a what-if
     for how much of the step is kernel-launch overhead; the warm-up step absorbs compiling.
@@ -137,6 +152,54 @@ def run_ours(
     times: dict[str, float] = defaultdict(float)
     engine.times = times
     time_forward(reference, times, "reference")
+    return OurSetup(model, reference, tokenizer, algo, engine, times)
+
+
+def our_settings(setup: OurSetup, cfg: common.BenchConfig) -> dict[str, Any]:
+    """Our effective settings, read back from the built objects, in trl_side.py's groups."""
+    algo = setup.algo
+    checkpointing = {
+        **common.checkpointing_facts(setup.model, "model"),
+        **common.checkpointing_facts(setup.reference, "reference"),
+    }
+    return {
+        "optimizer": common.optimizer_facts(setup.engine.optimizer),
+        "checkpointing": checkpointing,
+        "algorithm": {
+            "lr": algo.lr,
+            "lr_schedule": algo.lr_schedule,
+            "max_grad_norm": setup.engine.max_grad_norm,
+            "beta": algo.beta,
+            "clip_eps": [algo.eps_low, algo.eps_high],
+            "mu": algo.mu,
+            "num_generations": common.GROUP_SIZE,
+            "prompts_per_step": common.PROMPTS_PER_STEP,
+            "max_new_tokens": cfg.max_new_tokens,
+            "temperature": algo.temperature,
+        },
+        "dtype": str(next(setup.model.parameters()).dtype),
+        "threads": common.thread_settings(torch.get_num_threads(), torch.get_num_interop_threads()),
+        "versions": common.versions(),
+        "ours": {"loss_agg": algo.loss_agg, "advantage_estimator": algo.advantage_estimator},
+    }
+
+
+def run_ours(
+    cfg: common.BenchConfig,
+    model_dir: Path,
+    profile: bool,
+    compile_models: bool = False,
+    check_only: bool = False,
+) -> dict[str, Any]:
+    """Our GRPO step loop, as flows/grpo_stage.py runs it, with per-phase timings and the
+    effective settings (only those under check_only)."""
+    setup = build_ours(cfg, model_dir, compile_models)
+    settings = our_settings(setup, cfg)
+    common.check_settings("ours", settings)
+    if check_only:
+        return {"side": "ours", "settings": settings, "steps": []}
+    model, tokenizer, reference = setup.model, setup.tokenizer, setup.reference
+    algo, engine, times = setup.algo, setup.engine, setup.times
     sampler = HFRolloutEngine(model, tokenizer, show_progress=False)
     params = SamplingParams(max_new_tokens=cfg.max_new_tokens, temperature=algo.temperature)
     estimator = get_adv_estimator(algo.advantage_estimator)
@@ -178,7 +241,24 @@ def run_ours(
                 "kl": stats["kl"],
             }
         )
-    return {"side": "ours", "steps": steps, "peak_rss_mib": common.peak_rss_mib()}
+    return {
+        "side": "ours",
+        "settings": settings,
+        "steps": steps,
+        "peak_rss_mib": common.peak_rss_mib(),
+    }
+
+
+def worker_env() -> dict[str, str]:
+    """The environment both workers get: same thread count and tokenizer parallelism, so
+    neither side has cores the other lacks."""
+    return {
+        **os.environ,
+        "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "2"),
+        "TOKENIZERS_PARALLELISM": os.environ.get(
+            "TOKENIZERS_PARALLELISM", common.TOKENIZERS_PARALLELISM
+        ),
+    }
 
 
 def run_worker(
@@ -187,16 +267,17 @@ def run_worker(
     model_dir: Path,
     trl_python: str,
     compile_ours: bool = False,
+    check_only: bool = False,
 ) -> dict:
-    """One side in a fresh process; its JSON report."""
+    """One side in a fresh process; its JSON report (settings, and steps unless check_only)."""
     if side == "ours":
         cmd = [sys.executable, __file__, "--worker", "--config", cfg.name]
         cmd += ["--compile"] if compile_ours else []
     else:
         cmd = [trl_python, str(HERE / "trl_side.py"), "--config", cfg.name]
-    env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "2")}
+    cmd += ["--check-only"] if check_only else []
     proc = subprocess.run(
-        [*cmd, "--model-dir", str(model_dir)], capture_output=True, text=True, env=env
+        [*cmd, "--model-dir", str(model_dir)], capture_output=True, text=True, env=worker_env()
     )
     lines = [line for line in proc.stdout.splitlines() if line.startswith(MARK)]
     if proc.returncode != 0 or not lines:
@@ -204,6 +285,23 @@ def run_worker(
         raise SystemExit(f"{side} worker failed (exit {proc.returncode}): {' '.join(cmd)}")
     report: dict = json.loads(lines[-1][len(MARK) :])
     return report
+
+
+def show_settings(ours: dict, trl: dict) -> None:
+    """Print both sides' effective settings; exit if a setting that must match differs."""
+    print(common.format_settings("ours", ours))
+    print(common.format_settings("trl", trl))
+    mismatches = common.settings_mismatches(ours, trl)
+    if mismatches:
+        raise SystemExit("sides differ: " + "; ".join(mismatches))
+    print(f"settings match on both sides: {', '.join(common.MUST_MATCH)}; checkpointing off")
+
+
+def versions_line(ours: dict, trl: dict) -> str:
+    """Package versions of both environments, `name a / b` where they differ."""
+    a, b = ours["versions"], trl["versions"]
+    parts = [f"{k} {a[k]}" if a[k] == b[k] else f"{k} {a[k]} / {b[k]}" for k in a]
+    return "VERSIONS ours / TRL: " + ", ".join(parts)
 
 
 def summarize(report: dict) -> dict[str, float]:
@@ -271,6 +369,57 @@ def result_line(name: str, pairs: list[tuple[dict[str, float], dict[str, float]]
     )
 
 
+def run_pair(
+    pair: int, cfg: common.BenchConfig, model_dir: Path, args: argparse.Namespace
+) -> tuple[dict, dict, list[str]]:
+    """Both sides once, ours first on even pairs and TRL first on odd ones, so neither side
+    always runs on a cooler or warmer machine (page cache, CPU clocks); reports and order."""
+    order = ["ours", "trl"] if pair % 2 == 0 else ["trl", "ours"]
+    reports = {
+        side: run_worker(side, cfg, model_dir, args.trl_python, args.compile and side == "ours")
+        for side in order
+    }
+    return reports["ours"], reports["trl"], order
+
+
+def compare(cfg: common.BenchConfig, model_dir: Path, args: argparse.Namespace) -> dict:
+    """--vs-trl on one config: settings of both sides, then alternating pairs, then RESULT."""
+    pairs: list[tuple[dict[str, float], dict[str, float]]] = []
+    record: dict[str, Any] = {"config": cfg.as_dict(), "pairs": []}
+    for pair in range(args.pairs):
+        before = load()
+        ours, trl, order = run_pair(pair, cfg, model_dir, args)
+        if pair == 0:
+            show_settings(ours["settings"], trl["settings"])
+            print(versions_line(ours["settings"], trl["settings"]))
+            record["settings"] = {"ours": ours["settings"], "trl": trl["settings"]}
+        elif common.settings_mismatches(ours["settings"], trl["settings"]):
+            show_settings(ours["settings"], trl["settings"])  # exits, naming what changed
+        a, b = summarize(ours), summarize(trl)
+        pairs.append((a, b))
+        record["pairs"].append({"order": order, "ours": a, "trl": b})
+        print(
+            f"-- pair {pair + 1} ({' then '.join(order)}): ours/TRL step time "
+            f"{a['step_s'] / b['step_s']:.2f} wall, {a['cpu_s'] / b['cpu_s']:.2f} CPU, "
+            f"without our generation {ratio_without_generation(a, b):.2f}; peak RSS "
+            f"{a['peak_rss_mib'] / b['peak_rss_mib']:.2f} ({before} -> {load()})"
+        )
+        print(describe(ours))
+        print(describe(trl))
+    record["result"] = result_line(cfg.name, pairs)
+    print(record["result"])
+    return record
+
+
+def check_only(cfg: common.BenchConfig, model_dir: Path, args: argparse.Namespace) -> dict:
+    """Build both sides, print and compare their effective settings, time nothing."""
+    ours = run_worker("ours", cfg, model_dir, args.trl_python, args.compile, check_only=True)
+    trl = run_worker("trl", cfg, model_dir, args.trl_python, check_only=True)
+    show_settings(ours["settings"], trl["settings"])
+    print(versions_line(ours["settings"], trl["settings"]))
+    return {"config": cfg.as_dict(), "settings": {"ours": ours["settings"], "trl": trl["settings"]}}
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--config", choices=[*common.CONFIGS, "both"], default="both")
@@ -282,19 +431,34 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--compile", action="store_true", help="what-if: torch.compile our policy and reference"
     )
+    parser.add_argument(
+        "--check-only",
+        action="store_true",
+        help="with --vs-trl: build both sides, print their effective settings, time nothing",
+    )
+    parser.add_argument("--json", type=Path, help="with --vs-trl: also write the report here")
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--model-dir", type=Path, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "2")))
 
     if args.worker:
-        report = run_ours(common.CONFIGS[args.config], args.model_dir, args.profile, args.compile)
+        cfg = common.CONFIGS[args.config]
+        report = run_ours(cfg, args.model_dir, args.profile, args.compile, args.check_only)
         print(MARK + json.dumps(report))
         return 0
     if args.vs_trl and not Path(args.trl_python).exists():
         raise SystemExit(f"no TRL python at {args.trl_python}: run `make bench-env` first")
     names = list(common.CONFIGS) if args.config == "both" else [args.config]
-    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, {load()}")
+    env = worker_env()
+    print(
+        f"torch {torch.__version__}, {torch.get_num_threads()} threads, {load()}; both workers "
+        f"get OMP_NUM_THREADS={env['OMP_NUM_THREADS']} "
+        f"TOKENIZERS_PARALLELISM={env['TOKENIZERS_PARALLELISM']}"
+    )
+    if args.vs_trl and not args.check_only:
+        print("pairs alternate the order: odd-numbered pairs run ours first, even-numbered TRL")
+    records = []
     for name in names:
         cfg = common.CONFIGS[name]
         print(f"== {name}: {cfg.as_dict()}")
@@ -302,29 +466,16 @@ def main(argv: list[str] | None = None) -> int:
             save_model(cfg, Path(tmp))
             if args.profile:
                 print(describe(run_ours(cfg, Path(tmp), True, args.compile)))
-                continue
-            if not args.vs_trl:
+            elif args.vs_trl:
+                run = check_only if args.check_only else compare
+                records.append(run(cfg, Path(tmp), args))
+            else:
                 for _ in range(args.repeats):
                     print(
                         describe(run_worker("ours", cfg, Path(tmp), args.trl_python, args.compile))
                     )
-                continue
-            pairs = []
-            for pair in range(args.pairs):
-                before = load()
-                ours = run_worker("ours", cfg, Path(tmp), args.trl_python, args.compile)
-                trl = run_worker("trl", cfg, Path(tmp), args.trl_python)
-                a, b = summarize(ours), summarize(trl)
-                pairs.append((a, b))
-                print(
-                    f"-- pair {pair + 1}: ours/TRL step time {a['step_s'] / b['step_s']:.2f} wall, "
-                    f"{a['cpu_s'] / b['cpu_s']:.2f} CPU, without our generation "
-                    f"{ratio_without_generation(a, b):.2f}; peak RSS "
-                    f"{a['peak_rss_mib'] / b['peak_rss_mib']:.2f} ({before} -> {load()})"
-                )
-                print(describe(ours))
-                print(describe(trl))
-            print(result_line(name, pairs))
+    if args.json and records:
+        args.json.write_text(json.dumps({"date": time.strftime("%Y-%m-%d %H:%M"), "runs": records}))
     return 0
 
 

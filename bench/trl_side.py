@@ -1,8 +1,11 @@
 """TRL's side of `grpo_step.py --vs-trl`: GRPOTrainer on the same model, prompts and reward.
 
-Runs in `.venv-bench` (`make bench-env`); prints one `BENCH_JSON {...}` line. Every setting
-whose TRL 1.x default differs from the paper's GRPO (loss_type, beta, bf16, gradient
-checkpointing, LR schedule) is set explicitly so both sides do the same work.
+Runs in `.venv-bench` (`make bench-env`); prints its effective settings and one
+`BENCH_JSON {...}` line. Every setting whose TRL 1.x default differs from the paper's GRPO
+(loss_type, beta, bf16, activation checkpointing, fused AdamW, LR schedule) is set explicitly
+so both sides do the same work, and read back from the trainer when training starts (the
+optimizer and checkpointing only exist then): it exits with an error unless checkpointing is
+off and the optimizer is the one our side builds. --check-only stops right there.
 """
 
 from __future__ import annotations
@@ -44,6 +47,72 @@ class StepClock(TrainerCallback):
         return [(b[0] - a[0], b[1] - a[1]) for a, b in itertools.pairwise(self.marks)]
 
 
+class SettingsProbe(TrainerCallback):
+    """Reads the effective settings at on_train_begin: after train() has built the optimizer
+    and applied activation checkpointing, before the first step. stop: raise StopAfterSetup
+    there (--check-only)."""
+
+    def __init__(self, trainer: GRPOTrainer, stop: bool) -> None:
+        self.trainer = trainer
+        self.stop = stop
+        self.settings: dict[str, Any] = {}
+
+    def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        self.settings = effective_settings(self.trainer)
+        print(common.format_settings("trl", self.settings), flush=True)
+        common.check_settings("trl", self.settings)
+        if self.stop:
+            raise StopAfterSetup
+
+
+class StopAfterSetup(Exception):
+    """Raised by SettingsProbe under --check-only to leave train() before any step."""
+
+
+def effective_settings(trainer: GRPOTrainer) -> dict[str, Any]:
+    """TRL's settings as its trainer and args objects hold them, in the groups grpo_step.py
+    compares with ours (common.MUST_MATCH), plus TRL-only ones under "trl"."""
+    args = trainer.args
+    checkpointing: dict[str, object] = {
+        "args.activation_checkpointing": getattr(args, "activation_checkpointing", None),
+        "args.gradient_checkpointing": getattr(args, "gradient_checkpointing", None),
+        **common.checkpointing_facts(trainer.model, "model"),
+    }
+    if trainer.ref_model is not None:
+        checkpointing.update(common.checkpointing_facts(trainer.ref_model, "ref_model"))
+    return {
+        "optimizer": common.optimizer_facts(trainer.optimizer),
+        "checkpointing": checkpointing,
+        "algorithm": {
+            "lr": args.learning_rate,
+            "lr_schedule": str(getattr(args.lr_scheduler_type, "value", args.lr_scheduler_type)),
+            "max_grad_norm": args.max_grad_norm,
+            "beta": trainer.beta,
+            "clip_eps": [trainer.epsilon_low, trainer.epsilon_high],
+            "mu": trainer.num_iterations,
+            "num_generations": trainer.num_generations,
+            "prompts_per_step": args.per_device_train_batch_size // trainer.num_generations,
+            "max_new_tokens": trainer.max_completion_length,
+            "temperature": trainer.temperature,
+        },
+        "dtype": str(next(trainer.model.parameters()).dtype),
+        "threads": common.thread_settings(torch.get_num_threads(), torch.get_num_interop_threads()),
+        "versions": common.versions(),
+        "trl": {
+            "optim": str(getattr(args.optim, "value", args.optim)),
+            "loss_type": trainer.loss_type,
+            "scale_rewards": trainer.scale_rewards,
+            "top_p": trainer.top_p,
+            "top_k": trainer.top_k,
+            "bf16": args.bf16,
+            "fp16": args.fp16,
+            "use_vllm": args.use_vllm,
+            "gradient_accumulation_steps": args.gradient_accumulation_steps,
+            "weight_decay": args.weight_decay,
+        },
+    }
+
+
 def timed(fn: Any, log: list[float]) -> Any:
     """fn wrapped to append its seconds per call to `log`."""
 
@@ -60,6 +129,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--config", choices=list(common.CONFIGS), required=True)
     parser.add_argument("--model-dir", type=Path, required=True)
+    parser.add_argument("--check-only", action="store_true", help="settings only, no steps")
     args = parser.parse_args()
     torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "2")))
     cfg = common.CONFIGS[args.config]
@@ -96,6 +166,8 @@ def main() -> int:
             adam_beta1=0.9,
             adam_beta2=0.999,
             max_grad_norm=1.0,
+            # torch's AdamW with fused/foreach unset, as our engine builds it; TRL's default on
+            # torch >= 2.8 is adamw_torch_fused
             optim="adamw_torch",
             beta=common.BETA,
             epsilon=common.EPS,
@@ -104,7 +176,9 @@ def main() -> int:
             scale_rewards="group",
             bf16=False,
             fp16=False,
-            gradient_checkpointing=False,
+            # the current name: TRL defaults the deprecated alias gradient_checkpointing to True,
+            # and the alias only applies while activation_checkpointing is unset
+            activation_checkpointing=False,
             use_vllm=False,
             shuffle_dataset=False,
             report_to=[],
@@ -122,6 +196,8 @@ def main() -> int:
             train_dataset=Dataset.from_dict({"prompt": prompts}),
             processing_class=AutoTokenizer.from_pretrained(args.model_dir),
         )
+        probe = SettingsProbe(trainer, stop=args.check_only)
+        trainer.add_callback(probe)
         clock = StepClock()
         trainer.add_callback(clock)
         generate_s: list[float] = []
@@ -131,9 +207,14 @@ def main() -> int:
         trainer.ref_model.forward = timed(trainer.ref_model.forward, ref_s)
         loss_s: list[float] = []  # policy forward + loss (its backward is outside compute_loss)
         trainer.compute_loss = timed(trainer.compute_loss, loss_s)
-        trainer.train()
+        try:
+            trainer.train()
+        except StopAfterSetup:
+            print(MARK + json.dumps({"side": "trl", "settings": probe.settings, "steps": []}))
+            return 0
     report = {
         "side": "trl",
+        "settings": probe.settings,
         "steps": [
             {
                 "seconds": seconds,
