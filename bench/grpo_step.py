@@ -424,7 +424,12 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--config", choices=[*common.CONFIGS, "both"], default="both")
     parser.add_argument("--vs-trl", action="store_true", help="alternate with TRL's GRPOTrainer")
-    parser.add_argument("--pairs", type=int, default=3, help="ours/TRL pairs with --vs-trl")
+    parser.add_argument(
+        "--pairs",
+        type=int,
+        default=5,
+        help="ours/TRL pairs with --vs-trl (>= 5: order and drift average out)",
+    )
     parser.add_argument("--repeats", type=int, default=1, help="runs of ours without --vs-trl")
     parser.add_argument("--trl-python", default=str(HERE.parent / ".venv-bench/bin/python"))
     parser.add_argument("--profile", action="store_true", help="torch.profiler of one step")
