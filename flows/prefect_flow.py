@@ -122,6 +122,8 @@ def itergrpo_lines_in_the_flow_run_logs() -> Iterator[None]:
     finally:
         for lg in loggers:
             lg.removeHandler(handler)
+        with contextlib.suppress(Exception):  # delivered before the run reports its end
+            handler.flush()
 
 
 @flow(name="iterative-rl", log_prints=True)

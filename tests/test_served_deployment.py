@@ -39,6 +39,19 @@ def _wait_for_deployment(name: str, serve: subprocess.Popen[str], timeout: float
     raise AssertionError(f"deployment {name} not registered within {timeout} s")
 
 
+def _flow_run_log(flow_run: FlowRun, wanted: str, timeout: float) -> str:
+    """The flow run's log lines as text, once `wanted` is among them (the API stores the
+    lines a moment after the serving process sends them)."""
+    deadline = time.monotonic() + timeout
+    log_filter = LogFilter(flow_run_id=LogFilterFlowRunId(any_=[flow_run.id]))
+    with get_client(sync_client=True) as client:
+        while True:
+            text = "\n".join(r.message for r in client.read_logs(log_filter=log_filter))
+            if wanted in text or time.monotonic() > deadline:
+                return text
+            time.sleep(1)
+
+
 def test_a_served_deployment_merges_partial_parameters_and_logs_its_stages(
     tmp_path: Path,
 ) -> None:
@@ -67,10 +80,7 @@ def test_a_served_deployment_merges_partial_parameters_and_logs_its_stages(
             )
             assert isinstance(flow_run, FlowRun)  # the sync call returns the run itself
             assert flow_run.state is not None and flow_run.state.is_completed(), flow_run.state
-            with get_client(sync_client=True) as client:
-                logs = client.read_logs(
-                    log_filter=LogFilter(flow_run_id=LogFilterFlowRunId(any_=[flow_run.id]))
-                )
+            messages = _flow_run_log(flow_run, "iteration 1/1: grpo done in", timeout=60)
         finally:
             os.killpg(serve.pid, signal.SIGTERM)
             serve.wait(timeout=60)
@@ -78,6 +88,5 @@ def test_a_served_deployment_merges_partial_parameters_and_logs_its_stages(
     assert (status["status"], status["iterations_done"]) == ("completed", 1)
     stored = yaml.safe_load((store / "runs" / "served-1" / "config.yaml").read_text())
     assert stored["warm_start"]["steps"] == 200  # micro's, not the class default 375
-    messages = "\n".join(log.message for log in logs)
     assert "iteration 1/1: grpo done in" in messages
     assert "GRPO iter 0 step 0: reward" in messages
