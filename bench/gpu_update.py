@@ -25,10 +25,11 @@ from importlib.util import find_spec
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
-from grpo_core.batching import PolicyBatch, build_policy_batch
-from grpo_core.config import DeepSpeedConfig, GRPOConfig
-from grpo_core.engine import TorchEngine, TrainEngine
-from grpo_core.update import grpo_update
+from grpo_core.algo.config import GRPOConfig
+from grpo_core.algo.update import grpo_update
+from grpo_core.data.policy_batch import PolicyBatch, build_policy_batch
+from grpo_core.engines.config import DeepSpeedConfig
+from grpo_core.engines.train import TorchEngine, TrainEngine
 
 PEAK_BF16_TFLOPS = {"H100": 989.0, "H200": 989.0, "A100": 312.0}
 ROWS, PROMPT, COMPLETION = 64, 64, 192
@@ -112,7 +113,7 @@ def main() -> int:
         ref = build_model().cuda().eval()
         engine: TrainEngine
         if bf16:
-            from grpo_core.deepspeed_engine import DeepSpeedEngine
+            from grpo_core.engines.deepspeed_engine import DeepSpeedEngine
 
             engine = DeepSpeedEngine(
                 model, lr=1e-6, config=DeepSpeedConfig(zero_stage=2, bf16=True)

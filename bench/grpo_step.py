@@ -35,14 +35,15 @@ import grpo_bench_common as common
 import torch
 from torch import Tensor, nn
 
-from grpo_core.advantages import AdvantageInputs, get_adv_estimator
-from grpo_core.batching import PolicyBatch, build_policy_batch
-from grpo_core.config import GRPOConfig
-from grpo_core.engine import TorchEngine
-from grpo_core.policy import PolicyConfig, build_char_tokenizer, create_tiny_policy, load_policy
-from grpo_core.rollout import HFRolloutEngine
-from grpo_core.rollout_types import SamplingParams
-from grpo_core.update import grpo_update
+from grpo_core.algo.advantages import AdvantageInputs, get_adv_estimator
+from grpo_core.algo.config import GRPOConfig
+from grpo_core.algo.update import grpo_update
+from grpo_core.data.policy_batch import PolicyBatch, build_policy_batch
+from grpo_core.engines.hf_rollout import HFRolloutEngine
+from grpo_core.engines.rollout_types import SamplingParams
+from grpo_core.engines.train import TorchEngine
+from grpo_core.model.config import PolicyConfig
+from grpo_core.model.policy import build_char_tokenizer, create_tiny_policy, load_policy
 
 HERE = Path(__file__).resolve().parent
 MARK = "BENCH_JSON "

@@ -27,13 +27,13 @@ from typing import Any
 
 import torch
 
-from flows.config import load_config
-from grpo_core.policy import build_policy, format_prompt
-from grpo_core.rollout import HFRolloutEngine
-from grpo_core.rollout_types import RolloutBatch, RolloutEngine, SamplingParams
-from grpo_core.steps import split_steps
-from grpo_core.tasks.registry import make_task
-from grpo_core.warm_start import warm_start
+from flows.config_files import load_config
+from grpo_core.data.reasoning_steps import split_steps
+from grpo_core.data.tasks.registry import make_task
+from grpo_core.engines.hf_rollout import HFRolloutEngine
+from grpo_core.engines.rollout_types import RolloutBatch, RolloutEngine, SamplingParams
+from grpo_core.model.policy import build_policy, format_prompt
+from grpo_core.model.warm_start import warm_start
 from reward_models.config import LabellingConfig
 from reward_models.labelling import LabelledSample, PrmLabel, prm_labels_monte_carlo
 
@@ -136,7 +136,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{len(samples)} outputs sampled, {sum(steps) / len(steps):.1f} steps each")
     hf_rows = label("hf", hf, tokenizer, task, samples, lab)
 
-    from grpo_core.vllm_rollout import VLLMRolloutEngine, vllm_python
+    from grpo_core.engines.vllm_rollout import VLLMRolloutEngine, vllm_python
 
     try:
         python = vllm_python(args.vllm_python)

@@ -34,14 +34,17 @@ from safetensors.torch import load_file
 from torch import Tensor, nn
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-from flows.common import POLICY, ckpt, log, set_deepspeed_accelerator
-from flows.config import ConfigError, ItergrpoConfig
+from flows.config import ItergrpoConfig
+from flows.config_files import ConfigError
 from flows.model_io import save_model
-from grpo_core.batching import PolicyBatch
-from grpo_core.engine import TorchEngine, TrainEngine
-from grpo_core.rollout import HFRolloutEngine
-from grpo_core.rollout_types import RolloutBatch, RolloutEngine, SamplingParams
-from grpo_core.update import grpo_update
+from flows.names import POLICY
+from flows.progress import log
+from flows.stage_io import ckpt, set_deepspeed_accelerator
+from grpo_core.algo.update import grpo_update
+from grpo_core.data.policy_batch import PolicyBatch
+from grpo_core.engines.hf_rollout import HFRolloutEngine
+from grpo_core.engines.rollout_types import RolloutBatch, RolloutEngine, SamplingParams
+from grpo_core.engines.train import TorchEngine, TrainEngine
 from reward_models.models import RewardModel
 from reward_models.training import rm_optimizer_settings
 from storage.store import RunWriter
@@ -68,7 +71,7 @@ def _require_deepspeed() -> None:
 
 def vllm_python_path(cfg: ItergrpoConfig) -> Path:
     """The vLLM environment's python, or a ConfigError naming the field and the fix."""
-    from grpo_core.vllm_rollout import DEFAULT_VLLM_PYTHON, PYTHON_ENV_VAR
+    from grpo_core.engines.vllm_rollout import DEFAULT_VLLM_PYTHON, PYTHON_ENV_VAR
 
     python = cfg.engines.vllm.python or os.environ.get(PYTHON_ENV_VAR) or DEFAULT_VLLM_PYTHON
     path = Path(python).expanduser()
@@ -122,7 +125,7 @@ def build_train_engine(
         return TorchEngine(model, **kwargs)
     _require_deepspeed()
     set_deepspeed_accelerator(cfg)
-    from grpo_core.deepspeed_engine import DeepSpeedEngine
+    from grpo_core.engines.deepspeed_engine import DeepSpeedEngine
 
     ds = cfg.engines.deepspeed.model_copy(update={"processes_per_node": 1, "hostfile": None})
     return DeepSpeedEngine(model, **kwargs, config=ds)
@@ -325,7 +328,7 @@ class LaunchedUpdater:
     def update(
         self, batch: PolicyBatch, advantages: Tensor, old_logprobs: Tensor | None, seed: int
     ) -> dict[str, float]:
-        from grpo_core.deepspeed_launch import (
+        from grpo_core.engines.deepspeed_launch import (
             POLICY_DIR,
             STATE_DIR,
             UpdateJob,
@@ -435,7 +438,7 @@ class SharedVLLMWorker:
         self, cfg: ItergrpoConfig, run: RunWriter, checkpoint_dir: Path, prefix_caching: bool
     ) -> Any:
         """A VLLMRolloutEngine holding the weights of checkpoint_dir (started or reloaded)."""
-        from grpo_core.vllm_rollout import VLLMRolloutEngine
+        from grpo_core.engines.vllm_rollout import VLLMRolloutEngine
 
         v = cfg.engines.vllm
         llm_kwargs: dict[str, Any] = {

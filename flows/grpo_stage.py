@@ -17,40 +17,34 @@ import pyarrow.parquet as pq
 import torch
 from transformers import PreTrainedTokenizerBase
 
-from flows.common import (
-    GRPO,
-    GRPO_PROGRESS,
-    INTERRUPT,
-    ORM,
-    POLICY,
-    PRM,
-    TRAIN_SPLIT,
-    ProgressFn,
+from flows.config import ItergrpoConfig
+from flows.engines import GRPOSampler, PolicyUpdater, build_policy_updater
+from flows.interrupts import INTERRUPT
+from flows.model_io import policy_at, save_model, to_device
+from flows.names import GRPO, GRPO_PROGRESS, ORM, POLICY, PRM, TRAIN_SPLIT
+from flows.progress import ProgressFn, log
+from flows.stage_io import (
     StageResult,
     ckpt,
     derive_seed,
-    log,
     metric_rows,
     require_checkpoint,
     resolve_device,
 )
-from flows.config import ItergrpoConfig
-from flows.engines import GRPOSampler, PolicyUpdater, build_policy_updater
-from flows.model_io import policy_at, save_model, to_device
-from grpo_core.advantages import (
+from grpo_core.algo.advantages import (
     AdvantageInputs,
     get_adv_estimator,
     pad_steps,
     zero_advantage_group_fraction,
 )
-from grpo_core.answers import format_reward
-from grpo_core.batching import build_policy_batch
-from grpo_core.numerics import DIVERGED, REWARD_SOURCE, require_finite, require_finite_metrics
-from grpo_core.policy import format_prompt, load_policy
-from grpo_core.rollout_types import RolloutBatch, SamplingParams
-from grpo_core.steps import step_end_token_indices
-from grpo_core.tasks.base import Problem, Task
-from grpo_core.tasks.registry import make_task
+from grpo_core.algo.numerics import DIVERGED, REWARD_SOURCE, require_finite, require_finite_metrics
+from grpo_core.data.answers import format_reward
+from grpo_core.data.policy_batch import build_policy_batch
+from grpo_core.data.reasoning_steps import step_end_token_indices
+from grpo_core.data.tasks.base import Problem, Task
+from grpo_core.data.tasks.registry import make_task
+from grpo_core.engines.rollout_types import RolloutBatch, SamplingParams
+from grpo_core.model.policy import format_prompt, load_policy
 from reward_models.models import RewardModel
 from reward_models.scoring import aggregate_step_scores, score_outcome, score_steps
 from storage.checkpoints import (

@@ -5,32 +5,17 @@ from __future__ import annotations
 
 import functools
 import logging
-import re
 import time
 from collections.abc import Callable
-from datetime import UTC, datetime
 
 from flows import stages
-from flows.common import (
-    EVALUATE,
-    GRPO,
-    INTERRUPT,
-    ITERATION_STAGES,
-    LABEL,
-    ROLLOUT,
-    TRAIN_RM,
-    WARM_START,
-    ProgressFn,
-    RunInterrupted,
-    StageResult,
-    apply_threads,
-    graceful_sigint,
-    no_progress,
-    set_deepspeed_accelerator,
-    with_fault_hook,
-)
-from flows.config import ItergrpoConfig, stored_config_as_current
+from flows.config import ItergrpoConfig
+from flows.config_files import stored_config_as_current
 from flows.engines import check_engines, close_rollout_engines
+from flows.interrupts import INTERRUPT, RunInterrupted, graceful_sigint, with_fault_hook
+from flows.names import EVALUATE, GRPO, ITERATION_STAGES, LABEL, ROLLOUT, TRAIN_RM, WARM_START
+from flows.progress import ProgressFn, no_progress
+from flows.stage_io import StageResult, apply_threads, set_deepspeed_accelerator
 from storage.store import RunStore, RunWriter
 
 log = logging.getLogger("itergrpo")
@@ -47,11 +32,6 @@ STAGE_FUNCTIONS: dict[str, StageFn] = {
     GRPO: stages.grpo_stage,
     EVALUATE: stages.evaluate_stage,
 }
-
-
-def default_run_id(preset: str = "run") -> str:
-    stamp = datetime.now(UTC).strftime("%Y%m%d-%H%M%S")
-    return f"{re.sub(r'[^A-Za-z0-9_.-]', '-', preset)}-{stamp}"
 
 
 def planned_stages(cfg: ItergrpoConfig) -> list[tuple[str, int]]:

@@ -8,9 +8,10 @@ from typing import cast
 from torch import Tensor, nn
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-from flows.common import POLICY, ckpt, require_checkpoint, resolve_device
 from flows.config import ItergrpoConfig
-from grpo_core.policy import load_policy
+from flows.names import POLICY
+from flows.stage_io import ckpt, require_checkpoint, resolve_device
+from grpo_core.model.policy import load_policy
 from reward_models.models import RewardModel
 from storage.checkpoints import save_checkpoint
 from storage.store import RunWriter

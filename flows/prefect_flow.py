@@ -27,12 +27,15 @@ from prefect.logging.handlers import APILogHandler
 from prefect.states import Cancelled, State
 
 from flows.cli import PACKAGE_LOGGERS
-from flows.common import RunInterrupted, StageResult, with_fault_hook
-from flows.config import ItergrpoConfig, validate_config
-from flows.loop import Executor, StageFn, default_run_id, execute_run
+from flows.config import ItergrpoConfig
+from flows.config_files import validate_config
+from flows.interrupts import RunInterrupted, with_fault_hook
+from flows.loop import Executor, StageFn, execute_run
+from flows.names import default_run_id
 from flows.preflight import preflight
 from flows.report import iteration_table, summary_markdown
-from grpo_core.config import merge_trees
+from flows.stage_io import StageResult
+from grpo_core.algo.config import merge_trees
 from storage.store import RunStore, RunWriter
 
 os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")

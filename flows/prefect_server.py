@@ -20,7 +20,7 @@ import sys
 import time
 from collections.abc import Iterator
 
-from flows.common import log
+from flows.progress import log
 
 STARTUP_SECONDS = 90.0
 _PR_SET_PDEATHSIG = 1  # prctl(2)

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from flows.common import EVAL_SPLIT, TRAIN_SPLIT
+from flows.names import EVAL_SPLIT, TRAIN_SPLIT
 from storage.store import RunStore
 
 # Columns of the per-iteration table, in display order: (key, header).

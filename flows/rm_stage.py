@@ -17,30 +17,24 @@ from typing import Any, Final
 import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-from flows.common import (
-    EVAL_SPLIT,
-    ORM,
-    POLICY,
-    PRM,
-    TRAIN_RM,
-    TRAIN_SPLIT,
-    ProgressFn,
+from flows.config import ItergrpoConfig
+from flows.engines import build_rm_engine, build_rollout_engine, trained_weights
+from flows.model_io import policy_at, save_reward_model
+from flows.names import EVAL_SPLIT, ORM, POLICY, PRM, TRAIN_RM, TRAIN_SPLIT
+from flows.progress import ProgressFn, log
+from flows.sharding import sharded_engine
+from flows.stage_io import (
     StageResult,
     ckpt,
     derive_seed,
-    log,
     metric_rows,
     require_checkpoint,
     resolve_device,
 )
-from flows.config import ItergrpoConfig
-from flows.engines import build_rm_engine, build_rollout_engine, trained_weights
-from flows.model_io import policy_at, save_reward_model
-from flows.sharding import sharded_engine
-from grpo_core.policy import format_prompt
-from grpo_core.rollout_types import RolloutBatch, SamplingParams
-from grpo_core.tasks.base import Problem, Split, Task
-from grpo_core.tasks.registry import make_task
+from grpo_core.data.tasks.base import Problem, Split, Task
+from grpo_core.data.tasks.registry import make_task
+from grpo_core.engines.rollout_types import RolloutBatch, SamplingParams
+from grpo_core.model.policy import format_prompt
 from reward_models.evaluate import EvalRow, best_of_n_rows, orm_eval_rows, prm_eval_rows
 from reward_models.labelling import LabelledSample, OrmLabel, PrmLabel
 from reward_models.models import RewardModel, RMKind

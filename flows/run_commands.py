@@ -12,9 +12,10 @@ import time
 from pathlib import Path
 
 from flows.cli import USER_ERRORS, command_help, nonempty, store_option
-from flows.common import RunInterrupted
-from flows.config import ItergrpoConfig, load_config, preset_names, validate_config
-from flows.loop import default_run_id, execute_run
+from flows.config import ItergrpoConfig
+from flows.config_files import load_config, preset_names, validate_config
+from flows.interrupts import RunInterrupted
+from flows.names import default_run_id
 from flows.preflight import preflight
 from flows.report import format_iteration_table, iteration_table, sql_hint, write_report
 from storage.store import RunStore, resolve_store_root
@@ -52,11 +53,14 @@ class _NoUserErrorTraceback(logging.Filter):
 
 
 def _execute(cfg: ItergrpoConfig, *, use_prefect: bool, force_config: bool) -> None:
+    preflight(cfg, force_config=force_config)  # before Prefect: a refusal is one clean line
+    # The pipeline (torch, transformers, Prefect) is imported only for a run that can start.
     from transformers.utils import logging as hf_logging
+
+    from flows.loop import execute_run
 
     # transformers draws a bar per checkpoint load/save; the stage bars are the useful ones.
     hf_logging.disable_progress_bar()
-    preflight(cfg, force_config=force_config)  # before Prefect: a refusal is one clean line
     if use_prefect:
         from flows.prefect_flow import iterative_rl
         from flows.prefect_server import prefect_api

@@ -50,12 +50,14 @@ from typing import Any
 import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-from flows.common import POLICY, apply_threads, ckpt, log
 from flows.config import ClusterSection, ItergrpoConfig
 from flows.model_io import to_device
-from grpo_core.policy import load_policy
-from grpo_core.rollout import HFRolloutEngine
-from grpo_core.rollout_types import RolloutBatch, SamplingParams
+from flows.names import POLICY
+from flows.progress import log
+from flows.stage_io import apply_threads, ckpt
+from grpo_core.engines.hf_rollout import HFRolloutEngine
+from grpo_core.engines.rollout_types import RolloutBatch, SamplingParams
+from grpo_core.model.policy import load_policy
 
 __all__ = [
     "ShardJob",

@@ -16,34 +16,22 @@ from typing import Any
 import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-from flows.common import (
-    EVAL_SPLIT,
-    EVALUATE,
-    LABEL,
-    POLICY,
-    ROLLOUT,
-    TRAIN_SPLIT,
-    WARM_START,
-    ProgressFn,
-    StageResult,
-    ckpt,
-    derive_seed,
-    log,
-    metric_rows,
-)
 from flows.config import ItergrpoConfig
 from flows.engines import build_rollout_engine
 from flows.grpo_stage import grpo_stage
 from flows.model_io import policy_at, save_model, to_device
+from flows.names import EVAL_SPLIT, EVALUATE, LABEL, POLICY, ROLLOUT, TRAIN_SPLIT, WARM_START
+from flows.progress import ProgressFn, log
 from flows.rm_stage import labelled_samples, train_rm_stage
 from flows.sharding import sharded_engine
-from grpo_core.answers import extract_answer
-from grpo_core.evaluate import evaluate_policy
-from grpo_core.policy import build_policy, format_prompt
-from grpo_core.rollout_types import SamplingParams
-from grpo_core.tasks.base import Task
-from grpo_core.tasks.registry import make_task
-from grpo_core.warm_start import warm_start
+from flows.stage_io import StageResult, ckpt, derive_seed, metric_rows
+from grpo_core.data.answers import extract_answer
+from grpo_core.data.tasks.base import Task
+from grpo_core.data.tasks.registry import make_task
+from grpo_core.engines.rollout_types import SamplingParams
+from grpo_core.model.evaluate import evaluate_policy
+from grpo_core.model.policy import build_policy, format_prompt
+from grpo_core.model.warm_start import warm_start
 from reward_models.labelling import (
     PrmLabel,
     label_agreement,

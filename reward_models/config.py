@@ -7,6 +7,9 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+# How a PRM's step scores become one reward per output (reward_models/scoring.py).
+PrmAggregation = Literal["min", "mean", "last"]
+
 
 class RewardModelConfig(BaseModel):
     """Which reward models to train, how to initialise them, and their optimiser settings."""

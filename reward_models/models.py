@@ -23,7 +23,7 @@ from transformers import (
 )
 from transformers.utils import logging as hf_logging
 
-from grpo_core.policy import ensure_pad_token, reading_checkpoint
+from grpo_core.model.policy import ensure_pad_token, reading_checkpoint
 
 RMKind = Literal["orm", "prm"]
 META_FILE = "reward_model.json"

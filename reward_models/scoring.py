@@ -4,17 +4,16 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, Literal, cast
+from typing import Any, cast
 
 import torch
 from transformers import PreTrainedTokenizerBase
 
-from grpo_core.batching import build_policy_batch
-from grpo_core.steps import step_end_token_indices
+from grpo_core.data.policy_batch import build_policy_batch
+from grpo_core.data.reasoning_steps import step_end_token_indices
+from reward_models.config import PrmAggregation
 from reward_models.models import RewardModel
 from reward_models.training import encode_pair
-
-PrmAggregation = Literal["min", "mean", "last"]
 
 
 @dataclass(frozen=True)

@@ -9,8 +9,9 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from flows.common import FAULT_ENV
-from flows.config import ItergrpoConfig, load_config
+from flows.config import ItergrpoConfig
+from flows.config_files import load_config
+from flows.interrupts import FAULT_ENV
 from storage.schemas import TABLE_KEYS
 from storage.store import RunStore
 

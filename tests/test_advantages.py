@@ -5,7 +5,7 @@ import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
-from grpo_core.advantages import (
+from grpo_core.algo.advantages import (
     ADVANTAGE_ESTIMATORS,
     AdvantageInputs,
     get_adv_estimator,
@@ -155,7 +155,7 @@ def test_near_equal_rewards_keep_advantages_summing_to_zero() -> None:
 
 
 def test_pad_steps_makes_ragged_step_lists_a_masked_group_tensor() -> None:
-    from grpo_core.advantages import pad_steps
+    from grpo_core.algo.advantages import pad_steps
 
     rewards, mask, ends = pad_steps(
         [[0.5, 1.0], [], [0.2], [0.1, 0.3]], [[3, 7], [], [4], [2, 9]], (2, 2)

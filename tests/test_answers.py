@@ -1,6 +1,6 @@
 import pytest
 
-from grpo_core.answers import answers_match, extract_answer, format_reward, normalize_number
+from grpo_core.data.answers import answers_match, extract_answer, format_reward, normalize_number
 
 
 @pytest.mark.parametrize(

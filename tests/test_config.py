@@ -8,10 +8,10 @@ from pathlib import Path
 import pytest
 import yaml
 
-from flows.config import (
+from flows.config import ItergrpoConfig
+from flows.config_files import (
     CONFIG_DIR,
     ConfigError,
-    ItergrpoConfig,
     config_to_yaml,
     load_config,
     parse_override,

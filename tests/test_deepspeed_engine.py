@@ -21,10 +21,11 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM
 
-from grpo_core.batching import PolicyBatch, build_policy_batch
-from grpo_core.config import DeepSpeedConfig, GRPOConfig
-from grpo_core.engine import TorchEngine
-from grpo_core.update import grpo_update
+from grpo_core.algo.config import GRPOConfig
+from grpo_core.algo.update import grpo_update
+from grpo_core.data.policy_batch import PolicyBatch, build_policy_batch
+from grpo_core.engines.config import DeepSpeedConfig
+from grpo_core.engines.train import TorchEngine
 
 needs_deepspeed = pytest.mark.skipif(
     find_spec("deepspeed") is None,
@@ -122,7 +123,7 @@ def assert_same_update(
 @needs_deepspeed
 @pytest.mark.parametrize("stage", [0, 2])
 def test_zero_in_process_matches_torch_engine(stage: int) -> None:
-    from grpo_core.deepspeed_engine import DeepSpeedEngine
+    from grpo_core.engines.deepspeed_engine import DeepSpeedEngine
 
     batch, advantages = ragged_batch(8)
     cfg = CFG.model_copy(update={"micro_batch_size": 3})
@@ -142,7 +143,7 @@ def test_zero_in_process_matches_torch_engine(stage: int) -> None:
 
 @needs_deepspeed
 def test_state_dict_resumes_exactly_and_loads_weights_only() -> None:
-    from grpo_core.deepspeed_engine import DeepSpeedEngine
+    from grpo_core.engines.deepspeed_engine import DeepSpeedEngine
 
     batch, advantages = ragged_batch(6)
     cfg = GRPOConfig(lr=1e-2, beta=0.0, warmup_steps=3)
@@ -166,7 +167,7 @@ def test_state_dict_resumes_exactly_and_loads_weights_only() -> None:
 
 @needs_deepspeed
 def test_non_finite_gradient_skips_the_step() -> None:
-    from grpo_core.deepspeed_engine import DeepSpeedEngine
+    from grpo_core.engines.deepspeed_engine import DeepSpeedEngine
 
     for stage in (0, 2):
         model = tiny_llama()
@@ -185,7 +186,7 @@ def test_non_finite_gradient_skips_the_step() -> None:
 @needs_deepspeed
 @pytest.mark.slow
 def test_zero3_two_processes_through_the_launcher_match_torch_engine(tmp_path: Path) -> None:
-    from grpo_core.deepspeed_launch import UpdateJob, run_update_job, write_update_job
+    from grpo_core.engines.deepspeed_launch import UpdateJob, run_update_job, write_update_job
 
     # 6 rows in 2 mini-batches of 3 and one row per pass: rank 1 gets 1 row of each
     # mini-batch and pads a second, masked pass to match rank 0's two (ZeRO-3 is collective).
@@ -219,7 +220,7 @@ def test_zero3_two_processes_through_the_launcher_match_torch_engine(tmp_path: P
 
 
 def test_launcher_command_runs_this_package_on_every_rank(tmp_path: Path) -> None:
-    from grpo_core.deepspeed_launch import launcher_command
+    from grpo_core.engines.deepspeed_launch import launcher_command
 
     cfg = DeepSpeedConfig(processes_per_node=4, master_port=29999, hostfile="/etc/hosts.ds")
     command = launcher_command(tmp_path, cfg, python="py")
@@ -232,11 +233,11 @@ def test_launcher_command_runs_this_package_on_every_rank(tmp_path: Path) -> Non
         "--master_port",
         "29999",
     ]
-    assert command[-3:] == ["--module", "grpo_core.deepspeed_launch", str(tmp_path)]
+    assert command[-3:] == ["--module", "grpo_core.engines.deepspeed_launch", str(tmp_path)]
 
 
 def test_missing_deepspeed_names_the_extra(monkeypatch: pytest.MonkeyPatch) -> None:
-    from grpo_core.deepspeed_engine import import_deepspeed
+    from grpo_core.engines.deepspeed_engine import import_deepspeed
 
     monkeypatch.setitem(sys.modules, "deepspeed", None)
     with pytest.raises(ImportError, match=r"pip install -e '\.\[gpu\]'"):

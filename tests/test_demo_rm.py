@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from flows.config import load_config
+from flows.config_files import load_config
 from flows.loop import execute_run
 from storage.store import RunStore
 

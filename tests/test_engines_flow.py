@@ -27,10 +27,11 @@ import torch
 from safetensors.torch import load_file
 
 from flows import engines
-from flows.common import GRPO_PROGRESS, POLICY
-from flows.config import ConfigError, EnginesSection, ItergrpoConfig
+from flows.config import EnginesSection, ItergrpoConfig
+from flows.config_files import ConfigError
 from flows.engines import LAUNCH_JOBS, VLLM_SYNC, VLLM_WORKER, check_engines
 from flows.loop import execute_run
+from flows.names import GRPO_PROGRESS, POLICY
 from storage.checkpoints import EXTRA_FILE, checkpoint_path
 from storage.store import RunStore
 from tests.flow_helpers import cli, micro_config, snapshot
@@ -157,7 +158,7 @@ def max_weight_gap(a_dir: Path, b_dir: Path) -> float:
 @pytest.fixture
 def count_deepspeed_engines(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[str]]:
     """Names the model class of every DeepSpeedEngine built in this process."""
-    from grpo_core import deepspeed_engine
+    from grpo_core.engines import deepspeed_engine
 
     built: list[str] = []
     original = deepspeed_engine.DeepSpeedEngine.__init__
@@ -329,16 +330,16 @@ def test_worker_reloads_tied_policies_and_samples_many_seeded_prompts(tmp_path: 
     """The tiny policy ties lm_head to the embeddings; vLLM's reload skips the tied head, so
     the worker must refresh it (on CPU its pre-packed GEMM would keep the old weights). And a
     labelling-sized call of seeded prompts must not hit vLLM's chunked-prefill rewind."""
-    from grpo_core.policy import (
-        PolicyConfig,
+    from grpo_core.engines.hf_rollout import HFRolloutEngine
+    from grpo_core.engines.rollout_types import SamplingParams
+    from grpo_core.engines.vllm_rollout import VLLMRolloutEngine
+    from grpo_core.model.config import PolicyConfig
+    from grpo_core.model.policy import (
         build_char_tokenizer,
         create_tiny_policy,
         format_prompt,
         load_policy,
     )
-    from grpo_core.rollout import HFRolloutEngine
-    from grpo_core.rollout_types import SamplingParams
-    from grpo_core.vllm_rollout import VLLMRolloutEngine
 
     def save(path: Path, seed: int) -> Path:
         tok = build_char_tokenizer()

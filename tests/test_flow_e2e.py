@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from flows.common import ITERATION_STAGES, WARM_START
 from flows.loop import execute_run
+from flows.names import ITERATION_STAGES, WARM_START
 from storage.replay import replay_count
 from storage.sql import run_query
 from storage.store import RunStore

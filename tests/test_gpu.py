@@ -16,9 +16,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from grpo_core.config import DeepSpeedConfig
-from grpo_core.engine import TorchEngine
-from grpo_core.update import grpo_update
+from grpo_core.algo.update import grpo_update
+from grpo_core.engines.config import DeepSpeedConfig
+from grpo_core.engines.train import TorchEngine
 from tests.test_deepspeed_engine import CFG, optimizer_kwargs, ragged_batch, seeded, tiny_llama
 
 pytestmark = [
@@ -69,7 +69,7 @@ def test_torch_engine_update_on_cuda_matches_cpu() -> None:
 
 
 def _deepspeed_update(config: DeepSpeedConfig) -> tuple[dict[str, torch.Tensor], dict[str, float]]:
-    from grpo_core.deepspeed_engine import DeepSpeedEngine
+    from grpo_core.engines.deepspeed_engine import DeepSpeedEngine
 
     batch, advantages = ragged_batch(8)
     cfg = CFG.model_copy(update={"micro_batch_size": 3})

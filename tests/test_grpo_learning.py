@@ -7,11 +7,11 @@ import pytest
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
-from grpo_core.advantages import outcome_advantages, process_advantages_batched
-from grpo_core.batching import build_policy_batch
-from grpo_core.config import GRPOConfig
-from grpo_core.engine import TorchEngine
-from grpo_core.update import grpo_update
+from grpo_core.algo.advantages import outcome_advantages, process_advantages_batched
+from grpo_core.algo.config import GRPOConfig
+from grpo_core.algo.update import grpo_update
+from grpo_core.data.policy_batch import build_policy_batch
+from grpo_core.engines.train import TorchEngine
 
 
 @pytest.fixture(autouse=True)

@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from flows.common import GRPO_PROGRESS
 from flows.loop import execute_run
+from flows.names import GRPO_PROGRESS
 from storage.checkpoints import EXTRA_FILE, checkpoint_path
 from storage.store import RunStore
 from tests.flow_helpers import cli, micro_config, snapshot

@@ -7,10 +7,10 @@ from collections.abc import Callable
 
 import pytest
 
-from grpo_core.policy import build_char_tokenizer
-from grpo_core.rollout_types import RolloutBatch, SamplingParams
-from grpo_core.tasks.arith import ArithTask
-from grpo_core.tasks.base import Problem
+from grpo_core.data.tasks.arith import ArithTask
+from grpo_core.data.tasks.base import Problem
+from grpo_core.engines.rollout_types import RolloutBatch, SamplingParams
+from grpo_core.model.policy import build_char_tokenizer
 from reward_models.config import LabellingConfig
 from reward_models.labelling import (
     LabelledSample,

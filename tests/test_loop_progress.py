@@ -4,9 +4,9 @@ from pathlib import Path
 
 import pytest
 
-from flows.common import StageResult
 from flows.config import ItergrpoConfig
 from flows.loop import Executor, StageFn, execute_run, seconds_left
+from flows.stage_io import StageResult
 from storage.store import RunStore, RunWriter
 from tests.flow_helpers import micro_config
 

@@ -7,9 +7,9 @@ import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
-from grpo_core import losses
-from grpo_core.config import GRPOConfig, KLEstimator, LossAgg
-from grpo_core.losses import (
+from grpo_core.algo import losses
+from grpo_core.algo.config import GRPOConfig, KLEstimator, LossAgg
+from grpo_core.algo.losses import (
     agg_loss,
     clip_ratio,
     clipped_surrogate,

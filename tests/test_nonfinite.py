@@ -17,13 +17,14 @@ import pytest
 import torch
 
 from flows.cli import main
-from flows.common import GRPO_PROGRESS, ckpt
-from flows.config import stored_config_as_current
+from flows.config_files import stored_config_as_current
 from flows.grpo_stage import StepRewards, check_rewards, grpo_stage
-from grpo_core.config import GRPOConfig
-from grpo_core.engine import TorchEngine
-from grpo_core.numerics import NonFiniteError, require_finite, require_finite_metrics
-from grpo_core.update import grpo_update
+from flows.names import GRPO_PROGRESS
+from flows.stage_io import ckpt
+from grpo_core.algo.config import GRPOConfig
+from grpo_core.algo.numerics import NonFiniteError, require_finite, require_finite_metrics
+from grpo_core.algo.update import grpo_update
+from grpo_core.engines.train import TorchEngine
 from storage.store import RunStore
 from tests.flow_helpers import micro_config
 from tests.test_update import ragged_batch, tiny_llama

@@ -3,8 +3,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from grpo_core.policy import (
-    PolicyConfig,
+from grpo_core.model.config import PolicyConfig
+from grpo_core.model.policy import (
     build_char_tokenizer,
     build_policy,
     create_tiny_policy,
@@ -64,7 +64,7 @@ def test_plain_prompt_and_pad_rule() -> None:
 
 
 def test_a_truncated_checkpoint_names_the_directory_and_the_way_out(tmp_path: Path) -> None:
-    from grpo_core.policy import CorruptCheckpointError
+    from grpo_core.model.policy import CorruptCheckpointError
 
     tok = build_char_tokenizer()
     model = create_tiny_policy(PolicyConfig(n_layers=1, hidden_size=32, n_heads=2), tok)

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from flows.config import load_config
+from flows.config_files import load_config
 from flows.loop import execute_run, planned_stages
 from storage.sql import run_query
 from storage.store import RunStore

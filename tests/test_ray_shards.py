@@ -13,10 +13,10 @@ import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from flows import sharding
-from flows.common import POLICY, ckpt
-from flows.config import ConfigError, load_config
+from flows.config_files import ConfigError, load_config
 from flows.loop import execute_run
 from flows.model_io import save_model
+from flows.names import POLICY
 from flows.sharding import (
     ShardedRolloutEngine,
     ShardJob,
@@ -24,15 +24,16 @@ from flows.sharding import (
     run_shards_in_process,
     shard_bounds,
 )
-from grpo_core.policy import (
-    PolicyConfig,
+from flows.stage_io import ckpt
+from grpo_core.engines.hf_rollout import HFRolloutEngine
+from grpo_core.engines.rollout_types import RolloutBatch, SamplingParams
+from grpo_core.model.config import PolicyConfig
+from grpo_core.model.policy import (
     build_char_tokenizer,
     create_tiny_policy,
     format_prompt,
     load_policy,
 )
-from grpo_core.rollout import HFRolloutEngine
-from grpo_core.rollout_types import RolloutBatch, SamplingParams
 from storage.store import RunStore
 from tests.flow_helpers import micro_config, snapshot
 

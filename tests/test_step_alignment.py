@@ -13,13 +13,14 @@ from tokenizers import Tokenizer, models, pre_tokenizers, trainers
 from tokenizers import decoders as tk_decoders
 from transformers import PreTrainedTokenizerBase, PreTrainedTokenizerFast
 
-from flows.config import load_config
+from flows.config_files import load_config
 from flows.grpo_stage import compute_rewards, reward_stats, token_advantages
-from grpo_core.batching import build_policy_batch
-from grpo_core.policy import PolicyConfig, build_char_tokenizer, create_tiny_policy
-from grpo_core.rollout_types import RolloutBatch
-from grpo_core.tasks.arith import ArithTask
-from grpo_core.tasks.base import Problem
+from grpo_core.data.policy_batch import build_policy_batch
+from grpo_core.data.tasks.arith import ArithTask
+from grpo_core.data.tasks.base import Problem
+from grpo_core.engines.rollout_types import RolloutBatch
+from grpo_core.model.config import PolicyConfig
+from grpo_core.model.policy import build_char_tokenizer, create_tiny_policy
 from reward_models.models import RewardModel
 from reward_models.scoring import score_steps
 
@@ -124,7 +125,7 @@ def test_step_ends_come_from_a_gpt2_style_bpe_policy_not_the_prm_tokenizer() -> 
 def test_step_ends_come_from_smollm2_tokens() -> None:
     from transformers import AutoTokenizer
 
-    from grpo_core.smollm2 import find_gguf
+    from grpo_core.model.smollm2 import find_gguf
 
     gguf = find_gguf()
     tok = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)

@@ -8,9 +8,9 @@ from pathlib import Path
 import pytest
 from pydantic import ValidationError
 
-from grpo_core.tasks import TaskConfig, make_task
-from grpo_core.tasks.base import Task, TaskDataError
-from grpo_core.tasks.local_files import load_rows
+from grpo_core.data.tasks import TaskConfig, make_task
+from grpo_core.data.tasks.base import Task, TaskDataError
+from grpo_core.data.tasks.local_files import load_rows
 
 GOOD = [
     {"question": f"Sam has {i} pens and buys 3. How many?", "answer": f"#### {i + 3}"}
@@ -74,7 +74,7 @@ def test_bad_row_is_named_by_file_and_line_or_skipped(
     else:
         assert f"{path}:7:" in message and "\n" not in message
 
-    with caplog.at_level(logging.WARNING, logger="grpo_core.tasks.local_files"):
+    with caplog.at_level(logging.WARNING, logger="grpo_core.data.tasks.local_files"):
         task = build(tmp_path, on_bad_rows="skip")
     expected = {row["question"] for row in GOOD}
     if conflict:  # both copies dropped: neither gold answer can be trusted
@@ -108,7 +108,7 @@ def test_valid_file_loads_exactly_its_rows(tmp_path: Path) -> None:
 def test_exact_duplicates_are_kept_once(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     path = tmp_path / "data.jsonl"
     path.write_bytes(b"\n".join(good_lines() + good_lines()[:3]))
-    with caplog.at_level(logging.INFO, logger="grpo_core.tasks.local_files"):
+    with caplog.at_level(logging.INFO, logger="grpo_core.data.tasks.local_files"):
         rows = load_rows(path)
     assert [r.question for r in rows] == [row["question"] for row in GOOD]
     assert [r.source.number for r in rows] == list(range(1, 11))  # first copies kept

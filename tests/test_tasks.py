@@ -4,10 +4,10 @@ from pathlib import Path
 import pytest
 from pydantic import ValidationError
 
-from grpo_core.tasks import TaskConfig, make_task
-from grpo_core.tasks.arith import ArithTask
-from grpo_core.tasks.base import Problem
-from grpo_core.tasks.reasoning_gym import gold_solution
+from grpo_core.data.tasks import TaskConfig, make_task
+from grpo_core.data.tasks.arith import ArithTask
+from grpo_core.data.tasks.base import Problem
+from grpo_core.data.tasks.reasoning_gym import gold_solution
 
 
 def test_arith_is_deterministic_per_seed_and_splits_do_not_overlap() -> None:

@@ -7,10 +7,10 @@ import pytest
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
-from grpo_core.batching import PolicyBatch, build_policy_batch
-from grpo_core.config import GRPOConfig, LossAgg
-from grpo_core.engine import TorchEngine
-from grpo_core.update import grpo_update, rank_micro_batches
+from grpo_core.algo.config import GRPOConfig, LossAgg
+from grpo_core.algo.update import grpo_update, rank_micro_batches
+from grpo_core.data.policy_batch import PolicyBatch, build_policy_batch
+from grpo_core.engines.train import TorchEngine
 
 
 @pytest.fixture(autouse=True)

@@ -6,8 +6,8 @@ import pytest
 import torch
 from pydantic import ValidationError
 
-from grpo_core.config import GRPO_PRESETS, GRPOConfig
-from grpo_core.engine import TorchEngine, lr_multiplier
+from grpo_core.algo.config import GRPO_PRESETS, GRPOConfig
+from grpo_core.engines.train import TorchEngine, lr_multiplier
 
 
 def test_warmup_then_constant_or_cosine() -> None:

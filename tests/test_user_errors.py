@@ -11,8 +11,9 @@ from pathlib import Path
 import pytest
 
 from flows.cli import main
-from flows.config import load_config
-from grpo_core.policy import PolicyConfig, build_char_tokenizer, create_tiny_policy
+from flows.config_files import load_config
+from grpo_core.model.config import PolicyConfig
+from grpo_core.model.policy import build_char_tokenizer, create_tiny_policy
 from storage.store import RunStore
 
 Case = Callable[[Path, Path], list[str]]  # (tmp dir, store) -> extra CLI arguments

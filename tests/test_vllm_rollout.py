@@ -14,16 +14,16 @@ import pytest
 import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-from grpo_core.policy import (
-    PolicyConfig,
+from grpo_core.engines.hf_rollout import HFRolloutEngine
+from grpo_core.engines.rollout_types import RolloutBatch, SamplingParams
+from grpo_core.engines.vllm_rollout import WORKER_SCRIPT, VLLMRolloutEngine, vllm_python
+from grpo_core.model.config import PolicyConfig
+from grpo_core.model.policy import (
     build_char_tokenizer,
     create_tiny_policy,
     format_prompt,
     load_policy,
 )
-from grpo_core.rollout import HFRolloutEngine
-from grpo_core.rollout_types import RolloutBatch, SamplingParams
-from grpo_core.vllm_rollout import WORKER_SCRIPT, VLLMRolloutEngine, vllm_python
 
 
 def _vllm_missing() -> str:

@@ -2,16 +2,11 @@ import random
 
 import pytest
 
-from grpo_core.policy import PolicyConfig, build_char_tokenizer, build_policy, create_tiny_policy
-from grpo_core.tasks.arith import ArithTask
-from grpo_core.tasks.base import Problem
-from grpo_core.warm_start import (
-    WarmStartConfig,
-    inject_step_error,
-    sft_batch,
-    training_text,
-    warm_start,
-)
+from grpo_core.data.tasks.arith import ArithTask
+from grpo_core.data.tasks.base import Problem
+from grpo_core.model.config import PolicyConfig, WarmStartConfig
+from grpo_core.model.policy import build_char_tokenizer, build_policy, create_tiny_policy
+from grpo_core.model.warm_start import inject_step_error, sft_batch, training_text, warm_start
 
 
 def test_sft_batch_trains_on_completion_tokens_and_eos_only() -> None:

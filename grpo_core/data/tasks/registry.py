@@ -6,7 +6,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from grpo_core.tasks.base import Task
+from grpo_core.data.tasks.base import Task
 
 
 class TaskConfig(BaseModel):
@@ -80,16 +80,16 @@ class TaskConfig(BaseModel):
 def make_task(cfg: TaskConfig) -> Task:
     """The task `cfg` names, with its knobs applied."""
     if cfg.name == "arith":
-        from grpo_core.tasks.arith import ArithTask
+        from grpo_core.data.tasks.arith import ArithTask
 
         return ArithTask(
             cfg.min_steps, cfg.max_steps, cfg.operand_max, cfg.operators, cfg.test_fraction
         )
     if cfg.name == "reasoning_gym":
-        from grpo_core.tasks.reasoning_gym import ReasoningGymTask
+        from grpo_core.data.tasks.reasoning_gym import ReasoningGymTask
 
         return ReasoningGymTask(cfg.rg_task, cfg.rg_kwargs, cfg.test_fraction)
-    from grpo_core.tasks.local_files import LocalFilesTask
+    from grpo_core.data.tasks.local_files import LocalFilesTask
 
     assert cfg.path is not None
     return LocalFilesTask(cfg.path, cfg.test_path, cfg.test_fraction, cfg.on_bad_rows)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import hashlib
 
-from grpo_core.tasks.base import Split
+from grpo_core.data.tasks.base import Split
 
 
 def split_of(question: str, test_fraction: float) -> Split:

@@ -32,9 +32,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
-from grpo_core.answers import answers_match, extract_answer, normalize_number
-from grpo_core.tasks.base import Problem, Split, TaskDataError
-from grpo_core.tasks.splits import split_of
+from grpo_core.data.answers import answers_match, extract_answer, normalize_number
+from grpo_core.data.tasks.base import Problem, Split, TaskDataError
+from grpo_core.data.tasks.splits import split_of
 
 log = logging.getLogger(__name__)
 OnBadRows = Literal["error", "skip"]

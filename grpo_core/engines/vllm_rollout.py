@@ -1,7 +1,8 @@
 """vLLM rollout engine: `RolloutEngine` over a long-lived vLLM worker in its own environment.
 
 vLLM's pins clash with Prefect's, so vLLM lives in `.venv-vllm` (`make vllm-env`) and this
-engine drives `grpo_core/vllm_worker.py` there as a subprocess speaking JSON lines. Prompts are
+engine drives `grpo_core/engines/vllm_worker.py` there as a subprocess speaking JSON lines.
+Prompts are
 tokenized and completions decoded here, with the policy's tokenizer and the HF engine's rules,
 so both engines return the same `RolloutBatch` for the same tokens.
 """
@@ -18,9 +19,9 @@ from typing import IO, Any
 
 from transformers import AutoConfig, AutoTokenizer, GenerationConfig
 
-from grpo_core.policy import encode_prompt, ensure_pad_token
-from grpo_core.rollout import completion_texts, stop_token_ids
-from grpo_core.rollout_types import FinishReason, RolloutBatch, SamplingParams
+from grpo_core.engines.hf_rollout import completion_texts, stop_token_ids
+from grpo_core.engines.rollout_types import FinishReason, RolloutBatch, SamplingParams
+from grpo_core.model.policy import encode_prompt, ensure_pad_token
 
 WORKER_SCRIPT = Path(__file__).with_name("vllm_worker.py")
 # `make vllm-env` builds the environment in the repository root (next to grpo_core/).

@@ -11,55 +11,13 @@ from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
 from transformers import PreTrainedTokenizerBase
 
-from grpo_core.answers import answers_match, extract_answer, format_reward, normalize_number
-from grpo_core.policy import format_prompt
-from grpo_core.rollout_types import RolloutEngine, SamplingParams
-from grpo_core.tasks.base import Problem, Task
-
-
-class EvalConfig(BaseModel):
-    """How much to sample for evaluation."""
-
-    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
-
-    n_prompts: int = Field(
-        default=1000,
-        ge=1,
-        description="Test problems evaluated (greedy costs ~2.5 s/1000 on the tiny model).",
-    )
-    n_samples: int = Field(
-        default=8, ge=1, le=1024, description="Samples per problem for Pass@K / Maj@K."
-    )
-    ks: list[int] | None = Field(
-        default=None,
-        description="K values (each 1..n_samples); None = 1, 2, 4, ... up to n_samples.",
-    )
-    temperature: float = Field(default=1.0, gt=0, le=10, description="Sampling temperature (> 0).")
-    top_p: float = Field(default=1.0, gt=0, le=1, description="Nucleus sampling mass (0-1].")
-    max_new_tokens: int = Field(default=64, ge=1, description="Generation budget per completion.")
-
-    @model_validator(mode="after")
-    def _ks_within_samples(self) -> EvalConfig:
-        self.k_values()  # raises naming the field, at load instead of after the run's stages
-        return self
-
-    def k_values(self) -> list[int]:
-        if self.ks is not None:
-            bad = [k for k in self.ks if not 1 <= k <= self.n_samples]
-            if bad:
-                raise ValueError(
-                    f"evaluation.ks must lie in 1..n_samples={self.n_samples} (got {bad}): "
-                    "lower them or raise evaluation.n_samples"
-                )
-            return sorted(set(self.ks))
-        ks, k = [], 1
-        while k <= self.n_samples:
-            ks.append(k)
-            k *= 2
-        return ks
+from grpo_core.data.answers import answers_match, extract_answer, format_reward, normalize_number
+from grpo_core.data.tasks.base import Problem, Task
+from grpo_core.engines.rollout_types import RolloutEngine, SamplingParams
+from grpo_core.model.config import EvalConfig
+from grpo_core.model.policy import format_prompt
 
 
 @dataclass(frozen=True)

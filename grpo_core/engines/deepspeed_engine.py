@@ -3,7 +3,8 @@
 Same AdamW, LR schedule and clipping as TorchEngine (the optimizer object is built by the
 same function and handed to DeepSpeed), same loss code (grpo_update drives both engines).
 In one process it runs in-process (CPU: gloo); several processes come from the deepspeed
-launcher (grpo_core.deepspeed_launch). deepspeed is imported lazily: `pip install -e '.[gpu]'`.
+launcher (grpo_core.engines.deepspeed_launch). deepspeed is imported lazily:
+`pip install -e '.[gpu]'`.
 """
 
 from __future__ import annotations
@@ -20,9 +21,11 @@ from typing import Any, Literal
 import torch
 from torch import Tensor, nn
 
-from grpo_core.batching import PolicyBatch, sequence_logprobs, sequence_logprobs_and_entropy
-from grpo_core.config import DeepSpeedConfig, merge_trees
-from grpo_core.engine import build_adamw, build_lr_schedule, lr_multiplier
+from grpo_core.algo.config import merge_trees
+from grpo_core.data.policy_batch import PolicyBatch
+from grpo_core.engines.config import DeepSpeedConfig
+from grpo_core.engines.train import build_adamw, build_lr_schedule, lr_multiplier
+from grpo_core.model.forward import sequence_logprobs, sequence_logprobs_and_entropy
 
 # DeepSpeed's shared-memory all-reduce op serves DeepSpeed inference only; on a CPU machine
 # building it compiles C++ for 30-130 s on first start, so training runs skip it.

@@ -11,7 +11,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from grpo_core.config import GRPOConfig, KLEstimator, LossAgg
+from grpo_core.algo.config import GRPOConfig, KLEstimator, LossAgg
 
 # Rows of logits turned into float32 at once; bounds the temporary float32 copy of logits.
 LOGPROB_CHUNK_ROWS = 1024

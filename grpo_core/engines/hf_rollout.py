@@ -15,8 +15,8 @@ from tqdm.auto import tqdm
 from transformers import GenerationConfig, PreTrainedModel, PreTrainedTokenizerBase
 from transformers.cache_utils import DynamicCache, DynamicLayer
 
-from grpo_core.policy import encode_prompt, ensure_pad_token
-from grpo_core.rollout_types import FinishReason, RolloutBatch, SamplingParams
+from grpo_core.engines.rollout_types import FinishReason, RolloutBatch, SamplingParams
+from grpo_core.model.policy import encode_prompt, ensure_pad_token
 
 # Finished rows leave the decode batch (and its KV cache) once they are this share of it.
 FINISHED_DROP_SHARE = 0.125

@@ -1,7 +1,7 @@
 from typing import ClassVar
 
-from grpo_core.policy import build_char_tokenizer
-from grpo_core.steps import split_steps, step_end_token_indices
+from grpo_core.data.reasoning_steps import split_steps, step_end_token_indices
+from grpo_core.model.policy import build_char_tokenizer
 
 
 def test_split_steps_drops_empty_lines_and_keeps_final_line() -> None:

@@ -8,7 +8,8 @@ from typing import Any, Literal, Protocol
 import torch
 from torch import Tensor, nn
 
-from grpo_core.batching import PolicyBatch, sequence_logprobs, sequence_logprobs_and_entropy
+from grpo_core.data.policy_batch import PolicyBatch
+from grpo_core.model.forward import sequence_logprobs, sequence_logprobs_and_entropy
 
 
 class TrainEngine(Protocol):

@@ -3,8 +3,8 @@
 Runs by path with the vLLM environment's python and imports only the standard library, vLLM
 and (for Parquet) pyarrow, never our packages, whose dependencies that environment lacks:
 
-    .venv-vllm/bin/python -P grpo_core/vllm_worker.py --model CKPT_DIR            # serve
-    .venv-vllm/bin/python -P grpo_core/vllm_worker.py --model CKPT_DIR --request r.json
+    .venv-vllm/bin/python -P grpo_core/engines/vllm_worker.py --model CKPT_DIR            # serve
+    .venv-vllm/bin/python -P grpo_core/engines/vllm_worker.py --model CKPT_DIR --request r.json
 
 Serve mode reads one JSON request per line on stdin and answers one JSON line on stdout
 (vLLM's own logging is moved to stderr); the first line is {"op": "ready", ...}. Requests:
@@ -17,7 +17,8 @@ Serve mode reads one JSON request per line on stdin and answers one JSON line on
   drops the prefix cache (its KV entries belong to the old weights).
 - {"op": "shutdown"}.
 
-Log-probs follow grpo_core.rollout_types.RolloutBatch: log softmax(logits / T) of each sampled
+Log-probs follow grpo_core.engines.rollout_types.RolloutBatch: log softmax(logits / T) of each
+sampled
 token, before top-p truncation (T = 1 for greedy). vLLM's returned log-probs are either the raw
 T = 1 ones or taken after top-p renormalisation, so the worker scales the model's logits by 1/T
 itself (the LogitsProcessor `scale`, which vLLM applies before anything else) and asks vLLM to

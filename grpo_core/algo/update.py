@@ -9,11 +9,12 @@ from dataclasses import dataclass, field, replace
 import torch
 from torch import Tensor, nn
 
-from grpo_core.batching import PolicyBatch, sequence_logprobs
-from grpo_core.config import GRPOConfig
-from grpo_core.engine import TrainEngine
-from grpo_core.losses import grpo_loss
-from grpo_core.numerics import DIVERGED, require_finite
+from grpo_core.algo.config import GRPOConfig
+from grpo_core.algo.losses import grpo_loss
+from grpo_core.algo.numerics import DIVERGED, require_finite
+from grpo_core.data.policy_batch import PolicyBatch
+from grpo_core.engines.train import TrainEngine
+from grpo_core.model.forward import sequence_logprobs
 
 
 def grpo_update(

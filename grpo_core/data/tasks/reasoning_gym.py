@@ -10,9 +10,9 @@ import hashlib
 import json
 from typing import Any
 
-from grpo_core.answers import answers_match, extract_answer
-from grpo_core.tasks.base import Problem, Split
-from grpo_core.tasks.splits import split_of
+from grpo_core.data.answers import answers_match, extract_answer
+from grpo_core.data.tasks.base import Problem, Split
+from grpo_core.data.tasks.splits import split_of
 
 SUPPORTED = ("chain_sum", "basic_arithmetic", "gsm_symbolic")
 

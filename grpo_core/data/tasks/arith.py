@@ -11,10 +11,10 @@ import random
 import re
 from dataclasses import dataclass
 
-from grpo_core.answers import answers_match, extract_answer
-from grpo_core.steps import split_steps
-from grpo_core.tasks.base import Problem, Split
-from grpo_core.tasks.splits import split_of
+from grpo_core.data.answers import answers_match, extract_answer
+from grpo_core.data.reasoning_steps import split_steps
+from grpo_core.data.tasks.base import Problem, Split
+from grpo_core.data.tasks.splits import split_of
 
 _STEP = re.compile(r"^([+-]?\d+)([+\-*])([+-]?\d+)=([+-]?\d+)$")
 

@@ -7,14 +7,9 @@ import pytest
 import torch
 from transformers import GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM
 
-from grpo_core import batching
-from grpo_core.batching import (
-    PaddingSide,
-    build_policy_batch,
-    length_buckets,
-    sequence_logprobs,
-    sequence_logprobs_and_entropy,
-)
+from grpo_core.data.policy_batch import PaddingSide, build_policy_batch
+from grpo_core.model import forward
+from grpo_core.model.forward import length_buckets, sequence_logprobs, sequence_logprobs_and_entropy
 
 
 @pytest.fixture(autouse=True)
@@ -251,7 +246,7 @@ def test_length_buckets_give_the_values_entropies_and_gradients_of_separate_rows
 ) -> None:
     """Shared prompts with completions of very different lengths (empty, one token, long),
     run in several length buckets (min_saving 0) or one: each row as if run alone."""
-    monkeypatch.setattr(batching, "BUCKET_MIN_SAVING", min_saving)
+    monkeypatch.setattr(forward, "BUCKET_MIN_SAVING", min_saving)
     prompts, _ = random_rows(4, 9, 1, seed=8)
     _, completions = random_rows(16, 1, 14, seed=9)
     completions[0], completions[5], completions[6] = [], [3], [4] * 14

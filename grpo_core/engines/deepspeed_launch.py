@@ -3,7 +3,7 @@
 The caller (e.g. a Prefect task) writes a job directory (job.json + batch.safetensors) with
 write_update_job, runs run_update_job (the launcher as a subprocess, its output streamed
 line by line to a callback) and reads back the updated policy (HF save_pretrained layout)
-and metrics.json. Every rank runs `python -m grpo_core.deepspeed_launch JOB_DIR`.
+and metrics.json. Every rank runs `python -m grpo_core.engines.deepspeed_launch JOB_DIR`.
 """
 
 from __future__ import annotations
@@ -23,8 +23,9 @@ from pydantic import BaseModel, ConfigDict, Field
 from safetensors.torch import load_file, save_file
 from torch import Tensor
 
-from grpo_core.batching import PolicyBatch
-from grpo_core.config import DeepSpeedConfig, GRPOConfig
+from grpo_core.algo.config import GRPOConfig
+from grpo_core.data.policy_batch import PolicyBatch
+from grpo_core.engines.config import DeepSpeedConfig
 
 log = logging.getLogger(__name__)
 
@@ -149,8 +150,8 @@ def main(argv: list[str] | None = None) -> None:
     """One rank of a launched job: load, DeepSpeed grpo_update, rank 0 writes the outputs."""
     from transformers import AutoModelForCausalLM
 
-    from grpo_core.deepspeed_engine import DeepSpeedEngine
-    from grpo_core.update import grpo_update
+    from grpo_core.algo.update import grpo_update
+    from grpo_core.engines.deepspeed_engine import DeepSpeedEngine
 
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("job_dir", type=Path)

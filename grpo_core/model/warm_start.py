@@ -15,51 +15,16 @@ import time
 from typing import Any
 
 import torch
-from pydantic import BaseModel, ConfigDict, Field
 from tqdm.auto import tqdm
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-from grpo_core.numerics import require_finite
-from grpo_core.policy import encode_prompt, ensure_pad_token, format_prompt
-from grpo_core.tasks.base import Problem, Task
+from grpo_core.algo.numerics import require_finite
+from grpo_core.data.tasks.base import Problem, Task
+from grpo_core.model.config import WarmStartConfig
+from grpo_core.model.policy import encode_prompt, ensure_pad_token, format_prompt
 
 log = logging.getLogger(__name__)
 _LAST_NUMBER = re.compile(r"-?\d+(?!.*\d)")
-
-
-class WarmStartConfig(BaseModel):
-    """SFT budget and schedule. Defaults land the tiny policy on `arith` at 30-70% greedy."""
-
-    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
-
-    steps: int = Field(default=375, ge=1, le=10**6, description="Optimizer steps (the budget).")
-    max_seconds: float | None = Field(
-        default=None,
-        gt=0,
-        description="Optional wall-clock cap; stops early (then not deterministic).",
-    )
-    batch_size: int = Field(default=64, ge=1, le=65536, description="Solutions per step.")
-    lr: float = Field(default=3e-3, gt=0, le=1.0, description="Peak AdamW learning rate.")
-    lr_min: float = Field(
-        default=3e-4, ge=0, le=1.0, description="Learning rate at the end of the cosine."
-    )
-    warmup_steps: int = Field(
-        default=10, ge=0, description="Linear warm-up steps before the cosine."
-    )
-    weight_decay: float = Field(default=0.0, ge=0, le=1.0, description="AdamW weight decay.")
-    error_rate: float = Field(
-        default=0.3,
-        ge=0,
-        le=1,
-        description="Share of training solutions with one injected wrong step.",
-    )
-    seed: int = Field(default=0, ge=0, description="Seed of problem order and injected errors.")
-    eval_prompts: int = Field(
-        default=200, ge=0, description="Test problems for the final greedy accuracy (0: skip)."
-    )
-    max_new_tokens: int = Field(
-        default=64, ge=1, description="Generation budget of that evaluation."
-    )
 
 
 def inject_step_error(solution: str, rng: random.Random) -> str:
@@ -189,8 +154,8 @@ def greedy_accuracy(
     max_new_tokens: int = 64,
 ) -> float:
     """Share of `problems` whose greedy completion is correct."""
-    from grpo_core.rollout import HFRolloutEngine
-    from grpo_core.rollout_types import SamplingParams
+    from grpo_core.engines.hf_rollout import HFRolloutEngine
+    from grpo_core.engines.rollout_types import SamplingParams
 
     engine = HFRolloutEngine(model, tokenizer, show_progress=False)
     batch = engine.generate(

@@ -1,0 +1,139 @@
+"""Loading the run configuration: YAML presets (`configs/`, with `base:` inheritance),
+`--set a.b=value` overrides, validation errors that name the field, and a stored config
+brought to this version's form for the resume comparison."""
+
+from __future__ import annotations
+
+import contextlib
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import ValidationError
+
+from flows.config import ItergrpoConfig
+from grpo_core.algo.config import merge_trees
+
+CONFIG_DIR = Path(__file__).resolve().parent.parent / "configs"
+
+
+class ConfigError(ValueError):
+    """A config file or override that cannot be used; the message names the field."""
+
+
+def _set_path(tree: dict[str, Any], dotted: str, value: Any) -> None:
+    keys = dotted.split(".")
+    node = tree
+    for key in keys[:-1]:
+        child = node.setdefault(key, {})
+        if not isinstance(child, dict):
+            raise ConfigError(f"--set {dotted}: '{key}' is a value, not a section")
+        node = child
+    node[keys[-1]] = value
+
+
+def parse_override(text: str) -> tuple[str, Any]:
+    """`a.b=value` -> ("a.b", value parsed as YAML, so 3, 0.5, true, [1, 2] keep their types)."""
+    if "=" not in text:
+        raise ConfigError(f"--set {text!r}: expected KEY=VALUE, e.g. grpo.steps=20")
+    key, raw = text.split("=", 1)
+    key = key.strip()
+    if not key:
+        raise ConfigError(f"--set {text!r}: empty key")
+    value = yaml.safe_load(raw) if raw.strip() else None
+    if isinstance(value, str):
+        # YAML 1.1 reads 1e-5 (no dot) as a string; a number is what was meant.
+        with contextlib.suppress(ValueError):
+            value = float(value) if value.strip().lower() not in ("nan", "inf", "-inf") else value
+    return key, value
+
+
+def preset_names() -> list[str]:
+    """The presets `--config NAME` accepts (configs/*.yaml)."""
+    return sorted(p.stem for p in CONFIG_DIR.glob("*.yaml"))
+
+
+def preset_path(name: str) -> Path:
+    """configs/<name>.yaml, or an error listing the presets."""
+    path = CONFIG_DIR / f"{name}.yaml"
+    if not path.is_file():
+        raise ConfigError(f"unknown preset {name!r}; presets: {', '.join(preset_names())}")
+    return path
+
+
+def _read_tree(path: str | Path, seen: tuple[Path, ...] = ()) -> dict[str, Any]:
+    """A YAML config (file or preset name) as a tree; `base: NAME` first loads that preset
+    and applies this file's sections on top, so a variant states only what differs."""
+    file = Path(path)
+    if not file.is_file():
+        file = preset_path(str(path))
+    if file.resolve() in seen:
+        raise ConfigError(f"{file}: 'base' presets form a cycle")
+    try:
+        loaded = yaml.safe_load(file.read_text(encoding="utf-8")) or {}
+    except (yaml.YAMLError, UnicodeDecodeError) as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f" line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
+        problem = getattr(exc, "problem", None) or str(exc)
+        raise ConfigError(f"{file}{where}: not valid YAML ({problem}); fix the file") from None
+    if not isinstance(loaded, dict):
+        raise ConfigError(f"{file}: top level must be a mapping of sections")
+    base = loaded.pop("base", None)
+    if base is None:
+        return loaded
+    if not isinstance(base, str):
+        raise ConfigError(f"{file}: base must be a preset name or YAML path (got {base!r})")
+    return merge_trees(_read_tree(base, (*seen, file.resolve())), loaded)
+
+
+def load_config(
+    path: str | Path | None = None, overrides: list[str] | tuple[str, ...] = ()
+) -> ItergrpoConfig:
+    """Read YAML (a path or a preset name, with its `base` preset), apply `a.b=value`
+    overrides, validate."""
+    tree = _read_tree(path) if path is not None else {}
+    for item in overrides:
+        key, value = parse_override(item)
+        _set_path(tree, key, value)
+    return validate_config(tree)
+
+
+def validate_config(tree: dict[str, Any]) -> ItergrpoConfig:
+    """Validate a config tree; errors name each field, the value and the rule."""
+    try:
+        return ItergrpoConfig.model_validate(tree)
+    except ValidationError as exc:
+        lines = []
+        for err in exc.errors():
+            where = ".".join(str(p) for p in err["loc"]) or "(top level)"
+            got = ""
+            # a section's own rule: its whole input would only bury the message
+            if "input" in err and err["type"] != "missing" and not isinstance(err["input"], dict):
+                shown = repr(err["input"])
+                got = f" (got {shown[:77] + '...' if len(shown) > 80 else shown})"
+            lines.append(f"  {where}: {err['msg']}{got}")
+        raise ConfigError("invalid config:\n" + "\n".join(lines)) from None
+
+
+def config_to_yaml(cfg: ItergrpoConfig) -> str:
+    return yaml.safe_dump(cfg.model_dump(mode="json"), sort_keys=False)
+
+
+# Where the work runs or lives, not what it computes: a run may be resumed with these changed.
+PLACEMENT_SECTIONS = ("cluster", "store")
+
+
+def stored_config_as_current(stored: dict[str, Any], current: ItergrpoConfig) -> dict[str, Any]:
+    """A run's stored config in this version's form, for comparing with `current` on resume.
+
+    Fields added since the run started get their defaults (a run from before a new section
+    existed stays resumable), and the placement sections are taken from `current`.
+    A stored config this version cannot read is returned unchanged (the comparison then
+    names the differing keys).
+    """
+    try:
+        upgraded = ItergrpoConfig.model_validate(stored).model_dump(mode="json")
+    except ValidationError:
+        return stored
+    now = current.model_dump(mode="json")
+    return {**upgraded, **{name: now[name] for name in PLACEMENT_SECTIONS}}

@@ -1,0 +1,31 @@
+"""Names a run is made of: its stages, the task splits it draws from, and the roles of its
+checkpoints. They appear in the `stages` table, in Parquet file names and in paths."""
+
+from __future__ import annotations
+
+import re
+from datetime import UTC, datetime
+from typing import Final
+
+# Stage names as they appear in the `stages` table and in Parquet file names.
+WARM_START = "warm_start"
+ROLLOUT = "rollout"
+LABEL = "label"
+TRAIN_RM = "train_rm"
+GRPO = "grpo"
+EVALUATE = "evaluate"
+ITERATION_STAGES = (ROLLOUT, LABEL, TRAIN_RM, GRPO, EVALUATE)
+EVAL_SPLIT: Final = "test"  # the held-out split every evaluation (policy and RMs) samples
+TRAIN_SPLIT: Final = "train"  # the split rollouts, GRPO and so the reward models draw prompts from
+
+# Checkpoint roles: checkpoints/<run_id>/<role>/iter-<k>/
+POLICY = "policy"  # policy/iter-k is the policy that iteration k starts from (and its reference)
+ORM: Final = "orm"
+PRM: Final = "prm"
+GRPO_PROGRESS = "grpo-progress"  # intra-stage resume point of the GRPO stage of iteration k
+
+
+def default_run_id(preset: str = "run") -> str:
+    """`<preset>-<UTC timestamp>`: the run id when none is given."""
+    stamp = datetime.now(UTC).strftime("%Y%m%d-%H%M%S")
+    return f"{re.sub(r'[^A-Za-z0-9_.-]', '-', preset)}-{stamp}"

