@@ -17,6 +17,7 @@ if a setting that must match differs. --check-only prints those settings and tim
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import statistics
@@ -35,12 +36,13 @@ import grpo_bench_common as common
 import torch
 from torch import Tensor, nn
 
-from grpo_core.algo.advantages import AdvantageInputs, get_adv_estimator
 from grpo_core.algo.config import GRPOConfig
+from grpo_core.algo.rewards import StepRewards
+from grpo_core.algo.step import grpo_step
 from grpo_core.algo.update import grpo_update
-from grpo_core.data.policy_batch import PolicyBatch, build_policy_batch
+from grpo_core.data.policy_batch import PolicyBatch
 from grpo_core.engines.hf_rollout import HFRolloutEngine
-from grpo_core.engines.rollout_types import SamplingParams
+from grpo_core.engines.rollout_types import RolloutBatch, RolloutEngine, SamplingParams
 from grpo_core.engines.train import TorchEngine
 from grpo_core.model.config import PolicyConfig
 from grpo_core.model.policy import build_char_tokenizer, create_tiny_policy, load_policy
@@ -181,8 +183,49 @@ def our_settings(setup: OurSetup, cfg: common.BenchConfig) -> dict[str, Any]:
         "dtype": str(next(setup.model.parameters()).dtype),
         "threads": common.thread_settings(torch.get_num_threads(), torch.get_num_interop_threads()),
         "versions": common.versions(),
-        "ours": {"loss_agg": algo.loss_agg, "advantage_estimator": algo.advantage_estimator},
+        "ours": {"loss_agg": algo.loss_agg, "adv_estimator": algo.adv_estimator},
     }
+
+
+class TimedSampler:
+    """A rollout engine that adds its generate seconds to times["generation"]."""
+
+    def __init__(self, engine: RolloutEngine, times: dict[str, float]) -> None:
+        self.engine, self.times = engine, times
+
+    def generate(
+        self, prompts: list[str], n: int, params: SamplingParams, seed: int
+    ) -> RolloutBatch:
+        start = time.perf_counter()
+        batch = self.engine.generate(prompts, n, params, seed=seed)
+        self.times["generation"] += time.perf_counter() - start
+        return batch
+
+
+@dataclass
+class BenchUpdate:
+    """grpo_update on the timed engine, seeded as the stage's in-process updater seeds it."""
+
+    engine: TimedEngine
+    reference: nn.Module
+    algo: GRPOConfig
+
+    def update(
+        self, batch: PolicyBatch, advantages: Tensor, old_logprobs: Tensor | None, seed: int
+    ) -> dict[str, float]:
+        generator = torch.Generator().manual_seed(seed)
+        return grpo_update(
+            self.engine, self.reference, batch, advantages, self.algo, old_logprobs, generator
+        )
+
+
+def arith_rewards(prompts: list[str], batch: RolloutBatch) -> StepRewards:
+    """The verifier's 1/0 for each output: the reward both sides use."""
+    owners = [prompts[i] for i in batch.prompt_index]
+    correct = torch.tensor(
+        [common.arith_reward(q, t) for q, t in zip(owners, batch.texts, strict=True)]
+    )
+    return StepRewards(total=correct, verifier=correct, fmt=torch.zeros_like(correct), rm=None)
 
 
 def run_ours(
@@ -199,11 +242,11 @@ def run_ours(
     common.check_settings("ours", settings)
     if check_only:
         return {"side": "ours", "settings": settings, "steps": []}
-    model, tokenizer, reference = setup.model, setup.tokenizer, setup.reference
-    algo, engine, times = setup.algo, setup.engine, setup.times
-    sampler = HFRolloutEngine(model, tokenizer, show_progress=False)
-    params = SamplingParams(max_new_tokens=cfg.max_new_tokens, temperature=algo.temperature)
-    estimator = get_adv_estimator(algo.advantage_estimator)
+    algo, times = setup.algo, setup.times
+    sampler = TimedSampler(
+        HFRolloutEngine(setup.model, setup.tokenizer, show_progress=False), times
+    )
+    policy = BenchUpdate(setup.engine, setup.reference, algo)
     prompts = common.make_prompts(cfg)
     steps: list[dict[str, Any]] = []
     for step in range(common.WARMUP_STEPS + common.TIMED_STEPS):
@@ -211,24 +254,17 @@ def run_ours(
         with maybe_profile(profile and step == common.WARMUP_STEPS):
             start, cpu_start = time.perf_counter(), time.process_time()
             step_prompts = prompts[step * common.PROMPTS_PER_STEP :][: common.PROMPTS_PER_STEP]
-            batch = sampler.generate(step_prompts, common.GROUP_SIZE, params, seed=step)
-            times["generation"] = time.perf_counter() - start
-            rewards = torch.tensor(
-                [
-                    common.arith_reward(step_prompts[i], text)
-                    for i, text in zip(batch.prompt_index, batch.texts, strict=True)
-                ]
+            out = grpo_step(
+                step_prompts,
+                sampler,
+                functools.partial(arith_rewards, step_prompts),
+                policy,
+                algo,
+                group_size=common.GROUP_SIZE,
+                max_new_tokens=cfg.max_new_tokens,
+                pad_token_id=setup.tokenizer.pad_token_id,
+                seed=step,
             )
-            policy_batch = build_policy_batch(
-                batch.prompt_ids, batch.completion_ids, tokenizer.pad_token_id
-            )
-            inputs = AdvantageInputs(
-                response_mask=policy_batch.full_to_response(policy_batch.response_mask),
-                rewards=rewards.reshape(common.PROMPTS_PER_STEP, common.GROUP_SIZE),
-            )
-            advantages = policy_batch.response_to_full(estimator(inputs, algo.adv_eps))
-            model.train()
-            stats = grpo_update(engine, reference, policy_batch, advantages, algo)
             total = time.perf_counter() - start
             cpu_total = time.process_time() - cpu_start
         times["other"] = total - sum(times[k] for k in OUR_PHASES if k != "other")
@@ -237,9 +273,9 @@ def run_ours(
                 "seconds": total,
                 "cpu_seconds": cpu_total,
                 **{k: times[k] for k in OUR_PHASES},
-                "completion_tokens": sum(len(ids) for ids in batch.completion_ids),
-                "reward_mean": float(rewards.mean()),
-                "kl": stats["kl"],
+                "completion_tokens": sum(len(ids) for ids in out.batch.completion_ids),
+                "reward_mean": out.stats["reward_mean"],
+                "kl": out.stats["kl"],
             }
         )
     return {

@@ -25,7 +25,7 @@ from grpo_core.algo.config import GRPOConfig
 from grpo_core.data.tasks.registry import TaskConfig
 from grpo_core.engines.config import DeepSpeedConfig
 from grpo_core.model.config import EvalConfig, PolicyConfig, WarmStartConfig
-from reward_models.config import LabellingConfig, PrmAggregation, RewardModelConfig
+from reward_models.config import LabellingConfig, RewardModelConfig, RewardWeights
 from storage.store import resolve_store_root
 
 
@@ -86,38 +86,6 @@ class RolloutSection(_Section):
     )
 
 
-class RewardWeights(_Section):
-    """How the scalar reward of a GRPO sample is assembled (weights >= 0)."""
-
-    verifier: float = Field(
-        1.0, ge=0.0, description="Weight of the verifier's 1/0 correctness (>= 0)."
-    )
-    orm: float = Field(
-        0.0, ge=0.0, description="Weight of the ORM probability that the output is correct (>= 0)."
-    )
-    prm: float = Field(
-        0.0,
-        ge=0.0,
-        description="Weight of the PRM's outcome score (>= 0): its step probabilities folded by "
-        "prm_aggregation into one number per output. For step-level rewards use "
-        "grpo.algo.supervision: process instead.",
-    )
-    prm_aggregation: PrmAggregation = Field(
-        "min",
-        description="How PRM step probabilities become one outcome score: 'min' (a solution is "
-        "as good as its worst step; Lightman et al., Math-Shepherd), 'mean', or 'last' (the "
-        "final step's). An output without steps scores 0.",
-    )
-    format: float = Field(
-        0.0, ge=0.0, description="Weight of the format reward: 1 if a '#### x' line ends (>= 0)."
-    )
-
-    @property
-    def learned(self) -> float:
-        """Total weight of the learned reward models (ORM + PRM outcome score)."""
-        return self.orm + self.prm
-
-
 class GRPOStageSection(_Section):
     """The online GRPO stage: M steps of sample -> reward -> advantages -> mu updates."""
 
@@ -136,8 +104,9 @@ class GRPOStageSection(_Section):
     )
     algo: GRPOConfig = Field(
         default_factory=GRPOConfig,
-        description="The update itself (loss, KL, clipping, optimizer, supervision, sampling "
-        "temperature); see grpo_core/algo/config.py and its presets paper, dr_grpo, dapo.",
+        description="The update itself (advantage estimator, loss, KL, clipping, optimizer, "
+        "sampling temperature); see grpo_core/algo/config.py and its presets paper, dr_grpo, "
+        "dapo.",
     )
 
 
@@ -312,13 +281,13 @@ class ItergrpoConfig(_Section):
                 "grpo.rewards.prm > 0 needs reward_models.use_prm = true (no PRM is trained): "
                 "set use_prm: true, or grpo.rewards.prm: 0"
             )
-        if self.grpo.algo.supervision == "process" and not rms.use_prm:
+        if self.grpo.algo.process_supervision and not rms.use_prm:
             raise ValueError(
-                "grpo.algo.supervision = process needs reward_models.use_prm = true "
-                "(no PRM is trained): set use_prm: true, or supervision: outcome"
+                "grpo.algo.adv_estimator = grpo_process rewards each step with the PRM, but "
+                "reward_models.use_prm = false: set use_prm: true, or adv_estimator: grpo_outcome"
             )
         outcome_weights = rewards.verifier + rewards.format + rewards.learned
-        uses_rewards = self.grpo.algo.advantage_estimator in ("grpo_outcome", "dr_grpo")
+        uses_rewards = self.grpo.algo.adv_estimator in ("grpo_outcome", "dr_grpo")
         if uses_rewards and outcome_weights == 0:
             raise ValueError(
                 "grpo.rewards: verifier, orm, prm and format are all 0, so every GRPO advantage "

@@ -12,7 +12,7 @@ import yaml
 from pydantic import ValidationError
 
 from flows.config import ItergrpoConfig
-from grpo_core.algo.config import merge_trees
+from grpo_core.algo.config import merge_trees, migrate_replaced_fields
 
 CONFIG_DIR = Path(__file__).resolve().parent.parent / "configs"
 
@@ -132,8 +132,19 @@ def stored_config_as_current(stored: dict[str, Any], current: ItergrpoConfig) ->
     names the differing keys).
     """
     try:
-        upgraded = ItergrpoConfig.model_validate(stored).model_dump(mode="json")
+        migrated = stored_config_migrated(stored)
+        upgraded = ItergrpoConfig.model_validate(migrated).model_dump(mode="json")
     except ValidationError:
         return stored
     now = current.model_dump(mode="json")
     return {**upgraded, **{name: now[name] for name in PLACEMENT_SECTIONS}}
+
+
+def stored_config_migrated(stored: dict[str, Any]) -> dict[str, Any]:
+    """A run's stored config with fields renamed since it started mapped to their new names
+    (grpo.algo.supervision / adv_scaling -> adv_estimator), so earlier runs stay resumable."""
+    algo = stored.get("grpo", {}).get("algo")
+    if not isinstance(algo, dict):
+        return stored
+    grpo = {**stored["grpo"], "algo": migrate_replaced_fields(algo)}
+    return {**stored, "grpo": grpo}

@@ -13,7 +13,12 @@ from pathlib import Path
 
 from flows.cli import USER_ERRORS, command_help, nonempty, store_option
 from flows.config import ItergrpoConfig
-from flows.config_files import load_config, preset_names, validate_config
+from flows.config_files import (
+    load_config,
+    preset_names,
+    stored_config_migrated,
+    validate_config,
+)
 from flows.interrupts import RunInterrupted
 from flows.names import default_run_id
 from flows.preflight import preflight
@@ -114,7 +119,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
 def cmd_resume(args: argparse.Namespace) -> int:
     store = RunStore(args.store)
-    cfg = validate_config(store.run_config(args.run_id))
+    cfg = validate_config(stored_config_migrated(store.run_config(args.run_id)))
     # The run continues in the store it was found in, wherever its config says it started.
     cfg = _with_identity(cfg, args.run_id, str(store.root))
     args.force_config = False

@@ -181,3 +181,38 @@ class LabellingConfig(BaseModel):
             "the Monte-Carlo labelling (N completions per step) stays affordable."
         ),
     )
+
+
+class RewardWeights(BaseModel):
+    """How the scalar reward of a GRPO sample is assembled (weights >= 0); the rules are in
+    grpo_core/algo/rewards.py, the parts computed by reward_models/grpo_reward.py."""
+
+    model_config = ConfigDict(extra="forbid", validate_assignment=True, allow_inf_nan=False)
+
+    verifier: float = Field(
+        1.0, ge=0.0, description="Weight of the verifier's 1/0 correctness (>= 0)."
+    )
+    orm: float = Field(
+        0.0, ge=0.0, description="Weight of the ORM probability that the output is correct (>= 0)."
+    )
+    prm: float = Field(
+        0.0,
+        ge=0.0,
+        description="Weight of the PRM's outcome score (>= 0): its step probabilities folded by "
+        "prm_aggregation into one number per output. For step-level rewards use "
+        "grpo.algo.adv_estimator: grpo_process instead.",
+    )
+    prm_aggregation: PrmAggregation = Field(
+        "min",
+        description="How PRM step probabilities become one outcome score: 'min' (a solution is "
+        "as good as its worst step; Lightman et al., Math-Shepherd), 'mean', or 'last' (the "
+        "final step's). An output without steps scores 0.",
+    )
+    format: float = Field(
+        0.0, ge=0.0, description="Weight of the format reward: 1 if a '#### x' line ends (>= 0)."
+    )
+
+    @property
+    def learned(self) -> float:
+        """Total weight of the learned reward models (ORM + PRM outcome score)."""
+        return self.orm + self.prm

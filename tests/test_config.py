@@ -16,6 +16,7 @@ from flows.config_files import (
     load_config,
     parse_override,
     stored_config_as_current,
+    stored_config_migrated,
 )
 
 PRESETS = sorted(p.stem for p in CONFIG_DIR.glob("*.yaml"))
@@ -62,16 +63,15 @@ def test_cross_field_rules_say_how_to_fix() -> None:
     with pytest.raises(ConfigError, match="use_orm = true"):
         load_config("micro", ["reward_models.use_orm=false", "grpo.rewards.orm=1.0"])
     with pytest.raises(ConfigError, match="use_prm = true"):
-        load_config("micro", ["reward_models.use_prm=false", "grpo.algo.supervision=process"])
+        load_config("micro", ["reward_models.use_prm=false", "grpo.rewards.prm=1.0"])
 
 
 @pytest.mark.parametrize(
     ("overrides", "names"),
     [
-        (["grpo.algo.adv_estimator=grpo_process"], ["adv_estimator", "supervision: process"]),
         (
-            ["grpo.algo.supervision=process", "grpo.algo.adv_estimator=rft"],
-            ["supervision = process", "adv_estimator = rft ignores"],
+            ["reward_models.use_prm=false", "grpo.algo.adv_estimator=grpo_process"],
+            ["adv_estimator = grpo_process", "use_prm: true"],
         ),
         (
             ["reward_models.use_prm=false", "grpo.rewards.prm=0.5"],
@@ -99,12 +99,39 @@ def test_impossible_combinations_are_refused_at_load_naming_fields_and_fix(
 def test_possible_combinations_load() -> None:
     # Process supervision with a PRM; rewards from the PRM's outcome score alone; an estimator
     # that needs no reward weights (RFT reads the verifier's correctness).
-    load_config("micro", ["grpo.algo.supervision=process", "grpo.rewards.orm=0"])
+    load_config("micro", ["grpo.algo.adv_estimator=grpo_process", "grpo.rewards.orm=0"])
     load_config("micro", ["grpo.rewards.verifier=0", "grpo.rewards.orm=0", "grpo.rewards.prm=1"])
     cfg = load_config(
         "micro", ["grpo.rewards.verifier=0", "grpo.rewards.orm=0", "grpo.algo.adv_estimator=rft"]
     )
-    assert cfg.grpo.algo.advantage_estimator == "rft"
+    assert cfg.grpo.algo.adv_estimator == "rft" and not cfg.grpo.algo.process_supervision
+
+
+@pytest.mark.parametrize(
+    ("old", "new"),
+    [
+        (["grpo.algo.supervision=process"], "adv_estimator: grpo_process"),
+        (["grpo.algo.adv_scaling=none"], "adv_estimator: dr_grpo"),
+        (["grpo.algo.supervision=outcome", "grpo.algo.adv_scaling=group_std"], "grpo_outcome"),
+    ],
+)
+def test_replaced_estimator_fields_are_refused_naming_the_new_one(old: list[str], new: str) -> None:
+    with pytest.raises(ConfigError, match=r"replaced by grpo\.algo\.adv_estimator") as err:
+        load_config("micro", old)
+    assert new in str(err.value)
+
+
+def test_a_stored_config_of_an_earlier_version_is_migrated_for_resume() -> None:
+    current = load_config("micro", ["grpo.algo.adv_estimator=grpo_process"])
+    stored = current.model_dump(mode="json")
+    algo = {k: v for k, v in stored["grpo"]["algo"].items() if k != "adv_estimator"}
+    stored["grpo"]["algo"] = {**algo, "supervision": "process", "adv_scaling": "group_std"}
+    assert stored_config_as_current(stored, current) == current.model_dump(mode="json")
+    earlier_outcome = {
+        **stored,
+        "grpo": {**stored["grpo"], "algo": {**algo, "adv_scaling": "none"}},
+    }
+    assert stored_config_migrated(earlier_outcome)["grpo"]["algo"]["adv_estimator"] == "dr_grpo"
 
 
 def test_malformed_input_is_a_config_error(tmp_path: Path) -> None:

@@ -101,7 +101,7 @@ def test_outcome_supervision_learns_the_rewarded_token() -> None:
 def test_process_supervision_learns_both_steps() -> None:
     start = tiny_policy()
     assert prob_of(start, [], GOOD_FIRST) < 0.3 and prob_of(start, [GOOD_FIRST], GOOD_SECOND) < 0.3
-    cfg = GRPOConfig(lr=0.05, micro_batch_size=64, supervision="process")
+    cfg = GRPOConfig(lr=0.05, micro_batch_size=64, adv_estimator="grpo_process")
     model, _ = run_grpo(cfg, length=2, steps=50, process=True)
     assert prob_of(model, [], GOOD_FIRST) > 0.9
     assert prob_of(model, [GOOD_FIRST], GOOD_SECOND) > 0.9

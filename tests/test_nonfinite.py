@@ -18,11 +18,12 @@ import torch
 
 from flows.cli import main
 from flows.config_files import stored_config_as_current
-from flows.grpo_stage import StepRewards, check_rewards, grpo_stage
+from flows.grpo_stage import grpo_stage
 from flows.names import GRPO_PROGRESS
 from flows.stage_io import ckpt
 from grpo_core.algo.config import GRPOConfig
 from grpo_core.algo.numerics import NonFiniteError, require_finite, require_finite_metrics
+from grpo_core.algo.rewards import StepRewards, check_rewards
 from grpo_core.algo.update import grpo_update
 from grpo_core.engines.train import TorchEngine
 from storage.store import RunStore
@@ -147,9 +148,9 @@ def test_an_orm_emitting_nan_or_inf_stops_grpo_naming_it(
     monkeypatch: pytest.MonkeyPatch,
     bad: float,
 ) -> None:
-    import flows.grpo_stage as stage
+    import reward_models.grpo_reward as grpo_reward
 
-    real = stage.score_outcome
+    real = grpo_reward.score_outcome
 
     def broken(*args: Any, **kwargs: Any) -> torch.Tensor:
         scores = real(*args, **kwargs).clone()
@@ -157,7 +158,7 @@ def test_an_orm_emitting_nan_or_inf_stops_grpo_naming_it(
         return scores
 
     err = _rerun_grpo(
-        micro_run, tmp_path, lambda: monkeypatch.setattr(stage, "score_outcome", broken)
+        micro_run, tmp_path, lambda: monkeypatch.setattr(grpo_reward, "score_outcome", broken)
     )
     assert str(err).startswith(f"the reward models' reward is {bad}")
     assert "at GRPO iteration 1, step 0" in str(err)

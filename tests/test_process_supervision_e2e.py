@@ -22,8 +22,7 @@ def rows(root: Path, query: str) -> list[dict]:
 
 def test_demo_ps_preset_is_process_supervised_by_the_prm_alone() -> None:
     cfg = load_config("demo-ps")
-    assert cfg.grpo.algo.supervision == "process"
-    assert cfg.grpo.algo.advantage_estimator == "grpo_process"
+    assert cfg.grpo.algo.adv_estimator == "grpo_process" and cfg.grpo.algo.process_supervision
     assert cfg.grpo.rewards.verifier == 0 and cfg.reward_models.use_prm
 
 
@@ -31,7 +30,7 @@ def test_process_supervised_run_rewards_steps_with_the_prm(tmp_path: Path) -> No
     cfg = micro_config(
         tmp_path,
         "ps",
-        "grpo.algo.supervision=process",
+        "grpo.algo.adv_estimator=grpo_process",
         "grpo.rewards.verifier=0",
         "grpo.rewards.orm=0",
     )

@@ -13,14 +13,16 @@ from tokenizers import Tokenizer, models, pre_tokenizers, trainers
 from tokenizers import decoders as tk_decoders
 from transformers import PreTrainedTokenizerBase, PreTrainedTokenizerFast
 
+from flows.config import ItergrpoConfig
 from flows.config_files import load_config
-from flows.grpo_stage import compute_rewards, reward_stats, token_advantages
+from grpo_core.algo.rewards import reward_stats, token_advantages
 from grpo_core.data.policy_batch import build_policy_batch
 from grpo_core.data.tasks.arith import ArithTask
 from grpo_core.data.tasks.base import Problem
 from grpo_core.engines.rollout_types import RolloutBatch
 from grpo_core.model.config import PolicyConfig
 from grpo_core.model.policy import build_char_tokenizer, create_tiny_policy
+from reward_models.grpo_reward import GRPORewarder
 from reward_models.models import RewardModel
 from reward_models.scoring import score_steps
 
@@ -70,7 +72,7 @@ def expected_step_ends(tokenizer: PreTrainedTokenizerBase, text: str) -> list[in
 
 
 def process_rewards(policy_tok: PreTrainedTokenizerBase):  # type: ignore[no-untyped-def]
-    cfg = load_config("micro", ["grpo.algo.supervision=process", "grpo.group_size=3"])
+    cfg = load_config("micro", ["grpo.algo.adv_estimator=grpo_process", "grpo.group_size=3"])
     problems = [Problem(f"p{i}", q, a) for i, (q, a) in enumerate(QUESTIONS)]
     batch = RolloutBatch(
         prompt_index=[0, 1, 2],
@@ -81,8 +83,15 @@ def process_rewards(policy_tok: PreTrainedTokenizerBase):  # type: ignore[no-unt
         logprobs=[[0.0] * len(policy_tok(c)["input_ids"]) for c in COMPLETIONS],
     )
     prm = char_prm()
-    rewards = compute_rewards(cfg, ArithTask(), problems, PROMPTS, batch, policy_tok, None, prm)
+    rewards = reward_with(cfg, policy_tok, prm)(problems, PROMPTS, batch)
     return cfg, batch, prm, rewards
+
+
+def reward_with(
+    cfg: ItergrpoConfig, tok: PreTrainedTokenizerBase, prm: RewardModel
+) -> GRPORewarder:
+    algo = cfg.grpo.algo
+    return GRPORewarder(ArithTask(), cfg.grpo.rewards, tok, None, prm, algo.process_supervision)
 
 
 def check_alignment(policy_tok: PreTrainedTokenizerBase) -> None:
@@ -102,7 +111,7 @@ def check_alignment(policy_tok: PreTrainedTokenizerBase) -> None:
     # so the value can only change just after a step end of the policy's tokens.
     pb = build_policy_batch(batch.prompt_ids, batch.completion_ids, policy_tok.pad_token_id)
     mask = pb.full_to_response(pb.response_mask)
-    adv = token_advantages(cfg, rewards, mask, (1, 3))
+    adv = token_advantages(cfg.grpo.algo, rewards, mask, (1, 3))
     for r, ends in enumerate(want):
         starts = [0, *(e + 1 for e in ends[:-1])]
         for a, b in zip(starts, ends, strict=True):
@@ -138,16 +147,8 @@ def test_a_prm_that_splits_other_steps_than_the_policy_is_an_error() -> None:
     cfg, batch, prm, _ = process_rewards(tok)
     batch.texts[0] = "3+4=7 7-2=5 #### 5"  # the PRM sees one step, the policy's tokens three
     with pytest.raises(ValueError, match="PRM found 1 steps but the policy's tokens 3"):
-        compute_rewards(
-            cfg,
-            ArithTask(),
-            [Problem(f"p{i}", q, a) for i, (q, a) in enumerate(QUESTIONS)],
-            PROMPTS,
-            batch,
-            tok,
-            None,
-            prm,
-        )
+        problems = [Problem(f"p{i}", q, a) for i, (q, a) in enumerate(QUESTIONS)]
+        reward_with(cfg, tok, prm)(problems, PROMPTS, batch)
 
 
 def test_prm_outcome_reward_is_weighted_in_and_reported_beside_the_verifier() -> None:
@@ -164,7 +165,7 @@ def test_prm_outcome_reward_is_weighted_in_and_reported_beside_the_verifier() ->
         [[0.0] * len(i) for i in ids],
     )
     prm = char_prm()
-    rewards = compute_rewards(cfg, ArithTask(), problems, PROMPTS, batch, tok, None, prm)
+    rewards = reward_with(cfg, tok, prm)(problems, PROMPTS, batch)
     worst = torch.tensor([min(s) for s in score_steps(prm, CHAR, PROMPTS, COMPLETIONS).scores])
     verifier = torch.tensor([1.0, 1.0, 0.0])  # 9-8+7 is 8, not 9
     assert torch.equal(rewards.verifier, verifier)

@@ -8,8 +8,6 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 KLEstimator = Literal["k1", "k2", "k3"]
 LossAgg = Literal["seq-mean-token-mean", "token-mean", "seq-mean-token-sum-norm"]
-AdvScaling = Literal["group_std", "none"]
-Supervision = Literal["outcome", "process"]
 AdvEstimatorName = Literal["grpo_outcome", "grpo_process", "dr_grpo", "rft", "online_rft", "sft"]
 LRSchedule = Literal["constant", "cosine"]
 
@@ -51,20 +49,14 @@ class GRPOConfig(BaseModel):
         "sequences), 'token-mean' (DAPO, mean over all response tokens) or "
         "'seq-mean-token-sum-norm' (Dr. GRPO, token sum over the constant max_len_norm).",
     )
-    adv_scaling: AdvScaling = Field(
-        default="group_std",
-        description="Outcome advantage scaling: 'group_std' (paper, divide by the group std) "
-        "or 'none' (Dr. GRPO, reward minus group mean).",
-    )
-    supervision: Supervision = Field(
-        default="outcome",
-        description="'outcome' (one reward per output) or 'process' (one reward per step).",
-    )
-    adv_estimator: AdvEstimatorName | None = Field(
-        default=None,
-        description="Advantage estimator by name for ablations: 'grpo_outcome', 'grpo_process', "
-        "'dr_grpo', 'rft', 'online_rft' or 'sft'. Empty: derived from supervision and "
-        "adv_scaling.",
+    adv_estimator: AdvEstimatorName = Field(
+        default="grpo_outcome",
+        description="How rewards become advantages (grpo_core/algo/advantages.py): "
+        "'grpo_outcome' (paper, outcome supervision: group z-score of one reward per output), "
+        "'grpo_process' (paper, process supervision: z-scored PRM step rewards summed over the "
+        "steps ending at or after each token; needs a PRM), 'dr_grpo' (reward minus group "
+        "mean, no std division), 'rft' / 'online_rft' (1 for a correct output, 0 otherwise) "
+        "or 'sft' (1 for every output).",
     )
     adv_eps: float = Field(
         default=1e-4,
@@ -138,31 +130,23 @@ class GRPOConfig(BaseModel):
         description="Sampling temperature the log-probs are computed at, more than 0, at most 10.",
     )
 
-    @model_validator(mode="after")
-    def _estimator_fits_supervision(self) -> GRPOConfig:
-        """Step rewards exist only under process supervision, and only grpo_process reads them."""
-        chosen = self.adv_estimator
-        if chosen == "grpo_process" and self.supervision != "process":
+    @model_validator(mode="before")
+    @classmethod
+    def _refuse_replaced_fields(cls, data: Any) -> Any:
+        """supervision and adv_scaling said, with adv_estimator, one thing three ways."""
+        if isinstance(data, dict) and (data.keys() & REPLACED_BY_ADV_ESTIMATOR):
+            given = {k: data[k] for k in REPLACED_BY_ADV_ESTIMATOR if k in data}
             raise ValueError(
-                "grpo.algo.adv_estimator = grpo_process needs per-step rewards: set "
-                "grpo.algo.supervision: process (and train a PRM), or leave adv_estimator empty"
+                f"{', '.join(f'grpo.algo.{k}' for k in given)} was replaced by "
+                f"grpo.algo.adv_estimator: use adv_estimator: {legacy_adv_estimator(data)} "
+                "(supervision: process -> grpo_process; adv_scaling: none -> dr_grpo)"
             )
-        if self.supervision == "process" and chosen not in (None, "grpo_process"):
-            raise ValueError(
-                f"grpo.algo.supervision = process gives per-step rewards that adv_estimator = "
-                f"{chosen} ignores: leave adv_estimator empty (or grpo_process), or set "
-                "supervision: outcome"
-            )
-        return self
+        return data
 
     @property
-    def advantage_estimator(self) -> AdvEstimatorName:
-        """The registry name of the advantage estimator this config selects."""
-        if self.adv_estimator is not None:
-            return self.adv_estimator
-        if self.supervision == "process":
-            return "grpo_process"
-        return "grpo_outcome" if self.adv_scaling == "group_std" else "dr_grpo"
+    def process_supervision(self) -> bool:
+        """Rewards per reasoning step (a PRM scores each step), not one per output."""
+        return self.adv_estimator == "grpo_process"
 
     @classmethod
     def from_preset(cls, name: str, **overrides: Any) -> GRPOConfig:
@@ -179,12 +163,12 @@ GRPO_PRESETS: dict[str, dict[str, Any]] = {
         "eps_low": 0.2,
         "eps_high": 0.2,
         "loss_agg": "seq-mean-token-mean",
-        "adv_scaling": "group_std",
+        "adv_estimator": "grpo_outcome",
         "mu": 1,
         "lr": 1e-6,
     },
     # Dr. GRPO (Liu et al. 2025): no std division, constant length normaliser.
-    "dr_grpo": {"adv_scaling": "none", "loss_agg": "seq-mean-token-sum-norm"},
+    "dr_grpo": {"adv_estimator": "dr_grpo", "loss_agg": "seq-mean-token-sum-norm"},
     # DAPO (Yu et al. 2025): clip-higher, token-level mean, no KL term.
     "dapo": {"eps_high": 0.28, "loss_agg": "token-mean", "beta": 0.0},
 }
@@ -199,3 +183,25 @@ def merge_trees(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
         else:
             merged[key] = value
     return merged
+
+
+# Fields of earlier versions that adv_estimator replaced (refused in new configs, migrated in
+# the stored configs of earlier runs so they stay resumable).
+REPLACED_BY_ADV_ESTIMATOR = ("supervision", "adv_scaling")
+
+
+def legacy_adv_estimator(algo: dict[str, Any]) -> str:
+    """The adv_estimator an earlier version's supervision / adv_scaling / adv_estimator meant."""
+    if algo.get("adv_estimator"):
+        return str(algo["adv_estimator"])
+    if algo.get("supervision") == "process":
+        return "grpo_process"
+    return "dr_grpo" if algo.get("adv_scaling") == "none" else "grpo_outcome"
+
+
+def migrate_replaced_fields(algo: dict[str, Any]) -> dict[str, Any]:
+    """An earlier version's algo section in this version's form (adv_estimator alone)."""
+    if not algo.keys() & REPLACED_BY_ADV_ESTIMATOR:
+        return algo
+    kept = {k: v for k, v in algo.items() if k not in REPLACED_BY_ADV_ESTIMATOR}
+    return {**kept, "adv_estimator": legacy_adv_estimator(algo)}

@@ -35,6 +35,39 @@ def grpo_update(
     every rank passes the same batch and an identically seeded `generator`, runs its share
     of each mini-batch's rows, and the metrics are reduced over the ranks.
     """
+    _check_inputs(batch, advantages, cfg, ref_model)
+    engine.train()
+    old = _old_logprobs(engine, batch, cfg, old_logprobs)
+    ref = None
+    if cfg.beta > 0 and ref_model is not None:  # _check_inputs: beta > 0 has a reference
+        with torch.no_grad():
+            ref = sequence_logprobs(ref_model, batch, cfg.temperature, cfg.micro_batch_size)
+    folded = _UpdateMetrics()
+    grad_norm_total, steps = 0.0, 0
+    for _ in range(cfg.mu):
+        order = torch.randperm(len(batch), generator=generator).to(batch.input_ids.device)
+        for mini in torch.tensor_split(order, cfg.mini_batches_per_epoch):
+            mini_mask = batch.response_mask[mini]
+            # the loss normalisers are the whole mini-batch's, whichever micro-batch runs
+            totals = (mini_mask.sum(), (mini_mask.sum(dim=-1) > 0).sum())  # tokens, sequences
+            rank, world = engine.data_parallel_rank, engine.data_parallel_size
+            for micro, live in rank_micro_batches(mini, cfg.micro_batch_size, rank, world):
+                part = batch.select(micro)
+                if not live:  # a padding pass: same collectives as the other ranks, no loss
+                    part = replace(part, response_mask=torch.zeros_like(part.response_mask))
+                terms = _MicroBatch(part, advantages[micro], old, ref, old_logprobs, micro)
+                folded.add(_backward(engine, terms, cfg, totals), float(part.response_mask.sum()))
+            grad_norm_total += engine.step()
+            steps += 1
+    result = folded.averages(engine, steps)
+    result.update(grad_norm=grad_norm_total / steps, optimizer_steps=float(steps))
+    result["lr"] = engine.current_lr()
+    return result
+
+
+def _check_inputs(
+    batch: PolicyBatch, advantages: Tensor, cfg: GRPOConfig, ref_model: nn.Module | None
+) -> None:
     rows = len(batch)
     if advantages.shape != batch.response_mask.shape:
         raise ValueError(
@@ -46,56 +79,44 @@ def grpo_update(
             f"mini_batches_per_epoch must be in [1, {rows}] for a batch of {rows} rows "
             f"(got {cfg.mini_batches_per_epoch})"
         )
-    engine.train()
-    old = _old_logprobs(engine, batch, cfg, old_logprobs)
-    ref = None
-    if cfg.beta > 0:
-        if ref_model is None:
-            raise ValueError(f"beta = {cfg.beta} > 0 needs a reference model (got None)")
-        with torch.no_grad():
-            ref = sequence_logprobs(ref_model, batch, cfg.temperature, cfg.micro_batch_size)
+    if cfg.beta > 0 and ref_model is None:
+        raise ValueError(f"beta = {cfg.beta} > 0 needs a reference model (got None)")
 
-    folded = _UpdateMetrics()
-    grad_norm_total = 0.0
-    steps = 0
-    for _ in range(cfg.mu):
-        order = torch.randperm(rows, generator=generator).to(batch.input_ids.device)
-        for mini in torch.tensor_split(order, cfg.mini_batches_per_epoch):
-            mini_mask = batch.response_mask[mini]
-            num_tokens = mini_mask.sum()
-            num_seqs = (mini_mask.sum(dim=-1) > 0).sum()
-            for micro, live in rank_micro_batches(
-                mini, cfg.micro_batch_size, engine.data_parallel_rank, engine.data_parallel_size
-            ):
-                part = batch.select(micro)
-                if not live:  # a padding pass: same collectives as the other ranks, no loss
-                    part = replace(part, response_mask=torch.zeros_like(part.response_mask))
-                logp, entropy = engine.forward_logprobs(part, cfg.temperature, with_entropy=True)
-                part_old = logp.detach() if old is None else old[micro]
-                loss, metrics = grpo_loss(
-                    logp,
-                    part_old,
-                    None if ref is None else ref[micro],
-                    advantages[micro],
-                    part.response_mask,
-                    cfg,
-                    entropy=entropy,
-                    num_tokens=num_tokens,
-                    num_seqs=num_seqs,
-                )
-                require_finite("GRPO loss", loss, where="the policy update", cause=DIVERGED)
-                engine.backward(loss)
-                if old_logprobs is not None:
-                    gap = (logp.detach() - old_logprobs[micro]).abs() * part.response_mask
-                    metrics["sampling_logprob_gap_max"] = float(gap.max())
-                folded.add(metrics, float(part.response_mask.sum()))
-            grad_norm_total += engine.step()
-            steps += 1
-    result = folded.averages(engine, steps)
-    result["grad_norm"] = grad_norm_total / steps
-    result["optimizer_steps"] = float(steps)
-    result["lr"] = engine.current_lr()
-    return result
+
+@dataclass
+class _MicroBatch:
+    """One micro-batch's rows and the full-batch tensors it indexes into."""
+
+    part: PolicyBatch
+    advantages: Tensor
+    old: Tensor | None  # pi_old of the whole batch (None: the detached current log-probs)
+    ref: Tensor | None
+    sampling: Tensor | None  # the sampler's log-probs, for the mismatch metric
+    rows: Tensor
+
+
+def _backward(
+    engine: TrainEngine, mb: _MicroBatch, cfg: GRPOConfig, totals: tuple[Tensor, Tensor]
+) -> dict[str, float]:
+    """Forward, GRPO loss and backward of one micro-batch; its metrics."""
+    logp, entropy = engine.forward_logprobs(mb.part, cfg.temperature, with_entropy=True)
+    loss, metrics = grpo_loss(
+        logp,
+        logp.detach() if mb.old is None else mb.old[mb.rows],
+        None if mb.ref is None else mb.ref[mb.rows],
+        mb.advantages,
+        mb.part.response_mask,
+        cfg,
+        entropy=entropy,
+        num_tokens=totals[0],
+        num_seqs=totals[1],
+    )
+    require_finite("GRPO loss", loss, where="the policy update", cause=DIVERGED)
+    engine.backward(loss)
+    if mb.sampling is not None:
+        gap = (logp.detach() - mb.sampling[mb.rows]).abs() * mb.part.response_mask
+        metrics["sampling_logprob_gap_max"] = float(gap.max())
+    return metrics
 
 
 # Loss terms: the micro-batch terms of one optimizer step add up to that step's loss.

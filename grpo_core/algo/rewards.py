@@ -1,0 +1,137 @@
+"""Reward rules of a GRPO step: how the parts of a reward combine, where process supervision
+puts the outcome part, what is recorded of them, and how rewards become token advantages.
+
+Pure functions of tensors and lists; who computes the parts (the verifier, the learned
+reward models) is the caller's business (reward_models/grpo_reward.py).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from grpo_core.algo.advantages import (
+    AdvantageInputs,
+    get_adv_estimator,
+    pad_steps,
+    zero_advantage_group_fraction,
+)
+from grpo_core.algo.config import GRPOConfig
+from grpo_core.algo.numerics import REWARD_SOURCE, require_finite
+
+WeightedPart = tuple[float, Tensor]  # (weight, (B,) score of each output)
+
+
+@dataclass
+class StepRewards:
+    """Rewards of one GRPO step's P x G outputs (flattened prompt-major)."""
+
+    total: Tensor  # (B,) weighted outcome reward (under PS: added to the last step)
+    verifier: Tensor  # (B,) 1/0, always computed: the over-optimisation yardstick
+    fmt: Tensor  # (B,) 1/0
+    rm: Tensor | None  # (B,) what the learned RMs gave each output (None: no RM used)
+    step_scores: list[list[float]] | None = None  # per-step rewards (process supervision)
+    step_ends: list[list[int]] | None = None  # index into the completion tokens per step
+
+    @property
+    def per_output(self) -> Tensor:
+        """The reward each output received: the outcome reward, plus under process supervision
+        its mean PRM step score (the step rewards without the outcome part)."""
+        if self.step_scores is None or self.rm is None:
+            return self.total
+        return self.total + self.rm
+
+
+def outcome_reward(
+    fixed: Sequence[WeightedPart], learned: Sequence[WeightedPart]
+) -> tuple[Tensor, Tensor | None]:
+    """(total, rm): total = sum of weight x score over every part; rm = the weighted mean of
+    the learned parts (what the reward models said of each output), None without any."""
+    parts = [*fixed, *learned]
+    if not parts:
+        raise ValueError("an outcome reward needs at least one (weight, score) part")
+    total = parts[0][0] * parts[0][1].float()
+    for weight, score in parts[1:]:  # in order: the same sum, bit for bit, on every run
+        total = total + weight * score.float()
+    if not learned:
+        return total, None
+    rm = torch.stack([w * s.float() for w, s in learned]).sum(0) / sum(w for w, _ in learned)
+    return total, rm
+
+
+def process_rewards(
+    step_scores: Sequence[Sequence[float]],
+    step_ends: Sequence[Sequence[int]],
+    outcome: Tensor,
+    verifier: Tensor,
+    fmt: Tensor,
+) -> StepRewards:
+    """Process supervision (GRPO_SPEC section 5): each output's PRM step scores are its step
+    rewards, with its outcome reward added to the last step so a process-supervised run can
+    still be anchored to the checked answer. `rm` is the mean step score of each output."""
+    if len(step_scores) != len(step_ends) or len(step_scores) != len(outcome):
+        raise ValueError(
+            f"need step scores, step ends and an outcome reward per output (got "
+            f"{len(step_scores)}, {len(step_ends)}, {len(outcome)})"
+        )
+    for row, (scores, ends) in enumerate(zip(step_scores, step_ends, strict=True)):
+        if len(scores) != len(ends):
+            raise ValueError(
+                f"GRPO output {row}: the PRM found {len(scores)} steps but the policy's tokens "
+                f"{len(ends)}; the two tokenizers decode the output differently"
+            )
+    with_outcome = [
+        [*s[:-1], s[-1] + float(extra)] if s else []
+        for s, extra in zip(step_scores, outcome.tolist(), strict=True)
+    ]
+    step_mean = torch.tensor([sum(s) / len(s) if s else 0.0 for s in step_scores])
+    return StepRewards(
+        outcome, verifier, fmt, step_mean, with_outcome, [list(e) for e in step_ends]
+    )
+
+
+def reward_stats(rewards: StepRewards, group_size: int) -> dict[str, float]:
+    """Per-step reward metrics: what was used, what the learned RMs gave, what the verifier
+    says of the same samples (rm_reward_mean - verifier_accuracy is the over-optimisation gap),
+    and the share of groups whose outputs all got the same reward (no outcome gradient)."""
+    stats = {
+        "reward_mean": float(rewards.per_output.mean()),
+        "verifier_accuracy": float(rewards.verifier.mean()),
+        "equal_reward_groups": zero_advantage_group_fraction(
+            rewards.per_output.reshape(-1, group_size)
+        ),
+    }
+    if rewards.rm is not None:
+        stats["rm_reward_mean"] = float(rewards.rm.mean())
+    return stats
+
+
+def check_rewards(rewards: StepRewards, where: str) -> None:
+    """Every reward of a step finite, the learned ones named first (the usual culprit)."""
+    if rewards.rm is not None:
+        require_finite("the reward models' reward", rewards.rm, where=where, cause=REWARD_SOURCE)
+    for n, steps in enumerate(rewards.step_scores or []):
+        require_finite(f"PRM step rewards of output {n}", steps, where=where, cause=REWARD_SOURCE)
+    require_finite("the weighted reward", rewards.total, where=where, cause=REWARD_SOURCE)
+
+
+def token_advantages(
+    algo: GRPOConfig, rewards: StepRewards, response_mask: Tensor, shape: tuple[int, int]
+) -> Tensor:
+    """(B, T) advantages in response coordinates from algo.adv_estimator; shape = (P, G)."""
+    steps: dict[str, Tensor] = {}
+    if rewards.step_scores is not None and rewards.step_ends is not None:
+        step_rewards, step_mask, step_ends = pad_steps(
+            rewards.step_scores, rewards.step_ends, shape
+        )
+        steps = {"step_rewards": step_rewards, "step_mask": step_mask, "step_ends": step_ends}
+    inputs = AdvantageInputs(
+        response_mask=response_mask,
+        rewards=rewards.total.reshape(shape),
+        correct=rewards.verifier.reshape(shape),
+        **steps,
+    )
+    return get_adv_estimator(algo.adv_estimator)(inputs, algo.adv_eps)
