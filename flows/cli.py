@@ -22,8 +22,9 @@ import duckdb
 import pyarrow as pa
 
 from storage.errors import StoreError
+from storage.layout import STORE_ENV
 from storage.schemas import TABLE_SCHEMAS
-from storage.store import STORE_ENV, RunStore
+from storage.store import RunStore
 
 AddCommand = Callable[[Any], None]
 # What a command reports as one line with exit 2: the user's to fix (a path, a value, the

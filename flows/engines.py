@@ -47,7 +47,7 @@ from grpo_core.engines.rollout_types import RolloutBatch, RolloutEngine, Samplin
 from grpo_core.engines.train import TorchEngine, TrainEngine
 from reward_models.models import RewardModel
 from reward_models.training import rm_optimizer_settings
-from storage.store import RunWriter
+from storage.run_writer import RunWriter
 
 Purpose = Literal["rollout", "label", "evaluate", "grpo"]
 

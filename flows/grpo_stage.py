@@ -43,7 +43,7 @@ from storage.checkpoints import (
     save_checkpoint,
     save_training_state,
 )
-from storage.store import RunWriter
+from storage.run_writer import RunWriter
 
 SAMPLES_FILE = "policy_samples.parquet"
 METRICS_FILE = "metrics.parquet"

@@ -16,7 +16,8 @@ from flows.interrupts import INTERRUPT, RunInterrupted, graceful_sigint, with_fa
 from flows.names import EVALUATE, GRPO, ITERATION_STAGES, LABEL, ROLLOUT, TRAIN_RM, WARM_START
 from flows.progress import ProgressFn, no_progress
 from flows.stage_io import StageResult, apply_threads, set_deepspeed_accelerator
-from storage.store import RunStore, RunWriter
+from storage.run_writer import RunWriter
+from storage.store import RunStore
 
 log = logging.getLogger("itergrpo")
 

@@ -14,7 +14,7 @@ from flows.stage_io import ckpt, require_checkpoint, resolve_device
 from grpo_core.model.policy import load_policy
 from reward_models.models import RewardModel
 from storage.checkpoints import save_checkpoint
-from storage.store import RunWriter
+from storage.run_writer import RunWriter
 
 
 def save_model(

@@ -36,7 +36,8 @@ from flows.preflight import preflight
 from flows.report import iteration_table, summary_markdown
 from flows.stage_io import StageResult
 from grpo_core.algo.config import merge_trees
-from storage.store import RunStore, RunWriter
+from storage.run_writer import RunWriter
+from storage.store import RunStore
 
 os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
 os.environ.setdefault("DO_NOT_TRACK", "1")

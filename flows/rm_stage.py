@@ -50,7 +50,7 @@ from reward_models.training import (
     train_reward_model,
 )
 from storage.replay import replay_sample
-from storage.store import RunWriter
+from storage.run_writer import RunWriter
 
 RM_EVAL = "rm_eval"  # seed namespace of the drift measurement's samples
 STALE: Final = "_stale"  # metric suffix of RM_{k-1}'s rows

@@ -38,7 +38,7 @@ from reward_models.labelling import (
     orm_labels,
     prm_labels_monte_carlo,
 )
-from storage.store import RunWriter
+from storage.run_writer import RunWriter
 
 __all__ = [
     "evaluate_stage",

@@ -12,8 +12,9 @@ from storage.errors import (
     StorePathError,
     UnknownTableError,
 )
+from storage.run_writer import RunWriter, StageAttempt
 from storage.schemas import TABLE_SCHEMAS
-from storage.store import RunStore, RunWriter, StageAttempt
+from storage.store import RunStore
 
 __all__ = [
     "TABLE_SCHEMAS",

@@ -19,7 +19,7 @@ import numpy as np
 import torch
 
 from storage.atomic import atomic_directory, atomic_write_bytes, atomic_write_text
-from storage.store import validate_run_id
+from storage.layout import validate_run_id
 
 TRAINING_STATE_FILE = "training_state.pt"
 EXTRA_FILE = "training_state.json"

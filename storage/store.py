@@ -9,81 +9,36 @@ A data file is visible to readers only once its attempt's commit record exists.
 
 from __future__ import annotations
 
-import datetime as dt
 import json
 import os
-import re
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass
 from pathlib import Path
-from types import TracebackType
 from typing import Any
 
 import duckdb
 import pyarrow as pa
 import yaml
 
-from storage.atomic import TMP_PREFIX, atomic_write_parquet, atomic_write_text
+from storage.atomic import atomic_write_text
 from storage.errors import (
     ConfigMismatchError,
-    StageAlreadyCommittedError,
     StoreError,
     StorePathError,
 )
-from storage.lock import RunLock, acquire_lock, check_unlocked, lock_is_held
-from storage.scan import present_columns, quote_ident, resolve_corrupt, table_select_sql
-from storage.schemas import STAGES_TABLE, TABLE_SCHEMAS, conform, table_schema
-
-STORE_ENV = "ITERGRPO_STORE"
-DEFAULT_ROOT = "./itergrpo-store"
-# What a store root holds; a non-empty directory with none of these is not a store.
-_STORE_ENTRIES = frozenset({"tables", "runs", "checkpoints", "reports"})
-
-_RUN_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
-_STAGE_RE = re.compile(r"^[A-Za-z0-9_]{1,64}$")
-_FILE_RE = re.compile(
-    r"^(?P<stage>[A-Za-z0-9_]+)-(?P<attempt>\d+)(?:-part(?P<part>\d+))?\.parquet$"
+from storage.layout import (
+    DEFAULT_ROOT,
+    FILE_RE,
+    RUN_ID_RE,
+    STORE_ENTRIES,
+    STORE_ENV,
+    DataFile,
+    utc_now,
+    validate_run_id,
 )
-
-
-def validate_run_id(run_id: str) -> str:
-    """Return `run_id` if it is letters, digits, '-', '_', '.' (not starting with '.' or '-')."""
-    if not isinstance(run_id, str) or not _RUN_ID_RE.match(run_id):
-        raise ValueError(
-            f"invalid run id {run_id!r}: use 1-128 letters, digits, '-', '_' or '.', "
-            "starting with a letter or digit"
-        )
-    return run_id
-
-
-def validate_stage(stage: str) -> str:
-    """Return `stage` if it is letters, digits and '_' (it is part of file names)."""
-    if not isinstance(stage, str) or not _STAGE_RE.match(stage):
-        raise ValueError(f"invalid stage name {stage!r}: use letters, digits and '_' only")
-    return stage
-
-
-def _validate_iteration(iteration: int) -> int:
-    if isinstance(iteration, bool) or not isinstance(iteration, int) or iteration < 0:
-        raise ValueError(f"iteration must be an int >= 0 (got {iteration!r})")
-    return iteration
-
-
-def _now() -> dt.datetime:
-    return dt.datetime.now(dt.UTC)
-
-
-@dataclass(frozen=True)
-class DataFile:
-    """One Parquet file of a table, with what its path says about it."""
-
-    path: Path
-    table: str
-    run_id: str
-    iteration: int
-    stage: str
-    attempt: int
-    part: int = 0
+from storage.lock import acquire_lock, check_unlocked, lock_is_held
+from storage.run_writer import RunWriter
+from storage.scan import present_columns, quote_ident, resolve_corrupt, table_select_sql
+from storage.schemas import STAGES_TABLE, table_schema
 
 
 def _flat(config: Any, prefix: str = "") -> dict[str, Any]:
@@ -189,7 +144,7 @@ class RunStore:
     def _looks_like_a_store(self) -> bool:
         """Empty, or holding what a store holds (writing into someone's home folder is a typo)."""
         names = {p.name for p in self.root.iterdir()}
-        return not names or bool(names & _STORE_ENTRIES)
+        return not names or bool(names & STORE_ENTRIES)
 
     def open_run(
         self,
@@ -213,7 +168,7 @@ class RunStore:
         try:
             self._record_config(run_id, dict(config), force_config, upgrade_config)
             if not (run_dir / "status.json").exists():
-                now = _now().isoformat()
+                now = utc_now().isoformat()
                 status: dict[str, Any] = {
                     "status": "created",
                     "iterations_done": 0,
@@ -288,7 +243,7 @@ class RunStore:
             return
         if not self._config_difference(run_id, config, upgrade, force=force):
             return
-        stamp = _now().strftime("%Y%m%dT%H%M%S%fZ")
+        stamp = utc_now().strftime("%Y%m%dT%H%M%S%fZ")
         atomic_write_text(path.with_name(f"config.{stamp}.yaml"), path.read_text())
         atomic_write_text(path, text)
 
@@ -335,7 +290,7 @@ class RunStore:
         for rid, it, pdir in self._partitions(table, run_id, iterations):
             found = []
             for name in os.listdir(pdir):
-                m = _FILE_RE.match(name)
+                m = FILE_RE.match(name)
                 if m:
                     part = int(m["part"] or 0)
                     found.append(
@@ -417,7 +372,7 @@ class RunStore:
         if not self.runs_dir.is_dir():
             return []
         return sorted(
-            p.name for p in self.runs_dir.iterdir() if p.is_dir() and _RUN_ID_RE.match(p.name)
+            p.name for p in self.runs_dir.iterdir() if p.is_dir() and RUN_ID_RE.match(p.name)
         )
 
     def run_status(self, run_id: str) -> dict[str, Any]:
@@ -448,165 +403,3 @@ class RunStore:
             raise StoreError(f"no run {run_id!r} in store {self.root} (missing {path})")
         config: dict[str, Any] = yaml.safe_load(path.read_text()) or {}
         return config
-
-
-class RunWriter:
-    """Write access to one run, holding its lock until `close()` / the end of the with-block."""
-
-    def __init__(self, store: RunStore, run_id: str, lock: RunLock) -> None:
-        self.store = store
-        self.run_id = run_id
-        self._lock: RunLock | None = lock
-
-    def __enter__(self) -> RunWriter:
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.close()
-
-    def close(self) -> None:
-        """Release the run lock (idempotent)."""
-        if self._lock is not None:
-            self._lock.release()
-            self._lock = None
-
-    def _check_open(self) -> None:
-        if self._lock is None:
-            raise StoreError(f"the writer of run {self.run_id!r} is closed")
-
-    def is_committed(self, iteration: int, stage: str) -> bool:
-        """Whether stage `stage` of `iteration` has a commit record (the caller then skips it)."""
-        prefix = f"{validate_stage(stage)}-"
-        pdir = self.store.partition_dir(STAGES_TABLE, self.run_id, _validate_iteration(iteration))
-        return pdir.is_dir() and any(
-            (m := _FILE_RE.match(n)) is not None and m["stage"] == stage
-            for n in os.listdir(pdir)
-            if n.startswith(prefix)
-        )
-
-    def stage(self, iteration: int, stage: str) -> StageAttempt:
-        """A new attempt of `stage` in `iteration`; use as a context manager."""
-        self._check_open()
-        return StageAttempt(self, _validate_iteration(iteration), validate_stage(stage))
-
-    def set_status(self, status: str, **fields: Any) -> None:
-        """Update runs/<run_id>/status.json (merged with the previous fields), atomically."""
-        self._check_open()
-        path = self.store.run_dir(self.run_id) / "status.json"
-        current = json.loads(path.read_text()) if path.exists() else {}
-        current.update(fields, status=status, updated_at=_now().isoformat())
-        atomic_write_text(path, json.dumps(current, default=str))
-
-
-class StageAttempt:
-    """One attempt of a stage: files written here are invisible until `commit()`."""
-
-    def __init__(self, writer: RunWriter, iteration: int, stage: str) -> None:
-        self.writer = writer
-        self.iteration = iteration
-        self.stage = stage
-        self.attempt = 0
-        self.info: dict[str, Any] = {}
-        self.committed = False
-        self._started_at: dt.datetime | None = None
-        self._outputs: dict[str, int] = {}
-        self._parts: dict[str, int] = {}
-
-    @property
-    def run_id(self) -> str:
-        return self.writer.run_id
-
-    def __enter__(self) -> StageAttempt:
-        self.begin()
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        if exc_type is None and not self.committed:
-            self.commit()
-
-    def begin(self) -> None:
-        """Refuse a committed stage, remove earlier uncommitted attempts, pick the number."""
-        self.writer._check_open()
-        if self.writer.is_committed(self.iteration, self.stage):
-            raise StageAlreadyCommittedError(
-                f"stage {self.stage!r} of iteration {self.iteration} of run {self.run_id!r} is "
-                "already committed; check writer.is_committed() and skip it"
-            )
-        store = self.writer.store
-        last = 0
-        for table in TABLE_SCHEMAS:
-            pdir = store.partition_dir(table, self.run_id, self.iteration)
-            if not pdir.is_dir():
-                continue
-            for name in os.listdir(pdir):
-                m = _FILE_RE.match(name)
-                if m and m["stage"] == self.stage:
-                    last = max(last, int(m["attempt"]))
-                    (pdir / name).unlink(missing_ok=True)
-                elif name.startswith(f"{TMP_PREFIX}{self.stage}-"):
-                    (pdir / name).unlink(missing_ok=True)
-        self.attempt = last + 1
-        self._started_at = _now()
-
-    def _check_writable(self) -> None:
-        if self._started_at is None:
-            raise StoreError("use the stage attempt as a context manager (or call begin())")
-        if self.committed:
-            raise StageAlreadyCommittedError(
-                f"stage {self.stage!r} of iteration {self.iteration} is already committed"
-            )
-
-    def write(self, table: str, rows: pa.Table | Sequence[Mapping[str, Any]]) -> Path:
-        """Validate `rows` against `table`'s schema and write them as one new file."""
-        self._check_writable()
-        if table == STAGES_TABLE:
-            raise StoreError("the 'stages' table is written by commit(), not by write()")
-        data = conform(table, rows, partition={"run_id": self.run_id, "iteration": self.iteration})
-        part = self._parts.get(table, 0)
-        self._parts[table] = part + 1
-        suffix = f"-part{part}" if part else ""
-        pdir = self.writer.store.partition_dir(table, self.run_id, self.iteration)
-        path = pdir / f"{self.stage}-{self.attempt}{suffix}.parquet"
-        atomic_write_parquet(path, data)
-        self._outputs[table] = self._outputs.get(table, 0) + data.num_rows
-        return path
-
-    def commit(self, info: Mapping[str, Any] | None = None) -> None:
-        """Make this attempt's files visible: one atomic write of its `stages` row."""
-        self._check_writable()
-        if self.writer.is_committed(self.iteration, self.stage):
-            raise StageAlreadyCommittedError(
-                f"stage {self.stage!r} of iteration {self.iteration} of run {self.run_id!r} "
-                "was committed by another attempt"
-            )
-        if info:
-            self.info.update(info)
-        try:
-            info_json = json.dumps(self.info, sort_keys=True)
-        except TypeError as exc:
-            raise StoreError(f"stage info must be JSON-serialisable: {exc}") from exc
-        assert self._started_at is not None
-        row = {
-            "stage": self.stage,
-            "attempt": self.attempt,
-            "status": "committed",
-            "started_at": self._started_at,
-            "committed_at": _now(),
-            "n_rows": sum(self._outputs.values()),
-            "outputs": json.dumps(self._outputs, sort_keys=True),
-            "info": info_json,
-        }
-        record = conform(STAGES_TABLE, [row], partition={})
-        pdir = self.writer.store.partition_dir(STAGES_TABLE, self.run_id, self.iteration)
-        atomic_write_parquet(pdir / f"{self.stage}-{self.attempt}.parquet", record)
-        self.committed = True

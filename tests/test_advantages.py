@@ -11,7 +11,6 @@ from grpo_core.algo.advantages import (
     get_adv_estimator,
     outcome_advantages,
     process_advantages,
-    process_advantages_batched,
     rft_coefficients,
     sft_coefficients,
     step_rewards_to_token_advantages,
@@ -73,23 +72,26 @@ def test_process_advantages_normalise_whole_group() -> None:
     step_mask = torch.tensor([[1.0, 1.0], [1.0, 0.0]])
     ends = torch.tensor([[0, 2], [1, 0]])
     response_mask = torch.tensor([[1.0, 1.0, 1.0, 1.0], [1.0, 1.0, 0.0, 0.0]])
-    adv = process_advantages(step_rewards, step_mask, ends, response_mask)
+    adv = process_advantages(step_rewards[None], step_mask[None], ends[None], response_mask[None])[
+        0
+    ]
     mean, std = 1 / 3, (2 / 9) ** 0.5
     hi, lo = (1 - mean) / (std + 1e-4), (0 - mean) / (std + 1e-4)
     expected = torch.tensor([[hi + lo, lo, lo, 0.0], [lo, lo, 0.0, 0.0]])
     assert torch.allclose(adv, expected, atol=1e-5)
 
 
-def test_process_batched_matches_per_group() -> None:
+def test_process_advantages_of_each_group_are_independent_of_the_others() -> None:
     gen = torch.Generator().manual_seed(0)
     rewards = torch.rand(3, 4, 5, generator=gen)
     mask = (torch.rand(3, 4, 5, generator=gen) > 0.3).float()
     ends = torch.sort(torch.randint(0, 9, (3, 4, 5), generator=gen), dim=-1).values
     response_mask = torch.ones(3, 4, 9)
-    batched = process_advantages_batched(rewards, mask, ends, response_mask)
+    batched = process_advantages(rewards, mask, ends, response_mask)
     for p in range(3):
-        single = process_advantages(rewards[p], mask[p], ends[p], response_mask[p])
-        assert torch.allclose(batched[p], single)
+        one = slice(p, p + 1)
+        single = process_advantages(rewards[one], mask[one], ends[one], response_mask[one])
+        assert torch.allclose(batched[p], single[0])
 
 
 def test_step_end_out_of_range_is_an_error() -> None:
@@ -140,7 +142,9 @@ def test_registry_names_and_token_broadcast() -> None:
 def test_equal_step_rewards_give_zero_process_advantage(value: float, steps: int) -> None:
     rewards = torch.full((3, steps), value)
     ends = torch.arange(steps).expand(3, steps)
-    adv = process_advantages(rewards, torch.ones(3, steps), ends, torch.ones(3, steps + 1))
+    adv = process_advantages(
+        rewards[None], torch.ones(1, 3, steps), ends[None], torch.ones(1, 3, steps + 1)
+    )
     assert torch.all(adv == 0)
 
 

@@ -7,7 +7,7 @@ import pytest
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
-from grpo_core.algo.advantages import outcome_advantages, process_advantages_batched
+from grpo_core.algo.advantages import outcome_advantages, process_advantages
 from grpo_core.algo.config import GRPOConfig
 from grpo_core.algo.update import grpo_update
 from grpo_core.data.policy_batch import build_policy_batch
@@ -79,9 +79,7 @@ def run_grpo(
             ).reshape(PROMPTS, GROUP, 2)
             ends = torch.tensor([0, 1]).expand(PROMPTS, GROUP, 2)
             mask = torch.ones(PROMPTS, GROUP, length)
-            adv = process_advantages_batched(
-                step_rewards, torch.ones_like(step_rewards), ends, mask
-            )
+            adv = process_advantages(step_rewards, torch.ones_like(step_rewards), ends, mask)
             advantages = batch.response_to_full(adv.reshape(PROMPTS * GROUP, length))
         else:
             rewards = (tokens[:, 0] == GOOD_FIRST).float().reshape(PROMPTS, GROUP)

@@ -7,7 +7,8 @@ import pytest
 from flows.config import ItergrpoConfig
 from flows.loop import Executor, StageFn, execute_run, seconds_left
 from flows.stage_io import StageResult
-from storage.store import RunStore, RunWriter
+from storage.run_writer import RunWriter
+from storage.store import RunStore
 from tests.flow_helpers import micro_config
 
 

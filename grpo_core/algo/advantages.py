@@ -83,19 +83,6 @@ def process_advantages(
     response_mask: Tensor,
     eps: float = 1e-4,
 ) -> Tensor:
-    """Process advantages of one group, spec section 5: (G, S) step rewards -> (G, T)."""
-    return process_advantages_batched(
-        step_rewards[None], step_mask[None], step_ends[None], response_mask[None], eps
-    )[0]
-
-
-def process_advantages_batched(
-    step_rewards: Tensor,
-    step_mask: Tensor,
-    step_ends: Tensor,
-    response_mask: Tensor,
-    eps: float = 1e-4,
-) -> Tensor:
     """Process advantages of P groups, spec section 5: (P, G, S) step rewards -> (P, G, T)."""
     normed = normalize_step_rewards(step_rewards, step_mask, eps)
     return step_rewards_to_token_advantages(normed, step_mask, step_ends, response_mask)
@@ -216,7 +203,7 @@ def _grpo_process(inputs: AdvantageInputs, eps: float) -> Tensor:
     step_ends = _require(inputs.step_ends, "step_ends", "grpo_process")
     num_prompts, group_size, _ = step_rewards.shape
     response_mask = inputs.response_mask.reshape(num_prompts, group_size, -1)
-    advantages = process_advantages_batched(step_rewards, step_mask, step_ends, response_mask, eps)
+    advantages = process_advantages(step_rewards, step_mask, step_ends, response_mask, eps)
     return advantages.reshape(num_prompts * group_size, -1).to(torch.float32)
 
 
@@ -230,5 +217,6 @@ def _rft(inputs: AdvantageInputs, eps: float) -> Tensor:
 
 @register_adv_estimator("sft")
 def _sft(inputs: AdvantageInputs, eps: float) -> Tensor:
-    """Spec section 6: SFT coefficient, 1 for every token."""
-    return inputs.response_mask.to(torch.float32)
+    """Spec section 6: SFT coefficient, 1 for every output whatever its verdict."""
+    outputs = torch.zeros(inputs.response_mask.shape[0])
+    return _per_output_to_tokens(sft_coefficients(outputs), inputs.response_mask)

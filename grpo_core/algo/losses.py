@@ -95,7 +95,10 @@ def kl_penalty(logp: Tensor, ref_logp: Tensor, kind: KLEstimator = "k3") -> Tens
 def ppo_kl_shaped_reward(
     reward: Tensor | float, logp: Tensor, ref_logp: Tensor, beta: float
 ) -> Tensor:
-    """PPO reward shaping, spec section 2: r_t - beta * log(pi_theta / pi_ref)."""
+    """PPO reward shaping, spec section 2: r_t - beta * log(pi_theta / pi_ref).
+
+    GRPO puts the KL in the loss instead (kl_penalty); this is the spec's contrast, kept as a
+    formula with its test vector for PPO-style baselines."""
     return reward - beta * (logp - ref_logp)
 
 

@@ -1,0 +1,185 @@
+"""Writing one run: the writer that holds its lock, and stage attempts whose files become
+visible only when their commit record is written (storage/store.py reads them)."""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import os
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from types import TracebackType
+from typing import TYPE_CHECKING, Any
+
+import pyarrow as pa
+
+from storage.atomic import TMP_PREFIX, atomic_write_parquet, atomic_write_text
+from storage.errors import StageAlreadyCommittedError, StoreError
+from storage.layout import FILE_RE, utc_now, validate_iteration, validate_stage
+from storage.lock import RunLock
+from storage.schemas import STAGES_TABLE, TABLE_SCHEMAS, conform
+
+if TYPE_CHECKING:
+    from storage.store import RunStore
+
+
+class RunWriter:
+    """Write access to one run, holding its lock until `close()` / the end of the with-block."""
+
+    def __init__(self, store: RunStore, run_id: str, lock: RunLock) -> None:
+        self.store = store
+        self.run_id = run_id
+        self._lock: RunLock | None = lock
+
+    def __enter__(self) -> RunWriter:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """Release the run lock (idempotent)."""
+        if self._lock is not None:
+            self._lock.release()
+            self._lock = None
+
+    def _check_open(self) -> None:
+        if self._lock is None:
+            raise StoreError(f"the writer of run {self.run_id!r} is closed")
+
+    def is_committed(self, iteration: int, stage: str) -> bool:
+        """Whether stage `stage` of `iteration` has a commit record (the caller then skips it)."""
+        prefix = f"{validate_stage(stage)}-"
+        pdir = self.store.partition_dir(STAGES_TABLE, self.run_id, validate_iteration(iteration))
+        return pdir.is_dir() and any(
+            (m := FILE_RE.match(n)) is not None and m["stage"] == stage
+            for n in os.listdir(pdir)
+            if n.startswith(prefix)
+        )
+
+    def stage(self, iteration: int, stage: str) -> StageAttempt:
+        """A new attempt of `stage` in `iteration`; use as a context manager."""
+        self._check_open()
+        return StageAttempt(self, validate_iteration(iteration), validate_stage(stage))
+
+    def set_status(self, status: str, **fields: Any) -> None:
+        """Update runs/<run_id>/status.json (merged with the previous fields), atomically."""
+        self._check_open()
+        path = self.store.run_dir(self.run_id) / "status.json"
+        current = json.loads(path.read_text()) if path.exists() else {}
+        current.update(fields, status=status, updated_at=utc_now().isoformat())
+        atomic_write_text(path, json.dumps(current, default=str))
+
+
+class StageAttempt:
+    """One attempt of a stage: files written here are invisible until `commit()`."""
+
+    def __init__(self, writer: RunWriter, iteration: int, stage: str) -> None:
+        self.writer = writer
+        self.iteration = iteration
+        self.stage = stage
+        self.attempt = 0
+        self.info: dict[str, Any] = {}
+        self.committed = False
+        self._started_at: dt.datetime | None = None
+        self._outputs: dict[str, int] = {}
+        self._parts: dict[str, int] = {}
+
+    @property
+    def run_id(self) -> str:
+        return self.writer.run_id
+
+    def __enter__(self) -> StageAttempt:
+        self.begin()
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        if exc_type is None and not self.committed:
+            self.commit()
+
+    def begin(self) -> None:
+        """Refuse a committed stage, remove earlier uncommitted attempts, pick the number."""
+        self.writer._check_open()
+        if self.writer.is_committed(self.iteration, self.stage):
+            raise StageAlreadyCommittedError(
+                f"stage {self.stage!r} of iteration {self.iteration} of run {self.run_id!r} is "
+                "already committed; check writer.is_committed() and skip it"
+            )
+        store = self.writer.store
+        last = 0
+        for table in TABLE_SCHEMAS:
+            pdir = store.partition_dir(table, self.run_id, self.iteration)
+            if not pdir.is_dir():
+                continue
+            for name in os.listdir(pdir):
+                m = FILE_RE.match(name)
+                if m and m["stage"] == self.stage:
+                    last = max(last, int(m["attempt"]))
+                    (pdir / name).unlink(missing_ok=True)
+                elif name.startswith(f"{TMP_PREFIX}{self.stage}-"):
+                    (pdir / name).unlink(missing_ok=True)
+        self.attempt = last + 1
+        self._started_at = utc_now()
+
+    def _check_writable(self) -> None:
+        if self._started_at is None:
+            raise StoreError("use the stage attempt as a context manager (or call begin())")
+        if self.committed:
+            raise StageAlreadyCommittedError(
+                f"stage {self.stage!r} of iteration {self.iteration} is already committed"
+            )
+
+    def write(self, table: str, rows: pa.Table | Sequence[Mapping[str, Any]]) -> Path:
+        """Validate `rows` against `table`'s schema and write them as one new file."""
+        self._check_writable()
+        if table == STAGES_TABLE:
+            raise StoreError("the 'stages' table is written by commit(), not by write()")
+        data = conform(table, rows, partition={"run_id": self.run_id, "iteration": self.iteration})
+        part = self._parts.get(table, 0)
+        self._parts[table] = part + 1
+        suffix = f"-part{part}" if part else ""
+        pdir = self.writer.store.partition_dir(table, self.run_id, self.iteration)
+        path = pdir / f"{self.stage}-{self.attempt}{suffix}.parquet"
+        atomic_write_parquet(path, data)
+        self._outputs[table] = self._outputs.get(table, 0) + data.num_rows
+        return path
+
+    def commit(self, info: Mapping[str, Any] | None = None) -> None:
+        """Make this attempt's files visible: one atomic write of its `stages` row."""
+        self._check_writable()
+        if self.writer.is_committed(self.iteration, self.stage):
+            raise StageAlreadyCommittedError(
+                f"stage {self.stage!r} of iteration {self.iteration} of run {self.run_id!r} "
+                "was committed by another attempt"
+            )
+        if info:
+            self.info.update(info)
+        try:
+            info_json = json.dumps(self.info, sort_keys=True)
+        except TypeError as exc:
+            raise StoreError(f"stage info must be JSON-serialisable: {exc}") from exc
+        assert self._started_at is not None
+        row = {
+            "stage": self.stage,
+            "attempt": self.attempt,
+            "status": "committed",
+            "started_at": self._started_at,
+            "committed_at": utc_now(),
+            "n_rows": sum(self._outputs.values()),
+            "outputs": json.dumps(self._outputs, sort_keys=True),
+            "info": info_json,
+        }
+        record = conform(STAGES_TABLE, [row], partition={})
+        pdir = self.writer.store.partition_dir(STAGES_TABLE, self.run_id, self.iteration)
+        atomic_write_parquet(pdir / f"{self.stage}-{self.attempt}.parquet", record)
+        self.committed = True
