@@ -33,7 +33,7 @@ from flows.interrupts import RunInterrupted, with_fault_hook
 from flows.loop import Executor, StageFn, execute_run
 from flows.names import default_run_id
 from flows.preflight import preflight
-from flows.report import iteration_table, summary_markdown
+from flows.report import iteration_table, report_with_inline_plots
 from flows.stage_io import StageResult
 from grpo_core.algo.config import merge_trees
 from storage.run_writer import RunWriter
@@ -163,8 +163,8 @@ def iterative_rl(config: ItergrpoConfig, force_config: bool = False) -> dict[str
         logger.warning("%s: itergrpo resume %s", exc, run_id)
         return Cancelled(message=str(exc))
     store = RunStore(config.store.resolved_root())
-    create_markdown_artifact(
-        summary_markdown(store, run_id),
+    create_markdown_artifact(  # the report page, plots included, in the flow run's Artifacts
+        report_with_inline_plots(store, run_id, store.root / "reports" / run_id),
         key=artifact_key(run_id, "summary"),
         description=f"itergrpo run {run_id}",
     )

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import base64
 import shlex
 from collections import defaultdict
 from dataclasses import dataclass
@@ -227,6 +228,18 @@ def write_report(store: RunStore, run_id: str, out_dir: Path) -> list[Path]:
     summary.write_text(summary_markdown(store, run_id) + "\n" + "\n\n".join(pictures) + "\n")
     written.append(summary)
     return written
+
+
+def report_with_inline_plots(store: RunStore, run_id: str, out_dir: Path) -> str:
+    """write_report's summary with its plots inlined as data: URIs (a Prefect markdown
+    artifact lives in Prefect's database and cannot reach files in the store)."""
+    written = write_report(store, run_id, out_dir)
+    pictures = [
+        f"![{p.stem}](data:image/png;base64,{base64.b64encode(p.read_bytes()).decode()})"
+        for p in written
+        if p.suffix == ".png"
+    ]
+    return summary_markdown(store, run_id) + "\n" + "\n\n".join(pictures) + "\n"
 
 
 @dataclass(frozen=True)

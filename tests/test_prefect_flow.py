@@ -51,6 +51,12 @@ def test_flow_runs_each_stage_as_a_task_publishes_artifacts_and_resumes(tmp_path
     assert "greedy_acc" in str(table[0].data)
     summary = artifacts(artifact_key("pf-1", "summary"))
     assert summary and summary[0].type == "markdown" and "pf-1" in str(summary[0].data)
+    # the report page with its plots: PNGs inlined, since the UI cannot read the store
+    reports = tmp_path / "reports" / "pf-1"
+    pngs = sorted(reports.glob("*.png"))
+    assert len(pngs) == 4 and (reports / "summary.md").is_file()
+    inlined = str(summary[0].data).count("](data:image/png;base64,iVBORw0KGgo")  # PNG magic
+    assert inlined == len(pngs)
 
     with get_client(sync_client=True) as client:
         runs = client.read_flow_runs(flow_run_filter=FlowRunFilter())
