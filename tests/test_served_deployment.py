@@ -1,6 +1,7 @@
 """`itergrpo serve` end to end: a deployment triggered with partial parameters (as
 `prefect deployment run --params` sends them) runs the served preset in the served store,
-and the flow run's logs, read back through the Prefect API, hold itergrpo's own lines."""
+the flow run's logs, read back through the Prefect API, hold itergrpo's own lines, and a
+cancel from the UI stops a run as Cancelled with the store's run `interrupted`."""
 
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ from prefect.client.schemas.filters import LogFilter, LogFilterFlowRunId
 from prefect.client.schemas.objects import FlowRun
 from prefect.deployments import run_deployment
 from prefect.settings import PREFECT_API_URL
+from prefect.states import Cancelling
 from prefect.testing.utilities import prefect_test_harness
 
 from storage.store import RunStore
@@ -81,6 +83,7 @@ def test_a_served_deployment_merges_partial_parameters_and_logs_its_stages(
             assert isinstance(flow_run, FlowRun)  # the sync call returns the run itself
             assert flow_run.state is not None and flow_run.state.is_completed(), flow_run.state
             messages = _flow_run_log(flow_run, "iteration 1/1: grpo done in", timeout=60)
+            cancelled = _cancel_from_the_ui_midway(run_id="served-2")
         finally:
             os.killpg(serve.pid, signal.SIGTERM)
             serve.wait(timeout=60)
@@ -90,3 +93,24 @@ def test_a_served_deployment_merges_partial_parameters_and_logs_its_stages(
     assert stored["warm_start"]["steps"] == 200  # micro's, not the class default 375
     assert "iteration 1/1: grpo done in" in messages
     assert "GRPO iter 0 step 0: reward" in messages
+    # a cancel from the UI ends the flow run Cancelled and leaves the run resumable
+    assert cancelled.state is not None and cancelled.state.is_cancelled(), cancelled.state
+    assert RunStore(store).run_status("served-2")["status"] == "interrupted"
+
+
+def _cancel_from_the_ui_midway(run_id: str) -> FlowRun:
+    """Trigger a run, cancel it through the API (the UI's Cancel button) once its first
+    iteration has started, and return the flow run in its final state."""
+    params = {"config": {"run": {"iterations": 3, "run_id": run_id}}}
+    flow_run = run_deployment("iterative-rl/t", parameters=params, timeout=0)
+    assert isinstance(flow_run, FlowRun)
+    _flow_run_log(flow_run, "iteration 1/3: rollout", timeout=180)
+    deadline = time.monotonic() + 120
+    with get_client(sync_client=True) as client:
+        client.set_flow_run_state(flow_run.id, Cancelling(), force=True)
+        while time.monotonic() < deadline:
+            flow_run = client.read_flow_run(flow_run.id)
+            if flow_run.state is not None and flow_run.state.is_final():
+                return flow_run
+            time.sleep(1)
+    raise AssertionError(f"flow run {run_id} not stopped 120 s after its cancel")
