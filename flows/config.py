@@ -21,6 +21,7 @@ from pydantic import (
     model_validator,
 )
 
+from flows.grpo_presets import GRPO_STAGE_PRESETS, DataSource, PresetName, apply_preset
 from grpo_core.algo.config import GRPOConfig
 from grpo_core.data.tasks.registry import TaskConfig
 from grpo_core.engines.config import DeepSpeedConfig
@@ -87,8 +88,22 @@ class RolloutSection(_Section):
 
 
 class GRPOStageSection(_Section):
-    """The online GRPO stage: M steps of sample -> reward -> advantages -> mu updates."""
+    """The GRPO stage: M steps of sample -> reward -> advantages -> mu updates."""
 
+    preset: PresetName | None = Field(
+        None,
+        description="Named settings (flows/grpo_presets.py), filling the fields they name that "
+        "are still at their defaults: 'sft' (gold solutions, coefficient 1), 'rft' (correct "
+        "samples of policy_0), 'online_rft' (correct samples of the current policy), "
+        "'grpo_os' / 'grpo_ps' (GRPO with outcome / PRM step rewards), or the update variants "
+        "'paper', 'dr_grpo', 'dapo'. Empty: the fields as given.",
+    )
+    data_source: DataSource = Field(
+        "online",
+        description="What the policy is trained on: 'online' (G samples of the current policy "
+        "per prompt: GRPO, Online RFT), 'policy_0' (G samples of the warm-started policy_0, "
+        "the same distribution every step: RFT), or 'gold' (the task's gold solutions: SFT).",
+    )
     steps: int = Field(10, ge=1, le=1_000_000, description="GRPO steps M per iteration (>= 1).")
     prompts_per_step: int = Field(32, ge=1, le=65536, description="Prompts per step (>= 1).")
     group_size: int = Field(
@@ -105,9 +120,43 @@ class GRPOStageSection(_Section):
     algo: GRPOConfig = Field(
         default_factory=GRPOConfig,
         description="The update itself (advantage estimator, loss, KL, clipping, optimizer, "
-        "sampling temperature); see grpo_core/algo/config.py and its presets paper, dr_grpo, "
-        "dapo.",
+        "sampling temperature); see grpo_core/algo/config.py.",
     )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _apply_preset(cls, data: Any) -> Any:
+        if not isinstance(data, dict) or not data.get("preset"):
+            return data
+        name = data["preset"]
+        if name not in GRPO_STAGE_PRESETS:
+            return data  # the field's own check names the choices
+        defaults = GRPOStageSection().model_dump(mode="json")
+        return apply_preset(data, GRPO_STAGE_PRESETS[name], defaults)
+
+    @model_validator(mode="after")
+    def _source_fits_estimator(self) -> GRPOStageSection:
+        """Each estimator of the unified paradigm reads one kind of data."""
+        source, estimator = self.data_source, self.algo.adv_estimator
+        wants = {"sft": "gold", "rft": "policy_0", "online_rft": "online"}.get(estimator)
+        if wants is not None and source != wants:
+            raise ValueError(
+                f"grpo.algo.adv_estimator = {estimator} trains on data_source {wants} (got "
+                f"{source}): set grpo.data_source: {wants}, or grpo.preset: "
+                f"{ {'gold': 'sft', 'policy_0': 'rft', 'online': 'online_rft'}[source] }"
+            )
+        if source == "gold" and estimator != "sft":
+            raise ValueError(
+                f"grpo.data_source = gold gives every output of a group the same correct "
+                f"solution, so adv_estimator = {estimator} has nothing to compare: use "
+                "adv_estimator: sft (or grpo.preset: sft)"
+            )
+        if source == "gold" and self.algo.use_sampling_logprobs_as_old:
+            raise ValueError(
+                "grpo.data_source = gold has no sampling log-probs: set "
+                "grpo.algo.use_sampling_logprobs_as_old: false"
+            )
+        return self
 
 
 class VLLMSection(_Section):

@@ -15,9 +15,10 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 import torch
+from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from flows.config import ItergrpoConfig
-from flows.engines import GRPOSampler, PolicyUpdater, build_policy_updater
+from flows.engines import GRPOSampler, PolicyUpdater, build_policy_updater, build_rollout_engine
 from flows.interrupts import INTERRUPT
 from flows.model_io import policy_at, save_model, to_device
 from flows.names import GRPO, GRPO_PROGRESS, ORM, POLICY, PRM, TRAIN_SPLIT
@@ -33,6 +34,8 @@ from flows.stage_io import (
 from grpo_core.algo.step import StepOutcome, grpo_step
 from grpo_core.data.tasks.base import Problem
 from grpo_core.data.tasks.registry import make_task
+from grpo_core.engines.gold_rollout import GoldSolutionRollout
+from grpo_core.engines.rollout_types import RolloutBatch, RolloutEngine, SamplingParams
 from grpo_core.model.policy import format_prompt, load_policy
 from reward_models.grpo_reward import GRPORewarder
 from reward_models.models import RewardModel
@@ -111,6 +114,49 @@ def _resume_point(
     return int(state["extra"]["next_step"]), samples, metrics
 
 
+class _FixedData:
+    """A data source that does not follow the policy (gold solutions, policy_0's samples):
+    nothing to resync after an update."""
+
+    def __init__(self, engine: RolloutEngine) -> None:
+        self.engine = engine
+
+    def generate(
+        self, prompts: list[str], n: int, params: SamplingParams, seed: int
+    ) -> RolloutBatch:
+        return self.engine.generate(prompts, n, params, seed=seed)
+
+    def weights_changed(self) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
+def _training_data(
+    cfg: ItergrpoConfig,
+    run: RunWriter,
+    k: int,
+    model: PreTrainedModel,
+    tokenizer: PreTrainedTokenizerBase,
+    updater: PolicyUpdater,
+    pool: list[Problem],
+) -> GRPOSampler | _FixedData:
+    """Where grpo.data_source says the outputs come from: the current policy (online), the
+    warm-started policy_0 (RFT: the same distribution every step), or gold solutions (SFT)."""
+    if cfg.grpo.data_source == "online":
+        return GRPOSampler(cfg, run, k, model, tokenizer, updater.weights)
+    if cfg.grpo.data_source == "gold":  # preflight checked every problem has a solution
+        solutions = {format_prompt(tokenizer, p.question): p.solution or "" for p in pool}
+        return _FixedData(GoldSolutionRollout(tokenizer, solutions))
+    policy_0 = load_policy(require_checkpoint(ckpt(cfg, run.run_id, POLICY, 0), "policy_0"))[0]
+    policy_0 = to_device(policy_0, cfg).eval().requires_grad_(False)
+    batch = cfg.rollout.batch_size
+    return _FixedData(
+        build_rollout_engine(cfg, run, 0, "grpo", policy_0, tokenizer, batch, show_progress=False)
+    )
+
+
 def grpo_stage(
     cfg: ItergrpoConfig, run: RunWriter, iteration: int, progress: ProgressFn
 ) -> StageResult:
@@ -133,13 +179,13 @@ def grpo_stage(
     metric_log: list[dict[str, Any]] = []
     if resumed:
         start, sample_rows, metric_log = _resume_point(progress_dir, updater)
-    sampler = GRPOSampler(cfg, run, k, model, tokenizer, updater.weights)
+    pool = task.problems(
+        TRAIN_SPLIT, g.steps * g.prompts_per_step, seed=derive_seed(cfg.run.seed, GRPO, k)
+    )
+    sampler = _training_data(cfg, run, k, model, tokenizer, updater, pool)
     if resumed:
         sampler.weights_changed()
     try:
-        pool = task.problems(
-            TRAIN_SPLIT, g.steps * g.prompts_per_step, seed=derive_seed(cfg.run.seed, GRPO, k)
-        )
         rewarder = GRPORewarder(task, g.rewards, tokenizer, orm, prm, algo.process_supervision)
         for step in range(start, g.steps):
             problems = pool[step * g.prompts_per_step : (step + 1) * g.prompts_per_step]

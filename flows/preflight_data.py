@@ -31,6 +31,15 @@ def check_policy_and_data(cfg: ItergrpoConfig) -> None:
     policy = _policy_tokenizer(cfg)
     task = make_task(cfg.task)  # validates every data row
     _check_prompts(cfg, task, policy)
+    if cfg.grpo.data_source == "gold":
+        wanted = cfg.grpo.steps * cfg.grpo.prompts_per_step
+        unsolved = [p for p in task.problems(TRAIN_SPLIT, wanted, cfg.run.seed) if not p.solution]
+        if unsolved:
+            raise PreflightError(
+                f"grpo.data_source = gold trains on gold solutions, but task {task.name} "
+                f"problem {unsolved[0].problem_id!r} has none: use a task with gold solutions, "
+                "or another grpo.data_source"
+            )
 
 
 def _policy_tokenizer(cfg: ItergrpoConfig) -> tuple[PreTrainedTokenizerBase, int] | None:

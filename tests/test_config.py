@@ -17,6 +17,7 @@ from flows.config_files import (
     parse_override,
     stored_config_as_current,
     stored_config_migrated,
+    validate_config,
 )
 
 PRESETS = sorted(p.stem for p in CONFIG_DIR.glob("*.yaml"))
@@ -102,7 +103,11 @@ def test_possible_combinations_load() -> None:
     load_config("micro", ["grpo.algo.adv_estimator=grpo_process", "grpo.rewards.orm=0"])
     load_config("micro", ["grpo.rewards.verifier=0", "grpo.rewards.orm=0", "grpo.rewards.prm=1"])
     cfg = load_config(
-        "micro", ["grpo.rewards.verifier=0", "grpo.rewards.orm=0", "grpo.algo.adv_estimator=rft"]
+        "micro",
+        [
+            *("grpo.rewards.verifier=0", "grpo.rewards.orm=0"),
+            *("grpo.algo.adv_estimator=rft", "grpo.data_source=policy_0"),
+        ],
     )
     assert cfg.grpo.algo.adv_estimator == "rft" and not cfg.grpo.algo.process_supervision
 
@@ -216,3 +221,59 @@ def test_a_preset_can_name_a_base_and_state_only_what_differs(tmp_path: Path) ->
     loop.write_text(f"base: {loop}\n")
     with pytest.raises(ConfigError, match="cycle"):
         load_config(loop)
+
+
+@pytest.mark.parametrize(
+    ("preset", "source", "estimator", "beta"),
+    [
+        ("sft", "gold", "sft", 0.0),
+        ("rft", "policy_0", "rft", 0.0),
+        ("online_rft", "online", "online_rft", 0.0),
+        ("grpo_os", "online", "grpo_outcome", 0.04),
+        ("grpo_ps", "online", "grpo_process", 0.04),
+        ("dr_grpo", "online", "dr_grpo", 0.04),
+    ],
+)
+def test_presets_set_the_unified_paradigm_from_set_yaml_and_the_form(
+    tmp_path: Path, preset: str, source: str, estimator: str, beta: float
+) -> None:
+    yaml_file = tmp_path / "c.yaml"
+    yaml_file.write_text(f"base: micro\ngrpo:\n  preset: {preset}\n")
+    form = load_config("micro").model_dump(mode="json")  # the UI form sends every field
+    form["grpo"]["preset"] = preset
+    for cfg in (load_config("micro", [f"grpo.preset={preset}"]), load_config(yaml_file)):
+        g = cfg.grpo
+        assert (g.preset, g.data_source, g.algo.adv_estimator, g.algo.beta) == (
+            preset,
+            source,
+            estimator,
+            beta,
+        )
+    assert validate_config(form).grpo.data_source == source
+
+
+def test_a_field_given_another_value_than_its_default_wins_over_the_preset() -> None:
+    cfg = load_config("micro", ["grpo.preset=dapo", "grpo.algo.eps_high=0.3"])
+    assert cfg.grpo.algo.eps_high == 0.3 and cfg.grpo.algo.loss_agg == "token-mean"
+
+
+@pytest.mark.parametrize(
+    ("overrides", "names"),
+    [
+        (["grpo.data_source=gold"], ["data_source = gold", "adv_estimator: sft"]),
+        (["grpo.algo.adv_estimator=rft"], ["data_source policy_0", "grpo.preset: online_rft"]),
+        (["grpo.preset=sft", "grpo.data_source=policy_0"], ["sft trains on data_source gold"]),
+        (
+            ["grpo.preset=sft", "grpo.algo.use_sampling_logprobs_as_old=true"],
+            ["no sampling log-probs"],
+        ),
+        (["grpo.preset=ppo"], ["grpo.preset", "'sft'", "'grpo_ps'"]),
+    ],
+)
+def test_a_data_source_the_estimator_cannot_use_is_refused(
+    overrides: list[str], names: list[str]
+) -> None:
+    with pytest.raises(ConfigError) as err:
+        load_config("micro", overrides)
+    for name in names:
+        assert name in str(err.value)
