@@ -12,7 +12,6 @@ import io
 import json
 import math
 import sys
-from collections.abc import Iterator
 from importlib.util import find_spec
 from pathlib import Path
 from typing import Any
@@ -44,13 +43,7 @@ CFG = GRPOConfig(
     warmup_steps=2,
 )
 
-
-@pytest.fixture(autouse=True)
-def one_torch_thread() -> Iterator[None]:
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 def tiny_llama(seed: int = 0, tied: bool = False) -> LlamaForCausalLM:

@@ -1,7 +1,6 @@
 """GRPO learns on a tiny causal LM: outcome and process supervision, and mu > 1 stays clipped."""
 
 import copy
-from collections.abc import Iterator
 
 import pytest
 import torch
@@ -13,17 +12,7 @@ from grpo_core.algo.update import grpo_update
 from grpo_core.data.policy_batch import build_policy_batch
 from grpo_core.engines.train import TorchEngine
 
-
-@pytest.fixture(autouse=True)
-def one_torch_thread() -> Iterator[None]:
-    """Tiny models run ~25x faster on one thread than on two contended cores."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("one_torch_thread")]
 
 VOCAB, BOS, PROMPTS, GROUP = 6, 0, 8, 8
 GOOD_FIRST, GOOD_SECOND = 3, 5

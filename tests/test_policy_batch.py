@@ -1,7 +1,7 @@
 """Padded policy batches give the log-probs of unpadded forward passes (left and right)."""
 
 import itertools
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 
 import pytest
 import torch
@@ -11,14 +11,7 @@ from grpo_core.data.policy_batch import PaddingSide, build_policy_batch
 from grpo_core.model import forward
 from grpo_core.model.forward import length_buckets, sequence_logprobs, sequence_logprobs_and_entropy
 
-
-@pytest.fixture(autouse=True)
-def one_torch_thread() -> Iterator[None]:
-    """Tiny models run ~25x faster on one thread than on two contended cores."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 VOCAB = 20

@@ -1,6 +1,5 @@
 """The GRPO update: gradient accumulation, pi_old / reference handling, optimizer steps."""
 
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -12,14 +11,7 @@ from grpo_core.algo.update import grpo_update, rank_micro_batches
 from grpo_core.data.policy_batch import PolicyBatch, build_policy_batch
 from grpo_core.engines.train import TorchEngine
 
-
-@pytest.fixture(autouse=True)
-def one_torch_thread() -> Iterator[None]:
-    """Tiny models run ~25x faster on one thread than on two contended cores."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 MODES: list[LossAgg] = ["seq-mean-token-mean", "token-mean", "seq-mean-token-sum-norm"]
