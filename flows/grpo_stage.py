@@ -18,7 +18,8 @@ import torch
 from transformers import PreTrainedTokenizerBase
 
 from flows.config import ItergrpoConfig
-from flows.engines import GRPOSampler, PolicyUpdater, build_policy_updater
+from flows.engines.policy_updaters import PolicyUpdater, build_policy_updater
+from flows.engines.sampling import GRPOSampler
 from flows.interrupts import INTERRUPT
 from flows.model_io import policy_at, save_model, to_device
 from flows.names import GRPO, GRPO_PROGRESS, ORM, POLICY, PRM, TRAIN_SPLIT

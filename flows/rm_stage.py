@@ -18,11 +18,12 @@ import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from flows.config import ItergrpoConfig
-from flows.engines import build_rm_engine, build_rollout_engine, trained_weights
+from flows.engines.ray_shards import sharded_engine
+from flows.engines.sampling import build_rollout_engine
+from flows.engines.train_engines import build_rm_engine, trained_weights
 from flows.model_io import policy_at, save_reward_model
 from flows.names import EVAL_SPLIT, ORM, POLICY, PRM, TRAIN_RM, TRAIN_SPLIT
 from flows.progress import ProgressFn, log
-from flows.sharding import sharded_engine
 from flows.stage_io import (
     StageResult,
     ckpt,
