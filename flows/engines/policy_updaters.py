@@ -19,27 +19,16 @@ from transformers import PreTrainedModel
 
 from flows.config import ItergrpoConfig
 from flows.engines.availability import require_deepspeed
-from flows.engines.train_engines import (
-    build_policy_engine,
-    grpo_total_steps,
-    trained_weights,
-)
+from flows.engines.train_engines import build_policy_engine, grpo_total_steps
 from flows.progress import log
 from flows.stage_io import ckpt
 from grpo_core.algo.update import grpo_update
 from grpo_core.data.policy_batch import PolicyBatch
-from grpo_core.engines.train import TrainEngine
 from storage.store import RunWriter
 
 # Checkpoint roles (checkpoints/<run_id>/<role>/iter-<k>/) and directories of the updaters.
 LAUNCH_JOBS = "grpo-launch"  # deepspeed launcher jobs of the GRPO stage (one per step)
 DEEPSPEED_STATE = "deepspeed"  # DeepSpeed's own checkpoint inside a GRPO progress checkpoint
-
-
-def _plain_state(engine: TrainEngine) -> bool:
-    """Whether engine.state_dict() + the model's weights resume the engine exactly (always
-    for TorchEngine; DeepSpeedEngine says, else its own checkpoint directory is used)."""
-    return bool(getattr(engine, "has_plain_state", True))
 
 
 class PolicyUpdater(Protocol):
@@ -77,14 +66,13 @@ class InProcessUpdater:
         cfg: ItergrpoConfig,
         model: PreTrainedModel,
         reference: nn.Module | None,
-        device: torch.device,
     ) -> None:
         self.algo = cfg.grpo.algo
         self.model = model
         self.reference = reference
         self.engine = build_policy_engine(cfg, model)
-        self.device = getattr(self.engine, "device", device)
-        if reference is not None:  # where the engine put the policy (DeepSpeed may move it)
+        self.device = self.engine.device  # where the engine put the policy (DeepSpeed may move it)
+        if reference is not None:  # the reference computes beside it
             reference.to(self.device)
 
     def update(
@@ -104,21 +92,13 @@ class InProcessUpdater:
         )
 
     def weights(self) -> dict[str, Tensor] | None:
-        return trained_weights(self.engine)
+        return self.engine.full_state_dict()
 
     def save_state(self, directory: Path) -> dict[str, Any] | None:
-        if _plain_state(self.engine):
-            return self.engine.state_dict()
-        self.engine.save_checkpoint(directory / DEEPSPEED_STATE)  # type: ignore[attr-defined]
-        return None
+        return self.engine.save_optimizer_state(directory / DEEPSPEED_STATE)
 
     def load_state(self, directory: Path, state: dict[str, Any] | None) -> None:
-        if _plain_state(self.engine):
-            if state is None:
-                raise ValueError(f"{directory}: no optimizer state in the GRPO checkpoint")
-            self.engine.load_state_dict(state)
-        else:
-            self.engine.load_checkpoint(directory / DEEPSPEED_STATE)  # type: ignore[attr-defined]
+        self.engine.load_optimizer_state(directory / DEEPSPEED_STATE, state)
 
     def close(self) -> None:
         pass
@@ -258,7 +238,11 @@ def build_policy_updater(
     policy_dir: Path,
     device: torch.device,
 ) -> PolicyUpdater:
-    """The GRPO stage's update path for engines.train and engines.deepspeed."""
+    """The GRPO stage's update path for engines.train and engines.deepspeed.
+
+    `device` is unused: the in-process engine says where the policy computes (TrainEngine.
+    device); the parameter stays until grpo_stage's call drops it (issue 18 item 2).
+    """
     if cfg.engines.launched:
         return LaunchedUpdater(cfg, run, iteration, model, policy_dir)
-    return InProcessUpdater(cfg, model, reference, device)
+    return InProcessUpdater(cfg, model, reference)

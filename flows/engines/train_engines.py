@@ -3,10 +3,9 @@ with the optimizer settings of the GRPO stage or of the reward models."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Any, Literal
 
-from torch import Tensor, nn
+from torch import nn
 
 from flows.config import ItergrpoConfig
 from flows.engines.availability import require_deepspeed
@@ -81,18 +80,3 @@ def build_rm_engine(cfg: ItergrpoConfig, model: RewardModel) -> TrainEngine:
     process (one DeepSpeed process, the configured ZeRO stage and bf16).
     """
     return build_train_engine(cfg, model, **rm_optimizer_settings(cfg.reward_models))
-
-
-def trained_weights(engine: TrainEngine) -> dict[str, Tensor] | None:
-    """Whole fp32 weights of a DeepSpeed-trained model (ZeRO-3 gathered, bf16 widened) for
-    saving; None for a TorchEngine, whose model's own state_dict is already that."""
-    full_state_dict: Callable[[], dict[str, Tensor]] | None = getattr(
-        engine, "full_state_dict", None
-    )
-    if full_state_dict is None:
-        return None
-    widened: dict[int, Tensor] = {}  # by tensor identity: tied weights stay one tensor
-    return {
-        name: widened.setdefault(id(value), value.float() if value.is_floating_point() else value)
-        for name, value in full_state_dict().items()
-    }
