@@ -18,7 +18,8 @@ import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from flows.config import ItergrpoConfig
-from flows.engines import GRPOSampler, PolicyUpdater, build_policy_updater, build_rollout_engine
+from flows.engines.policy_updaters import PolicyUpdater, build_policy_updater
+from flows.engines.sampling import GRPOSampler, build_rollout_engine
 from flows.interrupts import INTERRUPT
 from flows.model_io import policy_at, save_model, to_device
 from flows.names import GRPO, GRPO_PROGRESS, ORM, POLICY, PRM, TRAIN_SPLIT
@@ -173,7 +174,7 @@ def grpo_stage(
     orm, prm = _load_rms(cfg, run, k, device)
     progress_dir = ckpt(cfg, run.run_id, GRPO_PROGRESS, k)
     resumed = _resume_weights(progress_dir, model)
-    updater = build_policy_updater(cfg, run, k, model, reference, policy_dir, device)
+    updater = build_policy_updater(cfg, run, k, model, reference, policy_dir)
     start = 0
     sample_rows: list[dict[str, Any]] = []
     metric_log: list[dict[str, Any]] = []

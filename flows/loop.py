@@ -11,7 +11,8 @@ from collections.abc import Callable
 from flows import stages
 from flows.config import ItergrpoConfig
 from flows.config_files import stored_config_as_current
-from flows.engines import check_engines, close_rollout_engines
+from flows.engines.availability import check_engines
+from flows.engines.sampling import close_rollout_engines
 from flows.interrupts import INTERRUPT, RunInterrupted, graceful_sigint, with_fault_hook
 from flows.names import EVALUATE, GRPO, ITERATION_STAGES, LABEL, ROLLOUT, TRAIN_RM, WARM_START
 from flows.progress import ProgressFn, no_progress

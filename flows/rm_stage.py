@@ -18,11 +18,12 @@ import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from flows.config import ItergrpoConfig
-from flows.engines import build_rm_engine, build_rollout_engine, trained_weights
+from flows.engines.ray_shards import sharded_engine
+from flows.engines.sampling import build_rollout_engine
+from flows.engines.train_engines import build_rm_engine
 from flows.model_io import policy_at, save_reward_model
 from flows.names import EVAL_SPLIT, ORM, POLICY, PRM, TRAIN_RM, TRAIN_SPLIT
 from flows.progress import ProgressFn, log
-from flows.sharding import sharded_engine
 from flows.stage_io import (
     StageResult,
     ckpt,
@@ -149,7 +150,7 @@ def _train_one(
     elif prev is not None and rm_cfg.continual_epochs is not None:
         rm_cfg = rm_cfg.model_copy(update={"epochs": rm_cfg.continual_epochs})
     metrics, records = train_reward_model(model, examples, rm_cfg, seed, engine=engine)
-    save_reward_model(ckpt(cfg, run.run_id, kind, iteration), model, trained_weights(engine))
+    save_reward_model(ckpt(cfg, run.run_id, kind, iteration), model, engine.full_state_dict())
     log.info("%s_%d: %s", kind, iteration, metrics)
     return metrics, [dataclasses.asdict(r) for r in records]
 

@@ -17,13 +17,13 @@ import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from flows.config import ItergrpoConfig
-from flows.engines import build_rollout_engine
+from flows.engines.ray_shards import sharded_engine
+from flows.engines.sampling import build_rollout_engine
 from flows.grpo_stage import grpo_stage
 from flows.model_io import policy_at, save_model, to_device
 from flows.names import EVAL_SPLIT, EVALUATE, LABEL, POLICY, ROLLOUT, TRAIN_SPLIT, WARM_START
 from flows.progress import ProgressFn, log
 from flows.rm_stage import labelled_samples, train_rm_stage
-from flows.sharding import sharded_engine
 from flows.stage_io import StageResult, ckpt, derive_seed, metric_rows
 from grpo_core.data.answers import extract_answer
 from grpo_core.data.tasks.base import Task

@@ -276,7 +276,7 @@ def train_reward_model(
     pad_id = model.tokenizer.pad_token_id
     if engine is None:
         engine = TorchEngine(model, **rm_optimizer_settings(cfg))
-    device = getattr(engine, "device", model.device)
+    device = engine.device
     generator = torch.Generator().manual_seed(seed)
     steps_per_epoch = math.ceil(len(examples) / cfg.batch_size)
     records: list[TrainedRow] = []

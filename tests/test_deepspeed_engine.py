@@ -159,6 +159,50 @@ def test_state_dict_resumes_exactly_and_loads_weights_only() -> None:
 
 
 @needs_deepspeed
+def test_optimizer_state_is_a_dict_in_fp32_zero2_and_a_checkpoint_under_zero3(
+    tmp_path: Path,
+) -> None:
+    from grpo_core.engines.deepspeed_engine import DeepSpeedEngine
+
+    batch, advantages = ragged_batch(4)
+    cfg = GRPOConfig(lr=1e-2, beta=0.0, warmup_steps=3)
+    for stage in (2, 3):
+        ds = DeepSpeedConfig(zero_stage=stage)
+        first = DeepSpeedEngine(tiny_llama(), **optimizer_kwargs(cfg), config=ds)
+        grpo_update(first, None, batch, advantages, cfg)
+        directory = tmp_path / f"zero{stage}"
+        state = first.save_optimizer_state(directory)
+        assert (state is None) == (stage == 3) == directory.is_dir()
+        if state is not None:  # as a checkpoint holds it: a copy, not first's live tensors
+            buffer = io.BytesIO()
+            torch.save(state, buffer)
+            buffer.seek(0)
+            state = torch.load(buffer, weights_only=True)
+        resumed_model = tiny_llama(5)
+        resumed_model.load_state_dict(first.full_state_dict())  # before the engine, as resumes do
+        resumed = DeepSpeedEngine(resumed_model, **optimizer_kwargs(cfg), config=ds)
+        resumed.load_optimizer_state(directory, state)
+        assert resumed.current_lr() == pytest.approx(first.current_lr())
+        grpo_update(first, None, batch, advantages, cfg, generator=seeded())
+        grpo_update(resumed, None, batch, advantages, cfg, generator=seeded())
+        expected, got = first.full_state_dict(), resumed.full_state_dict()  # whole under ZeRO-3
+        assert all(torch.equal(got[name], value) for name, value in expected.items())
+
+
+@needs_deepspeed
+def test_bf16_weights_are_saved_whole_in_fp32_with_tied_weights_one_tensor() -> None:
+    from grpo_core.engines.deepspeed_engine import DeepSpeedEngine
+
+    engine = DeepSpeedEngine(
+        tiny_llama(tied=True), lr=1e-2, config=DeepSpeedConfig(zero_stage=2, bf16=True)
+    )
+    weights = engine.full_state_dict()
+    assert next(engine.engine.module.parameters()).dtype == torch.bfloat16
+    assert {v.dtype for v in weights.values()} == {torch.float32}
+    assert weights["lm_head.weight"] is weights["model.embed_tokens.weight"]
+
+
+@needs_deepspeed
 def test_non_finite_gradient_skips_the_step() -> None:
     from grpo_core.engines.deepspeed_engine import DeepSpeedEngine
 

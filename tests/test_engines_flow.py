@@ -26,10 +26,12 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from flows import engines
 from flows.config import EnginesSection, ItergrpoConfig
 from flows.config_files import ConfigError
-from flows.engines import LAUNCH_JOBS, VLLM_SYNC, VLLM_WORKER, check_engines
+from flows.engines import availability
+from flows.engines.availability import check_engines
+from flows.engines.policy_updaters import DEEPSPEED_STATE, LAUNCH_JOBS
+from flows.engines.sampling import VLLM_SYNC, VLLM_WORKER
 from flows.loop import execute_run
 from flows.names import GRPO_PROGRESS, POLICY
 from storage.checkpoints import EXTRA_FILE, checkpoint_path
@@ -92,7 +94,7 @@ def test_engine_names_are_validated_with_the_field_named() -> None:
 
 def test_missing_deepspeed_names_the_field_and_the_fix(monkeypatch: pytest.MonkeyPatch) -> None:
     cfg = micro_config(Path("/tmp/unused"), "x", "engines.train=deepspeed")
-    monkeypatch.setattr(engines, "find_spec", lambda name: None)
+    monkeypatch.setattr(availability, "find_spec", lambda name: None)
     with pytest.raises(ConfigError) as err:
         check_engines(cfg)
     message = str(err.value)
@@ -222,7 +224,7 @@ def test_deepspeed_run_killed_mid_grpo_resumes_exactly(tmp_path: Path, zero_stag
     assert killed.returncode == -signal.SIGKILL, killed.stderr[-2000:]
     progress = checkpoint_path(store, "kr", GRPO_PROGRESS, 0)
     assert (progress / EXTRA_FILE).read_text() == '{"next_step": 1}'
-    assert (progress / engines.DEEPSPEED_STATE).is_dir() == (zero_stage == 3)
+    assert (progress / DEEPSPEED_STATE).is_dir() == (zero_stage == 3)
     resumed = cli(store, "resume", "kr")
     assert resumed.returncode == 0, resumed.stderr[-2000:]
     assert "GRPO: resuming at step 1" in resumed.stderr
@@ -261,7 +263,7 @@ def test_grpo_updates_through_the_launcher_match_torch_and_resume(tmp_path: Path
     killed = cli(ds_store, *args, fault="SIGKILL@grpo:0:2")
     assert killed.returncode == -signal.SIGKILL, killed.stderr[-2000:]
     progress = checkpoint_path(ds_store, "eng", GRPO_PROGRESS, 0)
-    assert (progress / engines.DEEPSPEED_STATE).is_dir()  # the ranks' optimizer state
+    assert (progress / DEEPSPEED_STATE).is_dir()  # the ranks' optimizer state
     resumed = cli(ds_store, "resume", "eng")
     assert resumed.returncode == 0, resumed.stderr[-2000:]
     assert "GRPO: resuming at step 1" in resumed.stderr

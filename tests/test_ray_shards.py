@@ -1,5 +1,5 @@
-"""Sharded sampling (flows/sharding.py): a split call returns the rows of the whole call, and a
-run with `cluster.ray_address=local` commits the same rows as one without Ray."""
+"""Sharded sampling (flows/engines/ray_shards.py): a split call returns the rows of the whole
+call, and a run with `cluster.ray_address=local` commits the same rows as one without Ray."""
 
 from __future__ import annotations
 
@@ -12,18 +12,18 @@ import pytest
 import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-from flows import sharding
 from flows.config_files import ConfigError, load_config
-from flows.loop import execute_run
-from flows.model_io import save_model
-from flows.names import POLICY
-from flows.sharding import (
+from flows.engines import ray_shards
+from flows.engines.ray_shards import (
     ShardedRolloutEngine,
     ShardJob,
     ShardRunner,
     run_shards_in_process,
     shard_bounds,
 )
+from flows.loop import execute_run
+from flows.model_io import save_model
+from flows.names import POLICY
 from flows.stage_io import ckpt
 from grpo_core.engines.hf_rollout import HFRolloutEngine
 from grpo_core.engines.rollout_types import RolloutBatch, SamplingParams
@@ -87,7 +87,7 @@ def test_row_slices_at_batch_boundaries_are_the_rows_of_the_whole_call(
         for bounds in shard_bounds(len(whole), 4, 3)
     ]
     assert [len(p) for p in parts] == [8, 4, 3]
-    assert sharding.merge_batches(parts) == whole  # ids, texts and log-probs, bit for bit
+    assert ray_shards.merge_batches(parts) == whole  # ids, texts and log-probs, bit for bit
     with pytest.raises(ValueError, match="rows must satisfy"):
         engine.generate(prompts, 3, params, seed=11, rows=(4, 16))
 
@@ -122,7 +122,7 @@ def test_cluster_section_is_validated(
 ) -> None:
     cfg = micro_config(tmp_path, "c", "cluster.ray_address=''")
     assert cfg.cluster.ray_address is None  # a cleared Prefect form field means no Ray
-    assert sharding.sharded_engine(cfg, "c", 0, policy[0], 8, "rollout") is None
+    assert ray_shards.sharded_engine(cfg, "c", 0, policy[0], 8, "rollout") is None
     for address in ["local", "auto", "10.0.0.5:6379", "ray://head:10001"]:
         assert micro_config(tmp_path, "c", f"cluster.ray_address={address}").cluster.ray_address
     with pytest.raises(ConfigError, match=r"cluster\.ray_address"):
@@ -154,7 +154,7 @@ def test_ray_sharded_run_commits_the_rows_of_an_unsharded_run(
     execute_run(micro_config(tmp_path / "plain", "r", *small))
 
     calls: list[tuple[str, int]] = []
-    ray_runner = sharding.ray_runner
+    ray_runner = ray_shards.ray_runner
 
     def counting(cluster: Any, name: str) -> ShardRunner:
         run = ray_runner(cluster, name)
@@ -165,7 +165,7 @@ def test_ray_sharded_run_commits_the_rows_of_an_unsharded_run(
 
         return counted
 
-    monkeypatch.setattr(sharding, "ray_runner", counting)
+    monkeypatch.setattr(ray_shards, "ray_runner", counting)
     start = time.perf_counter()
     sharded_cfg = micro_config(
         tmp_path / "ray", "r", *small, "cluster.ray_address=local", "cluster.shards=2"

@@ -1,6 +1,7 @@
 """The plain-torch engine (schedule, clipping, state) and the GRPO config presets."""
 
 import math
+from pathlib import Path
 
 import pytest
 import torch
@@ -32,6 +33,25 @@ def test_engine_clips_steps_and_restores_state() -> None:
     other = TorchEngine(torch.nn.Linear(3, 1, bias=False), lr=0.1, warmup_steps=2)
     other.load_state_dict(state)
     assert other.current_lr() == pytest.approx(0.1)
+
+
+def test_engine_resumes_from_the_state_it_returns_and_saves_the_model_itself(
+    tmp_path: Path,
+) -> None:
+    model = torch.nn.Linear(3, 1, bias=False)
+    engine = TorchEngine(model, lr=0.1, warmup_steps=2)
+    engine.backward(model(torch.ones(1, 3)).sum())
+    engine.step()
+    state = engine.save_optimizer_state(tmp_path)
+    assert state is not None and list(tmp_path.iterdir()) == []  # a dict, no files
+    other = TorchEngine(torch.nn.Linear(3, 1, bias=False), lr=0.1, warmup_steps=2)
+    other.load_optimizer_state(tmp_path, state)
+    assert other.current_lr() == pytest.approx(0.1)
+    with pytest.raises(ValueError, match="no optimizer state"):
+        other.load_optimizer_state(tmp_path, None)
+    assert engine.full_state_dict().keys() == model.state_dict().keys()
+    assert torch.equal(engine.full_state_dict()["weight"], model.weight)
+    assert engine.device == model.weight.device
 
 
 def test_engine_skips_a_non_finite_step() -> None:

@@ -104,7 +104,8 @@ class DeepSpeedEngine:
     """A DeepSpeed engine (ZeRO 0-3, optional bf16) with TorchEngine's optimizer settings.
 
     `model` is the DeepSpeed engine module (its forward gathers ZeRO-3 shards); inputs must
-    be on `device`. Under ZeRO-3 save weights from full_state_dict(), not model.state_dict().
+    be on `device`. Save weights from full_state_dict(), not model.state_dict(): under ZeRO-3
+    the module holds partitions, and with bf16 it holds bf16 copies.
     """
 
     def __init__(
@@ -216,10 +217,31 @@ class DeepSpeedEngine:
         if path is None:
             raise FileNotFoundError(f"no DeepSpeed checkpoint with tag 'state' in {directory}")
 
+    def save_optimizer_state(self, directory: Path) -> dict[str, Any] | None:
+        """state_dict() when has_plain_state, else save_checkpoint(directory) and None."""
+        if self.has_plain_state:
+            return self.state_dict()
+        self.save_checkpoint(directory)
+        return None
+
+    def load_optimizer_state(self, directory: Path, state: dict[str, Any] | None) -> None:
+        """load_state_dict(state) when has_plain_state, else load_checkpoint(directory)."""
+        if not self.has_plain_state:
+            self.load_checkpoint(directory)
+        elif state is None:
+            raise ValueError(
+                f"no optimizer state to resume DeepSpeed (one fp32 process, ZeRO-"
+                f"{self.config.zero_stage}) from (got None, {directory} is not read): the "
+                "checkpoint was saved by another engine or engines setting"
+            )
+        else:
+            self.load_state_dict(state)
+
     def full_state_dict(self) -> dict[str, Tensor]:
-        """Every parameter and persistent buffer, whole and on CPU, on every rank.
+        """Every parameter and persistent buffer, whole, on CPU and in fp32, on every rank.
 
         Collective under ZeRO-3 (each parameter is gathered in turn), so every rank calls it.
+        Floating-point tensors are widened to fp32 (bf16 training keeps fp32 checkpoints).
         Pass it to save_pretrained(state_dict=...).
         """
         module: nn.Module = self.engine.module
@@ -228,6 +250,7 @@ class DeepSpeedEngine:
             for name, param in module.named_parameters(remove_duplicate=False):
                 with self._deepspeed.zero.GatheredParameters([param], modifier_rank=None):
                     out[name] = param.detach().cpu().clone()
+        out = {n: v.float() if v.is_floating_point() else v for n, v in out.items()}
         # Tied parameters (lm_head = embed_tokens) stay one tensor, so save_pretrained stores
         # them once, as it does for the module itself.
         first: dict[int, str] = {}

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from pathlib import Path
 from typing import Any, Literal, Protocol
 
 import torch
@@ -24,6 +25,11 @@ class TrainEngine(Protocol):
     model: nn.Module
     data_parallel_size: int  # processes splitting each mini-batch's rows (1: this one does all)
     data_parallel_rank: int  # this process's index among them, 0 .. data_parallel_size - 1
+
+    @property
+    def device(self) -> torch.device:
+        """Where the model computes: inputs go there (DeepSpeed may have moved the model)."""
+        ...
 
     def forward_logprobs(
         self, batch: PolicyBatch, temperature: float, with_entropy: bool = False
@@ -47,12 +53,21 @@ class TrainEngine(Protocol):
         """The learning rate the next step uses."""
         ...
 
-    def state_dict(self) -> dict[str, Any]:
-        """Optimizer and LR-schedule state (the model's weights are saved separately)."""
+    def full_state_dict(self) -> dict[str, Tensor]:
+        """The trained weights to save, whole, under the keys of the model's own state_dict
+        (TorchEngine: that state_dict; DeepSpeed: ZeRO-3 gathered, in fp32). Every rank calls
+        it (collective under ZeRO-3)."""
         ...
 
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Restore what state_dict returned."""
+    def save_optimizer_state(self, directory: Path) -> dict[str, Any] | None:
+        """What resumes the optimizer and LR schedule, given the model's saved weights: a dict
+        of tensors when one holds it (torch.load(weights_only=True) safe), else the engine's
+        own checkpoint written into `directory` (returns None)."""
+        ...
+
+    def load_optimizer_state(self, directory: Path, state: dict[str, Any] | None) -> None:
+        """Restore what save_optimizer_state gave: `state`, or the checkpoint in `directory`
+        when it returned None (the model's weights are already loaded)."""
         ...
 
     def all_reduce(self, values: Tensor, op: Literal["sum", "max"]) -> Tensor:
@@ -157,6 +172,11 @@ class TorchEngine:
         """The learning rate the next step uses."""
         return float(self.optimizer.param_groups[0]["lr"])
 
+    @property
+    def device(self) -> torch.device:
+        """Where the model's parameters are."""
+        return next(self.model.parameters()).device
+
     def state_dict(self) -> dict[str, Any]:
         """Optimizer and LR-schedule state."""
         return {"optimizer": self.optimizer.state_dict(), "scheduler": self.scheduler.state_dict()}
@@ -165,6 +185,23 @@ class TorchEngine:
         """Restore what state_dict returned."""
         self.optimizer.load_state_dict(state["optimizer"])
         self.scheduler.load_state_dict(state["scheduler"])
+
+    def full_state_dict(self) -> dict[str, Tensor]:
+        """The model's own state_dict: it holds the trained weights, in its own dtype."""
+        return self.model.state_dict()
+
+    def save_optimizer_state(self, directory: Path) -> dict[str, Any] | None:
+        """state_dict(), always a dict: nothing is written to `directory`."""
+        return self.state_dict()
+
+    def load_optimizer_state(self, directory: Path, state: dict[str, Any] | None) -> None:
+        """load_state_dict(state); `directory` is not read."""
+        if state is None:
+            raise ValueError(
+                f"no optimizer state to resume TorchEngine from (got None, {directory} is not "
+                "read): the checkpoint was saved by another engine or engines setting"
+            )
+        self.load_state_dict(state)
 
     def all_reduce(self, values: Tensor, op: Literal["sum", "max"]) -> Tensor:
         """One process: the values themselves."""

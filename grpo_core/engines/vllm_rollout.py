@@ -25,7 +25,7 @@ from grpo_core.model.policy import encode_prompt, ensure_pad_token
 
 WORKER_SCRIPT = Path(__file__).with_name("vllm_worker.py")
 # `make vllm-env` builds the environment in the repository root (next to grpo_core/).
-DEFAULT_VLLM_PYTHON = Path(__file__).resolve().parents[1] / ".venv-vllm" / "bin" / "python"
+DEFAULT_VLLM_PYTHON = Path(__file__).resolve().parents[2] / ".venv-vllm" / "bin" / "python"
 PYTHON_ENV_VAR = "ITERGRPO_VLLM_PYTHON"
 
 

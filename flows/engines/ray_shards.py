@@ -1,42 +1,6 @@
-"""Scale-out with Ray: the sampling of the rollout, labelling and evaluation stages in shards.
-
-When `cluster.ray_address` is set, those stages sample through `ShardedRolloutEngine`, a
-`RolloutEngine` whose `generate` cuts the call's prompt-major rows into `cluster.shards`
-contiguous slices and runs each slice as a Ray task (`num_gpus` / `num_cpus` from the
-config: the GPU resource annotation). A shard task loads the policy from its checkpoint
-directory in the store (weights never travel as pickles; the task caches the loaded model
-for the next call on the same checkpoint) and calls `HFRolloutEngine.generate(...,
-rows=(start, stop))`. The stage gets the slices back in order, merged into one batch, and
-scores, labels and commits exactly as it does without Ray. Prompt strings go to the
-workers once per call through Ray's object store (`ray.put`); shard outputs (token ids,
-texts, log-probs) come back as task results. Both are small next to the model.
-
-Identical rows, sharded or not:
-- randomness is row-addressed: every shard draws the whole call's uniform tensor from the
-  call's seed and uses its own rows of it, so a row's sample never depends on the split;
-  labelling and evaluation seeds are the stage's, unchanged;
-- a shard is a whole number of engine batches (`batch_size` rows), so each forward pass
-  sees the same rows, padding and shapes as the in-process call: float results match;
-- shards apply `run.num_threads` like the driver (Ray starts workers with one thread).
-  Set it for bit-identical CPU results: a different thread count may change float sums;
-- CPU matmuls also round differently with the weights' memory alignment: a checkpoint
-  loaded on CPU stays memory-mapped at its file offsets, a model built or trained in the
-  process lives in 64-byte-aligned torch memory. A shard loads the checkpoint and, when the
-  stage's own model is in torch memory (the warm start evaluates the model it trained),
-  copies the weights into torch memory too (`ShardJob.copy_weights`).
-
-Why plain `ray.remote` and not prefect-ray's `RayTaskRunner`: stages are plain functions
-(`itergrpo run --no-prefect`, the tests) and the shards are submitted from inside a stage,
-where no Prefect flow context need exist; `RayTaskRunner` only runs tasks `.submit()`-ted
-from a flow that uses it. Putting it on the `iterative-rl` flow would move whole stage
-tasks (their store commits, the GRPO stage and its DeepSpeed launcher) onto Ray workers
-for no parallelism (stages run in sequence), and running each shard as a Prefect task on
-Ray would make every worker run a Prefect task engine that must reach the Prefect API.
-Commit/skip decisions live in the store, so Prefect's task state adds nothing to a shard.
-`RayTaskRunner` is itself a `ray.remote` wrapper; using `ray.remote` directly gives the same
-placement (resource annotations included) on both paths. The `ray` extra still installs
-prefect-ray, for users who fan out their own Prefect tasks on the same cluster.
-"""
+"""Scale-out with Ray: the sampling of the rollout, labelling and evaluation stages as Ray
+tasks over batch-aligned slices of each call's rows, merged back in order. Why the committed
+rows equal an unsharded run's, and why plain `ray.remote`: docs/ray_shards.md."""
 
 from __future__ import annotations
 
