@@ -28,7 +28,7 @@ from transformers import LlamaConfig, LlamaForCausalLM
 from grpo_core.algo.config import GRPOConfig
 from grpo_core.algo.update import grpo_update
 from grpo_core.data.policy_batch import PolicyBatch, build_policy_batch
-from grpo_core.engines.config import DeepSpeedConfig
+from grpo_core.engines.config import DeepSpeedConfig, OptimizerSettings
 from grpo_core.engines.train import TorchEngine, TrainEngine
 
 PEAK_BF16_TFLOPS = {"H100": 989.0, "H200": 989.0, "A100": 312.0}
@@ -116,11 +116,11 @@ def main() -> int:
             from grpo_core.engines.deepspeed_engine import DeepSpeedEngine
 
             engine = DeepSpeedEngine(
-                model, lr=1e-6, config=DeepSpeedConfig(zero_stage=2, bf16=True)
+                model, OptimizerSettings(lr=1e-6), config=DeepSpeedConfig(zero_stage=2, bf16=True)
             )
             ref = ref.to(torch.bfloat16)
         else:
-            engine = TorchEngine(model, lr=1e-6)
+            engine = TorchEngine(model, OptimizerSettings(lr=1e-6))
         torch.cuda.reset_peak_memory_stats()
         median = statistics.median(time_updates(engine, ref, args.repeats, micro_batch))
         tflops = flops / median / 1e12

@@ -151,7 +151,7 @@ def build_ours(cfg: common.BenchConfig, model_dir: Path, compile_models: bool) -
         micro_batch_size=common.PROMPTS_PER_STEP * common.GROUP_SIZE,
         temperature=common.TEMPERATURE,
     )
-    engine = TimedEngine(model, lr=algo.lr, max_grad_norm=algo.max_grad_norm)
+    engine = TimedEngine(model, algo.optimizer_settings())
     times: dict[str, float] = defaultdict(float)
     engine.times = times
     time_forward(reference, times, "reference")

@@ -23,6 +23,7 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 from grpo_core.algo.numerics import require_finite
 from grpo_core.data.policy_batch import build_policy_batch
 from grpo_core.data.reasoning_steps import step_end_token_indices
+from grpo_core.engines.config import OptimizerSettings
 from grpo_core.engines.train import TorchEngine, TrainEngine
 from grpo_core.model.policy import encode_prompt
 from reward_models.config import RewardModelConfig
@@ -237,9 +238,11 @@ def _check_examples(model: RewardModel, examples: Sequence[RMExample], max_lengt
             )
 
 
-def rm_optimizer_settings(cfg: RewardModelConfig) -> dict[str, Any]:
-    """Keyword arguments of a TrainEngine (TorchEngine, DeepSpeedEngine) training an RM."""
-    return {"lr": cfg.lr, "weight_decay": RM_WEIGHT_DECAY, "max_grad_norm": RM_MAX_GRAD_NORM}
+def rm_optimizer_settings(cfg: RewardModelConfig) -> OptimizerSettings:
+    """The optimizer settings of a TrainEngine (TorchEngine, DeepSpeedEngine) training an RM."""
+    return OptimizerSettings(
+        lr=cfg.lr, weight_decay=RM_WEIGHT_DECAY, max_grad_norm=RM_MAX_GRAD_NORM
+    )
 
 
 def _batch_loss(
@@ -275,7 +278,7 @@ def train_reward_model(
     _check_examples(model, examples, cfg.max_length)
     pad_id = model.tokenizer.pad_token_id
     if engine is None:
-        engine = TorchEngine(model, **rm_optimizer_settings(cfg))
+        engine = TorchEngine(model, rm_optimizer_settings(cfg))
     device = engine.device
     generator = torch.Generator().manual_seed(seed)
     steps_per_epoch = math.ceil(len(examples) / cfg.batch_size)

@@ -14,7 +14,6 @@ import math
 import sys
 from importlib.util import find_spec
 from pathlib import Path
-from typing import Any
 
 import pytest
 import torch
@@ -23,7 +22,7 @@ from transformers import AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM
 from grpo_core.algo.config import GRPOConfig
 from grpo_core.algo.update import grpo_update
 from grpo_core.data.policy_batch import PolicyBatch, build_policy_batch
-from grpo_core.engines.config import DeepSpeedConfig
+from grpo_core.engines.config import DeepSpeedConfig, OptimizerSettings
 from grpo_core.engines.train import TorchEngine
 
 needs_deepspeed = pytest.mark.skipif(
@@ -76,21 +75,11 @@ def seeded() -> torch.Generator:
     return torch.Generator().manual_seed(0)
 
 
-def optimizer_kwargs(cfg: GRPOConfig) -> dict[str, Any]:
-    return {
-        "lr": cfg.lr,
-        "weight_decay": cfg.weight_decay,
-        "betas": (cfg.adam_beta1, cfg.adam_beta2),
-        "max_grad_norm": cfg.max_grad_norm,
-        "warmup_steps": cfg.warmup_steps,
-    }
-
-
 def torch_update(
     cfg: GRPOConfig, batch: PolicyBatch, advantages: torch.Tensor, tied: bool = False
 ) -> tuple[LlamaForCausalLM, dict[str, float]]:
     model = tiny_llama(tied=tied)
-    engine = TorchEngine(model, **optimizer_kwargs(cfg))
+    engine = TorchEngine(model, cfg.optimizer_settings())
     metrics = grpo_update(engine, tiny_llama(1, tied), batch, advantages, cfg, generator=seeded())
     return model, metrics
 
@@ -122,7 +111,7 @@ def test_zero_in_process_matches_torch_engine(stage: int) -> None:
     cfg = CFG.model_copy(update={"micro_batch_size": 3})
     expected, torch_metrics = torch_update(cfg, batch, advantages)
     engine = DeepSpeedEngine(
-        tiny_llama(), **optimizer_kwargs(cfg), config=DeepSpeedConfig(zero_stage=stage)
+        tiny_llama(), cfg.optimizer_settings(), config=DeepSpeedConfig(zero_stage=stage)
     )
     ds_metrics = grpo_update(engine, tiny_llama(1), batch, advantages, cfg, generator=seeded())
     gap = max_param_gap(expected, engine.full_state_dict())
@@ -141,7 +130,7 @@ def test_state_dict_resumes_exactly_and_loads_weights_only() -> None:
     batch, advantages = ragged_batch(6)
     cfg = GRPOConfig(lr=1e-2, beta=0.0, warmup_steps=3)
     ds = DeepSpeedConfig(zero_stage=2)
-    first = DeepSpeedEngine(tiny_llama(), **optimizer_kwargs(cfg), config=ds)
+    first = DeepSpeedEngine(tiny_llama(), cfg.optimizer_settings(), config=ds)
     grpo_update(first, None, batch, advantages, cfg)
     buffer = io.BytesIO()
     torch.save(first.state_dict(), buffer)
@@ -149,7 +138,7 @@ def test_state_dict_resumes_exactly_and_loads_weights_only() -> None:
     state = torch.load(buffer, weights_only=True)
     resumed_model = tiny_llama(5)
     resumed_model.load_state_dict(first.full_state_dict())
-    resumed = DeepSpeedEngine(resumed_model, **optimizer_kwargs(cfg), config=ds)
+    resumed = DeepSpeedEngine(resumed_model, cfg.optimizer_settings(), config=ds)
     resumed.load_state_dict(state)
     assert resumed.current_lr() == pytest.approx(first.current_lr())
     grpo_update(first, None, batch, advantages, cfg, generator=seeded())
@@ -168,7 +157,7 @@ def test_optimizer_state_is_a_dict_in_fp32_zero2_and_a_checkpoint_under_zero3(
     cfg = GRPOConfig(lr=1e-2, beta=0.0, warmup_steps=3)
     for stage in (2, 3):
         ds = DeepSpeedConfig(zero_stage=stage)
-        first = DeepSpeedEngine(tiny_llama(), **optimizer_kwargs(cfg), config=ds)
+        first = DeepSpeedEngine(tiny_llama(), cfg.optimizer_settings(), config=ds)
         grpo_update(first, None, batch, advantages, cfg)
         directory = tmp_path / f"zero{stage}"
         state = first.save_optimizer_state(directory)
@@ -180,7 +169,7 @@ def test_optimizer_state_is_a_dict_in_fp32_zero2_and_a_checkpoint_under_zero3(
             state = torch.load(buffer, weights_only=True)
         resumed_model = tiny_llama(5)
         resumed_model.load_state_dict(first.full_state_dict())  # before the engine, as resumes do
-        resumed = DeepSpeedEngine(resumed_model, **optimizer_kwargs(cfg), config=ds)
+        resumed = DeepSpeedEngine(resumed_model, cfg.optimizer_settings(), config=ds)
         resumed.load_optimizer_state(directory, state)
         assert resumed.current_lr() == pytest.approx(first.current_lr())
         grpo_update(first, None, batch, advantages, cfg, generator=seeded())
@@ -194,7 +183,9 @@ def test_bf16_weights_are_saved_whole_in_fp32_with_tied_weights_one_tensor() -> 
     from grpo_core.engines.deepspeed_engine import DeepSpeedEngine
 
     engine = DeepSpeedEngine(
-        tiny_llama(tied=True), lr=1e-2, config=DeepSpeedConfig(zero_stage=2, bf16=True)
+        tiny_llama(tied=True),
+        OptimizerSettings(lr=1e-2),
+        config=DeepSpeedConfig(zero_stage=2, bf16=True),
     )
     weights = engine.full_state_dict()
     assert next(engine.engine.module.parameters()).dtype == torch.bfloat16
@@ -210,7 +201,9 @@ def test_non_finite_gradient_skips_the_step() -> None:
         model = tiny_llama()
         before = {n: p.detach().clone() for n, p in model.named_parameters()}
         engine = DeepSpeedEngine(
-            model, lr=0.1, warmup_steps=2, config=DeepSpeedConfig(zero_stage=stage)
+            model,
+            OptimizerSettings(lr=0.1, warmup_steps=2),
+            config=DeepSpeedConfig(zero_stage=stage),
         )
         batch, _ = ragged_batch(2)
         logp, _ = engine.forward_logprobs(batch, 1.0)

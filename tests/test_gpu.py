@@ -19,7 +19,7 @@ import torch
 from grpo_core.algo.update import grpo_update
 from grpo_core.engines.config import DeepSpeedConfig
 from grpo_core.engines.train import TorchEngine
-from tests.test_deepspeed_engine import CFG, optimizer_kwargs, ragged_batch, seeded, tiny_llama
+from tests.test_deepspeed_engine import CFG, ragged_batch, seeded, tiny_llama
 
 pytestmark = [
     pytest.mark.gpu,
@@ -37,7 +37,7 @@ def _update_on(device: torch.device) -> tuple[dict[str, torch.Tensor], dict[str,
     batch, advantages = ragged_batch(8)
     cfg = CFG.model_copy(update={"micro_batch_size": 3})
     model = tiny_llama().to(device)
-    engine = TorchEngine(model, **optimizer_kwargs(cfg))
+    engine = TorchEngine(model, cfg.optimizer_settings())
     metrics = grpo_update(
         engine,
         tiny_llama(1).to(device),
@@ -73,7 +73,7 @@ def _deepspeed_update(config: DeepSpeedConfig) -> tuple[dict[str, torch.Tensor],
 
     batch, advantages = ragged_batch(8)
     cfg = CFG.model_copy(update={"micro_batch_size": 3})
-    engine = DeepSpeedEngine(tiny_llama(), **optimizer_kwargs(cfg), config=config)
+    engine = DeepSpeedEngine(tiny_llama(), cfg.optimizer_settings(), config=config)
     assert engine.device.type == "cuda", engine.device
     ref = tiny_llama(1).to(engine.device)
     if config.bf16:

@@ -10,6 +10,7 @@ from grpo_core.algo.advantages import outcome_advantages, process_advantages
 from grpo_core.algo.config import GRPOConfig
 from grpo_core.algo.update import grpo_update
 from grpo_core.data.policy_batch import build_policy_batch
+from grpo_core.engines.config import OptimizerSettings
 from grpo_core.engines.train import TorchEngine
 
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("one_torch_thread")]
@@ -54,7 +55,7 @@ def run_grpo(
 ) -> tuple[LlamaForCausalLM, list[dict[str, float]]]:
     model = tiny_policy()
     ref = copy.deepcopy(model).eval()
-    engine = TorchEngine(model, lr=cfg.lr, max_grad_norm=cfg.max_grad_norm)
+    engine = TorchEngine(model, OptimizerSettings(lr=cfg.lr, max_grad_norm=cfg.max_grad_norm))
     gen = torch.Generator().manual_seed(0)
     history = []
     for _ in range(steps):

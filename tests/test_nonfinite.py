@@ -25,6 +25,7 @@ from grpo_core.algo.config import GRPOConfig
 from grpo_core.algo.numerics import NonFiniteError, require_finite, require_finite_metrics
 from grpo_core.algo.rewards import StepRewards, check_rewards
 from grpo_core.algo.update import grpo_update
+from grpo_core.engines.config import OptimizerSettings
 from grpo_core.engines.train import TorchEngine
 from storage.store import RunStore
 from tests.flow_helpers import micro_config
@@ -88,7 +89,13 @@ def test_a_nan_advantage_stops_the_update_before_any_weight_moves() -> None:
     model = tiny_llama()
     before = [p.detach().clone() for p in model.parameters()]
     with pytest.raises(NonFiniteError, match="GRPO loss is nan"):
-        grpo_update(TorchEngine(model, lr=1e-3), None, batch, advantages, GRPOConfig(beta=0.0))
+        grpo_update(
+            TorchEngine(model, OptimizerSettings(lr=1e-3)),
+            None,
+            batch,
+            advantages,
+            GRPOConfig(beta=0.0),
+        )
     assert all(torch.equal(a, b) for a, b in zip(before, model.parameters(), strict=True))
 
 

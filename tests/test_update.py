@@ -9,6 +9,7 @@ from transformers import LlamaConfig, LlamaForCausalLM
 from grpo_core.algo.config import GRPOConfig, LossAgg
 from grpo_core.algo.update import grpo_update, rank_micro_batches
 from grpo_core.data.policy_batch import PolicyBatch, build_policy_batch
+from grpo_core.engines.config import OptimizerSettings
 from grpo_core.engines.train import TorchEngine
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
@@ -35,7 +36,7 @@ class RecordingEngine(TorchEngine):
     """Records the accumulated gradient at each step instead of stepping."""
 
     def __init__(self, model: torch.nn.Module) -> None:
-        super().__init__(model, lr=1e-3)
+        super().__init__(model, OptimizerSettings(lr=1e-3))
         self.grads: list[list[torch.Tensor]] = []
 
     def step(self) -> float:
@@ -86,7 +87,7 @@ def test_micro_batches_give_the_full_batch_gradient(mode: LossAgg, mu: int) -> N
 
 def test_beta_zero_never_runs_the_reference_model() -> None:
     batch, advantages = ragged_batch()
-    engine = TorchEngine(tiny_llama(), lr=1e-3)
+    engine = TorchEngine(tiny_llama(), OptimizerSettings(lr=1e-3))
     metrics = grpo_update(engine, RaisingModel(), batch, advantages, GRPOConfig(beta=0.0))
     assert metrics["kl"] == 0.0
 
@@ -94,7 +95,13 @@ def test_beta_zero_never_runs_the_reference_model() -> None:
 def test_beta_positive_needs_a_reference_model() -> None:
     batch, advantages = ragged_batch()
     with pytest.raises(ValueError, match="reference model"):
-        grpo_update(TorchEngine(tiny_llama(), lr=1e-3), None, batch, advantages, GRPOConfig())
+        grpo_update(
+            TorchEngine(tiny_llama(), OptimizerSettings(lr=1e-3)),
+            None,
+            batch,
+            advantages,
+            GRPOConfig(),
+        )
 
 
 def count_forwards(model: torch.nn.Module) -> list[int]:
@@ -109,7 +116,9 @@ def test_pi_old_forward_only_when_mu_above_one(mu: int, expected: int) -> None:
     model = tiny_llama()
     calls = count_forwards(model)
     cfg = GRPOConfig(beta=0.0, mu=mu, micro_batch_size=4)
-    metrics = grpo_update(TorchEngine(model, lr=1e-3), None, batch, advantages, cfg)
+    metrics = grpo_update(
+        TorchEngine(model, OptimizerSettings(lr=1e-3)), None, batch, advantages, cfg
+    )
     assert calls[0] == expected
     assert metrics["optimizer_steps"] == mu
     if mu == 1:
@@ -121,15 +130,27 @@ def test_sampling_logprobs_used_as_pi_old_only_when_configured() -> None:
     advantages = batch.response_mask.clone()  # all positive
     model = tiny_llama()
     with torch.no_grad():
-        current = TorchEngine(model, lr=1e-3).forward_logprobs(batch, 1.0)[0]
+        current = TorchEngine(model, OptimizerSettings(lr=1e-3)).forward_logprobs(batch, 1.0)[0]
     sampling = (current - 1.0) * batch.response_mask  # ratio e on every token
     ignored = grpo_update(
-        TorchEngine(tiny_llama(), lr=1e-3), None, batch, advantages, GRPOConfig(beta=0.0), sampling
+        TorchEngine(tiny_llama(), OptimizerSettings(lr=1e-3)),
+        None,
+        batch,
+        advantages,
+        GRPOConfig(beta=0.0),
+        sampling,
     )
     assert ignored["ratio_max"] == pytest.approx(1.0)
     assert ignored["sampling_logprob_gap_max"] == pytest.approx(1.0, abs=1e-5)
     cfg = GRPOConfig(beta=0.0, use_sampling_logprobs_as_old=True)
-    used = grpo_update(TorchEngine(tiny_llama(), lr=1e-3), None, batch, advantages, cfg, sampling)
+    used = grpo_update(
+        TorchEngine(tiny_llama(), OptimizerSettings(lr=1e-3)),
+        None,
+        batch,
+        advantages,
+        cfg,
+        sampling,
+    )
     assert used["clip_frac_high"] == pytest.approx(1.0)
 
 
@@ -158,7 +179,11 @@ def test_update_changes_the_policy_and_reports_metrics() -> None:
     model = tiny_llama()
     before = [p.detach().clone() for p in model.parameters()]
     metrics = grpo_update(
-        TorchEngine(model, lr=1e-2), tiny_llama(1), batch, advantages, GRPOConfig()
+        TorchEngine(model, OptimizerSettings(lr=1e-2)),
+        tiny_llama(1),
+        batch,
+        advantages,
+        GRPOConfig(),
     )
     assert any(not torch.equal(a, b) for a, b in zip(before, model.parameters(), strict=True))
     for key in (

@@ -8,6 +8,7 @@ import torch
 from pydantic import ValidationError
 
 from grpo_core.algo.config import GRPO_PRESETS, GRPOConfig
+from grpo_core.engines.config import OptimizerSettings
 from grpo_core.engines.train import TorchEngine, lr_multiplier
 
 
@@ -17,12 +18,12 @@ def test_warmup_then_constant_or_cosine() -> None:
     assert lr_multiplier(9, 4, "cosine", 14) == pytest.approx(0.5)
     assert lr_multiplier(14, 4, "cosine", 14) == pytest.approx(0.0)
     with pytest.raises(ValueError, match="total_steps"):
-        TorchEngine(torch.nn.Linear(2, 2), lr=1.0, lr_schedule="cosine")
+        TorchEngine(torch.nn.Linear(2, 2), OptimizerSettings(lr=1.0, lr_schedule="cosine"))
 
 
 def test_engine_clips_steps_and_restores_state() -> None:
     model = torch.nn.Linear(3, 1, bias=False)
-    engine = TorchEngine(model, lr=0.1, max_grad_norm=0.5, warmup_steps=2)
+    engine = TorchEngine(model, OptimizerSettings(lr=0.1, max_grad_norm=0.5, warmup_steps=2))
     assert engine.current_lr() == pytest.approx(0.05)
     engine.backward((model(torch.ones(1, 3)) * 100).sum())
     norm = engine.step()
@@ -30,7 +31,9 @@ def test_engine_clips_steps_and_restores_state() -> None:
     assert engine.current_lr() == pytest.approx(0.1)
     assert all(p.grad is None for p in model.parameters())
     state = engine.state_dict()
-    other = TorchEngine(torch.nn.Linear(3, 1, bias=False), lr=0.1, warmup_steps=2)
+    other = TorchEngine(
+        torch.nn.Linear(3, 1, bias=False), OptimizerSettings(lr=0.1, warmup_steps=2)
+    )
     other.load_state_dict(state)
     assert other.current_lr() == pytest.approx(0.1)
 
@@ -39,12 +42,14 @@ def test_engine_resumes_from_the_state_it_returns_and_saves_the_model_itself(
     tmp_path: Path,
 ) -> None:
     model = torch.nn.Linear(3, 1, bias=False)
-    engine = TorchEngine(model, lr=0.1, warmup_steps=2)
+    engine = TorchEngine(model, OptimizerSettings(lr=0.1, warmup_steps=2))
     engine.backward(model(torch.ones(1, 3)).sum())
     engine.step()
     state = engine.save_optimizer_state(tmp_path)
     assert state is not None and list(tmp_path.iterdir()) == []  # a dict, no files
-    other = TorchEngine(torch.nn.Linear(3, 1, bias=False), lr=0.1, warmup_steps=2)
+    other = TorchEngine(
+        torch.nn.Linear(3, 1, bias=False), OptimizerSettings(lr=0.1, warmup_steps=2)
+    )
     other.load_optimizer_state(tmp_path, state)
     assert other.current_lr() == pytest.approx(0.1)
     with pytest.raises(ValueError, match="no optimizer state"):
@@ -57,7 +62,7 @@ def test_engine_resumes_from_the_state_it_returns_and_saves_the_model_itself(
 def test_engine_skips_a_non_finite_step() -> None:
     model = torch.nn.Linear(2, 1, bias=False)
     before = model.weight.detach().clone()
-    engine = TorchEngine(model, lr=0.1)
+    engine = TorchEngine(model, OptimizerSettings(lr=0.1))
     engine.backward((model(torch.ones(1, 2)) * float("inf")).sum())
     assert not math.isfinite(engine.step())
     assert torch.equal(model.weight, before)

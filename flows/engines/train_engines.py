@@ -3,52 +3,33 @@ with the optimizer settings of the GRPO stage or of the reward models."""
 
 from __future__ import annotations
 
-from typing import Any, Literal
-
 from torch import nn
 
 from flows.config import ItergrpoConfig
 from flows.engines.availability import require_deepspeed
 from flows.stage_io import set_deepspeed_accelerator
+from grpo_core.engines.config import OptimizerSettings
 from grpo_core.engines.train import TorchEngine, TrainEngine
 from reward_models.models import RewardModel
 from reward_models.training import rm_optimizer_settings
 
 
 def build_train_engine(
-    cfg: ItergrpoConfig,
-    model: nn.Module,
-    *,
-    lr: float,
-    weight_decay: float = 0.0,
-    betas: tuple[float, float] = (0.9, 0.999),
-    max_grad_norm: float = 1.0,
-    warmup_steps: int = 0,
-    lr_schedule: Literal["constant", "cosine"] = "constant",
-    total_steps: int | None = None,
+    cfg: ItergrpoConfig, model: nn.Module, optim: OptimizerSettings
 ) -> TrainEngine:
     """engines.train on `model`: TorchEngine, or DeepSpeedEngine in this process.
 
     DeepSpeed here always runs one process; the launcher path (several processes) is
     build_policy_updater's, for the GRPO update only.
     """
-    kwargs: dict[str, Any] = {
-        "lr": lr,
-        "weight_decay": weight_decay,
-        "betas": betas,
-        "max_grad_norm": max_grad_norm,
-        "warmup_steps": warmup_steps,
-        "lr_schedule": lr_schedule,
-        "total_steps": total_steps,
-    }
     if cfg.engines.train == "torch":
-        return TorchEngine(model, **kwargs)
+        return TorchEngine(model, optim)
     require_deepspeed()
     set_deepspeed_accelerator(cfg)
     from grpo_core.engines.deepspeed_engine import DeepSpeedEngine
 
     ds = cfg.engines.deepspeed.model_copy(update={"processes_per_node": 1, "hostfile": None})
-    return DeepSpeedEngine(model, **kwargs, config=ds)
+    return DeepSpeedEngine(model, optim, config=ds)
 
 
 def grpo_total_steps(cfg: ItergrpoConfig) -> int:
@@ -59,18 +40,7 @@ def grpo_total_steps(cfg: ItergrpoConfig) -> int:
 
 def build_policy_engine(cfg: ItergrpoConfig, model: nn.Module) -> TrainEngine:
     """The GRPO stage's in-process engine, with the optimizer settings of grpo.algo."""
-    algo = cfg.grpo.algo
-    return build_train_engine(
-        cfg,
-        model,
-        lr=algo.lr,
-        weight_decay=algo.weight_decay,
-        betas=(algo.adam_beta1, algo.adam_beta2),
-        max_grad_norm=algo.max_grad_norm,
-        warmup_steps=algo.warmup_steps,
-        lr_schedule=algo.lr_schedule,
-        total_steps=grpo_total_steps(cfg),
-    )
+    return build_train_engine(cfg, model, cfg.grpo.algo.optimizer_settings(grpo_total_steps(cfg)))
 
 
 def build_rm_engine(cfg: ItergrpoConfig, model: RewardModel) -> TrainEngine:
@@ -79,4 +49,4 @@ def build_rm_engine(cfg: ItergrpoConfig, model: RewardModel) -> TrainEngine:
     With several DeepSpeed processes configured, reward models still train in the stage's
     process (one DeepSpeed process, the configured ZeRO stage and bf16).
     """
-    return build_train_engine(cfg, model, **rm_optimizer_settings(cfg.reward_models))
+    return build_train_engine(cfg, model, rm_optimizer_settings(cfg.reward_models))

@@ -6,10 +6,11 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from grpo_core.engines.config import LRSchedule, OptimizerSettings
+
 KLEstimator = Literal["k1", "k2", "k3"]
 LossAgg = Literal["seq-mean-token-mean", "token-mean", "seq-mean-token-sum-norm"]
 AdvEstimatorName = Literal["grpo_outcome", "grpo_process", "dr_grpo", "rft", "online_rft", "sft"]
-LRSchedule = Literal["constant", "cosine"]
 
 
 class GRPOConfig(BaseModel):
@@ -142,6 +143,18 @@ class GRPOConfig(BaseModel):
                 "(supervision: process -> grpo_process; adv_scaling: none -> dr_grpo)"
             )
         return data
+
+    def optimizer_settings(self, total_steps: int | None = None) -> OptimizerSettings:
+        """The policy engine's optimizer settings; total_steps: optimizer steps of a stage."""
+        return OptimizerSettings(
+            lr=self.lr,
+            weight_decay=self.weight_decay,
+            betas=(self.adam_beta1, self.adam_beta2),
+            max_grad_norm=self.max_grad_norm,
+            warmup_steps=self.warmup_steps,
+            lr_schedule=self.lr_schedule,
+            total_steps=total_steps,
+        )
 
     @property
     def process_supervision(self) -> bool:

@@ -23,8 +23,8 @@ from torch import Tensor, nn
 
 from grpo_core.algo.config import merge_trees
 from grpo_core.data.policy_batch import PolicyBatch
-from grpo_core.engines.config import DeepSpeedConfig
-from grpo_core.engines.train import build_adamw, build_lr_schedule, lr_multiplier
+from grpo_core.engines.config import DeepSpeedConfig, OptimizerSettings
+from grpo_core.engines.train import build_adamw, build_lr_schedule, check_schedule
 from grpo_core.model.forward import sequence_logprobs, sequence_logprobs_and_entropy
 
 # DeepSpeed's shared-memory all-reduce op serves DeepSpeed inference only; on a CPU machine
@@ -109,40 +109,31 @@ class DeepSpeedEngine:
     """
 
     def __init__(
-        self,
-        model: nn.Module,
-        lr: float,
-        weight_decay: float = 0.0,
-        betas: tuple[float, float] = (0.9, 0.999),
-        max_grad_norm: float = 1.0,
-        warmup_steps: int = 0,
-        lr_schedule: Literal["constant", "cosine"] = "constant",
-        total_steps: int | None = None,
-        config: DeepSpeedConfig | None = None,
+        self, model: nn.Module, optim: OptimizerSettings, config: DeepSpeedConfig | None = None
     ) -> None:
-        lr_multiplier(warmup_steps, warmup_steps, lr_schedule, total_steps)  # validate early
+        check_schedule(optim)
         self.config = config or DeepSpeedConfig()
         self._deepspeed = import_deepspeed()
         params = [p for p in model.parameters() if p.requires_grad]
         self._clips_itself = self.config.zero_stage == 0 and not self.config.bf16
         if self._clips_itself:
             optimizer: torch.optim.AdamW = _ClippingAdamW(
-                params, max_grad_norm, lr=lr, betas=betas, weight_decay=weight_decay
+                params,
+                optim.max_grad_norm,
+                lr=optim.lr,
+                betas=optim.betas,
+                weight_decay=optim.weight_decay,
             )
         else:
-            optimizer = build_adamw(params, lr, weight_decay, betas)
-        ds_config = deepspeed_config_dict(self.config, 0.0 if self._clips_itself else max_grad_norm)
+            optimizer = build_adamw(params, optim)
+        clip = 0.0 if self._clips_itself else optim.max_grad_norm
+        ds_config = deepspeed_config_dict(self.config, clip)
         self._adamw = optimizer
         set_single_process_env()
         self.engine, *_ = self._deepspeed.initialize(
             model=model,
             optimizer=optimizer,
-            lr_scheduler=partial(
-                build_lr_schedule,
-                warmup_steps=warmup_steps,
-                lr_schedule=lr_schedule,
-                total_steps=total_steps,
-            ),
+            lr_scheduler=partial(build_lr_schedule, optim=optim),
             config=ds_config,
         )
         self.model: nn.Module = self.engine

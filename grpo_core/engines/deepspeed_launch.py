@@ -160,17 +160,7 @@ def main(argv: list[str] | None = None) -> None:
     g, dtype = job.grpo, torch.bfloat16 if job.deepspeed.bf16 else torch.float32
     torch.manual_seed(job.seed)
     model = AutoModelForCausalLM.from_pretrained(job.policy_dir, dtype=torch.float32)
-    engine = DeepSpeedEngine(
-        model,
-        lr=g.lr,
-        weight_decay=g.weight_decay,
-        betas=(g.adam_beta1, g.adam_beta2),
-        max_grad_norm=g.max_grad_norm,
-        warmup_steps=g.warmup_steps,
-        lr_schedule=g.lr_schedule,
-        total_steps=job.total_steps,
-        config=job.deepspeed,
-    )
+    engine = DeepSpeedEngine(model, g.optimizer_settings(job.total_steps), job.deepspeed)
     if job.resume_from is not None:
         engine.load_checkpoint(Path(job.resume_from))
     reference: torch.nn.Module | None = None

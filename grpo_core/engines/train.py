@@ -10,6 +10,7 @@ import torch
 from torch import Tensor, nn
 
 from grpo_core.data.policy_batch import PolicyBatch
+from grpo_core.engines.config import LRSchedule, OptimizerSettings
 from grpo_core.model.forward import sequence_logprobs, sequence_logprobs_and_entropy
 
 
@@ -84,7 +85,7 @@ class TrainEngine(Protocol):
 
 
 def lr_multiplier(
-    step: int, warmup_steps: int, schedule: Literal["constant", "cosine"], total_steps: int | None
+    step: int, warmup_steps: int, schedule: LRSchedule, total_steps: int | None
 ) -> float:
     """LR factor: linear warm-up to 1 over warmup_steps, then constant or cosine to 0."""
     if step < warmup_steps:
@@ -100,22 +101,25 @@ def lr_multiplier(
     return 0.5 * (1.0 + math.cos(math.pi * progress))
 
 
-def build_adamw(
-    params: list[nn.Parameter], lr: float, weight_decay: float, betas: tuple[float, float]
-) -> torch.optim.AdamW:
+def check_schedule(optim: OptimizerSettings) -> None:
+    """Refuse a schedule lr_multiplier cannot follow, when the engine is built."""
+    lr_multiplier(optim.warmup_steps, optim.warmup_steps, optim.lr_schedule, optim.total_steps)
+
+
+def build_adamw(params: list[nn.Parameter], optim: OptimizerSettings) -> torch.optim.AdamW:
     """The AdamW every engine steps with (DeepSpeed gets this same optimizer object)."""
-    return torch.optim.AdamW(params, lr=lr, betas=betas, weight_decay=weight_decay)
+    return torch.optim.AdamW(
+        params, lr=optim.lr, betas=optim.betas, weight_decay=optim.weight_decay
+    )
 
 
 def build_lr_schedule(
-    optimizer: torch.optim.Optimizer,
-    warmup_steps: int,
-    lr_schedule: Literal["constant", "cosine"],
-    total_steps: int | None,
+    optimizer: torch.optim.Optimizer, optim: OptimizerSettings
 ) -> torch.optim.lr_scheduler.LambdaLR:
     """lr_multiplier as a torch scheduler on `optimizer`, stepped once per optimizer step."""
     return torch.optim.lr_scheduler.LambdaLR(
-        optimizer, lambda step: lr_multiplier(step, warmup_steps, lr_schedule, total_steps)
+        optimizer,
+        lambda step: lr_multiplier(step, optim.warmup_steps, optim.lr_schedule, optim.total_steps),
     )
 
 
@@ -125,23 +129,13 @@ class TorchEngine:
     data_parallel_size = 1
     data_parallel_rank = 0
 
-    def __init__(
-        self,
-        model: nn.Module,
-        lr: float,
-        weight_decay: float = 0.0,
-        betas: tuple[float, float] = (0.9, 0.999),
-        max_grad_norm: float = 1.0,
-        warmup_steps: int = 0,
-        lr_schedule: Literal["constant", "cosine"] = "constant",
-        total_steps: int | None = None,
-    ) -> None:
-        lr_multiplier(warmup_steps, warmup_steps, lr_schedule, total_steps)  # validate early
+    def __init__(self, model: nn.Module, optim: OptimizerSettings) -> None:
+        check_schedule(optim)
         self.model = model
-        self.max_grad_norm = max_grad_norm
+        self.max_grad_norm = optim.max_grad_norm
         self.params = [p for p in model.parameters() if p.requires_grad]
-        self.optimizer = build_adamw(self.params, lr, weight_decay, betas)
-        self.scheduler = build_lr_schedule(self.optimizer, warmup_steps, lr_schedule, total_steps)
+        self.optimizer = build_adamw(self.params, optim)
+        self.scheduler = build_lr_schedule(self.optimizer, optim)
 
     def forward_logprobs(
         self, batch: PolicyBatch, temperature: float, with_entropy: bool = False
