@@ -18,8 +18,7 @@ import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from flows.config import ItergrpoConfig
-from flows.engines.ray_shards import sharded_engine
-from flows.engines.sampling import build_rollout_engine
+from flows.engines.sampling import stage_sampler
 from flows.engines.train_engines import build_rm_engine
 from flows.model_io import policy_at, save_reward_model
 from flows.names import EVAL_SPLIT, ORM, POLICY, PRM, TRAIN_RM, TRAIN_SPLIT
@@ -213,9 +212,8 @@ def _fresh_outputs(
     seed = derive_seed(cfg.run.seed, purpose, k)
     problems = task.problems(split, rm_cfg.eval_prompts, seed=cfg.run.seed)
     prompts = [format_prompt(tokenizer, p.question) for p in problems]
-    engine = sharded_engine(
-        cfg, run.run_id, k, model, cfg.rollout.batch_size, purpose
-    ) or build_rollout_engine(cfg, run, k, "evaluate", model, tokenizer, cfg.rollout.batch_size)
+    batch_size = cfg.rollout.batch_size
+    engine = stage_sampler(cfg, run, k, "evaluate", model, tokenizer, batch_size, purpose)
     params = SamplingParams(max_new_tokens=g.max_new_tokens, temperature=g.algo.temperature)
     return problems, prompts, engine.generate(prompts, rm_cfg.eval_samples, params, seed=seed)
 

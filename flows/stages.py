@@ -17,8 +17,7 @@ import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from flows.config import ItergrpoConfig
-from flows.engines.ray_shards import sharded_engine
-from flows.engines.sampling import build_rollout_engine
+from flows.engines.sampling import stage_sampler
 from flows.grpo_stage import grpo_stage
 from flows.model_io import policy_at, save_model, to_device
 from flows.names import EVAL_SPLIT, EVALUATE, LABEL, POLICY, ROLLOUT, TRAIN_SPLIT, WARM_START
@@ -62,9 +61,7 @@ def _evaluate(
     by the train_rm stage, see flows/rm_stage.py)."""
     problems = task.problems(EVAL_SPLIT, cfg.evaluation.n_prompts, seed=cfg.run.seed)
     # With cluster.ray_address: Ray shards that load policy_{policy_iteration} from the store.
-    engine = sharded_engine(
-        cfg, run.run_id, policy_iteration, model, cfg.rollout.batch_size, EVALUATE
-    ) or build_rollout_engine(
+    engine = stage_sampler(
         cfg, run, policy_iteration, "evaluate", model, tokenizer, cfg.rollout.batch_size
     )
     metrics = evaluate_policy(
@@ -115,11 +112,7 @@ def rollout_stage(
         temperature=cfg.rollout.temperature,
         top_p=cfg.rollout.top_p,
     )
-    engine = sharded_engine(
-        cfg, run.run_id, iteration, model, cfg.rollout.batch_size, ROLLOUT
-    ) or build_rollout_engine(
-        cfg, run, iteration, "rollout", model, tokenizer, cfg.rollout.batch_size
-    )
+    engine = stage_sampler(cfg, run, iteration, "rollout", model, tokenizer, cfg.rollout.batch_size)
     batch = engine.generate(prompts, cfg.rollout.group_size, params, seed=seed)
     progress(0.9, f"writing {len(batch)} rollouts")
     # Relative to the store root, so a moved or copied store still resolves it.
@@ -176,9 +169,7 @@ def label_stage(
         progress(
             0.1, f"Math-Shepherd labelling of {len(samples[: cfg.labelling.prm_outputs])} outputs"
         )
-        engine = sharded_engine(
-            cfg, run.run_id, iteration, model, cfg.labelling.batch_size, LABEL
-        ) or build_rollout_engine(
+        engine = stage_sampler(
             cfg, run, iteration, "label", model, tokenizer, cfg.labelling.batch_size
         )
         prm_rows = prm_labels_monte_carlo(

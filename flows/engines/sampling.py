@@ -19,6 +19,7 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from flows.config import ItergrpoConfig
 from flows.engines.availability import vllm_python_path
+from flows.engines.ray_shards import sharded_engine
 from flows.model_io import save_model
 from flows.names import POLICY
 from flows.progress import log
@@ -168,6 +169,26 @@ def build_rollout_engine(
     prefix_caching = True if purpose == "label" else cfg.engines.vllm.prefix_caching
     engine: RolloutEngine = VLLM_WORKER.engine(cfg, run, checkpoint_dir, prefix_caching)
     return engine
+
+
+def stage_sampler(
+    cfg: ItergrpoConfig,
+    run: RunWriter,
+    policy_iteration: int,
+    purpose: Purpose,
+    model: PreTrainedModel,
+    tokenizer: PreTrainedTokenizerBase,
+    batch_size: int,
+    shard_label: str | None = None,
+) -> RolloutEngine:
+    """What a stage samples policy_{policy_iteration} with: Ray shards when
+    cluster.ray_address is set (labelled `shard_label`, default `purpose`), else the
+    in-process engine of build_rollout_engine."""
+    label = shard_label or purpose
+    sharded = sharded_engine(cfg, run.run_id, policy_iteration, model, batch_size, label)
+    return sharded or build_rollout_engine(
+        cfg, run, policy_iteration, purpose, model, tokenizer, batch_size
+    )
 
 
 class GRPOSampler:
