@@ -66,9 +66,9 @@ class VLLMRolloutEngine:
     """`RolloutEngine` backed by vLLM (prefix caching on) in a worker process.
 
     Costs: the worker starts once per engine (about 20-60 s on 2 CPU cores: importing vLLM,
-    loading, warming up) and then serves every `generate` call; `reload` swaps in new weights
-    without a restart. Reloading before every GRPO step costs one `save_pretrained` of the
-    policy plus one read of its weights per step (see `reload`), never an engine start.
+    loading, warming up) and then serves every `generate` call; `reload` (from a checkpoint)
+    and `update_weights` (tensors over a process group, no disk) swap in new weights without
+    a restart: per GRPO step, one in-place load of the policy, never an engine start.
 
     checkpoint_dir: HF `save_pretrained` directory of the policy (weights and tokenizer).
     dtype: vLLM's dtype; "float32" matches the HF engine on CPU, "auto" lets vLLM choose
