@@ -176,8 +176,22 @@ class VLLMSection(_Section):
     in_grpo: bool = Field(
         True,
         description="Also sample the GRPO stage's outputs with vLLM: before each step the "
-        "policy is saved and reloaded into the worker (cost: see README). false: the GRPO "
-        "stage samples with the HF engine from the policy in memory.",
+        "updated policy goes to the worker (engines.vllm.weight_sync; cost: see README). "
+        "false: the GRPO stage samples with the HF engine from the policy in memory.",
+    )
+    weight_sync: Literal["memory", "disk"] = Field(
+        "memory",
+        description="How the GRPO stage gives the worker each updated policy: memory (the "
+        "tensors broadcast over a trainer-worker process group, gloo on CPU and NCCL on GPU, "
+        "into vLLM's weight loader; no disk) or disk (save a scratch checkpoint, the worker "
+        "reloads it). Both give the same weights; see the README for their cost.",
+    )
+    sync_timeout_s: float = Field(
+        120.0,
+        gt=0.0,
+        le=3600.0,
+        description="Seconds the trainer and the worker wait for each other when they set up "
+        "the weight-sync process group and per transfer (more than 0, at most 3600).",
     )
     prefix_caching: bool = Field(
         True,

@@ -296,10 +296,11 @@ VLLM_SETS = (
 
 @needs_vllm
 @pytest.mark.slow
+@pytest.mark.parametrize("weight_sync", ["memory", "disk"])
 def test_micro_run_with_vllm_samples_every_stage_from_one_worker(
-    tmp_path: Path, caplog: pytest.LogCaptureFixture
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, weight_sync: str
 ) -> None:
-    cfg = micro_config(tmp_path, "vl", *VLLM_SETS)
+    cfg = micro_config(tmp_path, "vl", *VLLM_SETS, f"engines.vllm.weight_sync={weight_sync}")
     reloads_before = len(VLLM_WORKER.reload_seconds)
     with caplog.at_level("INFO", logger="itergrpo"):
         execute_run(cfg)
@@ -309,9 +310,12 @@ def test_micro_run_with_vllm_samples_every_stage_from_one_worker(
     syncs = [m for m in messages if m.startswith("vLLM weight sync")]
     # GRPO steps 1.. of each iteration sample from the policy updated by the step before.
     assert len(syncs) == cfg.run.iterations * (cfg.grpo.steps - 1)
-    # + evaluate of policy_1 and policy_2 (rollout/label reuse what is loaded).
+    # Checkpoint reloads: the evaluation of policy_1 and policy_2 (rollout/label reuse
+    # policy_k), plus one per GRPO sync on disk; in memory a sync reloads nothing.
+    in_memory = weight_sync == "memory"
+    assert all(s.startswith("vLLM weight sync in memory") == in_memory for s in syncs)
     reloads = len(VLLM_WORKER.reload_seconds) - reloads_before
-    assert reloads == len(syncs) + cfg.run.iterations
+    assert reloads == cfg.run.iterations + (0 if in_memory else len(syncs))
     print("vLLM GRPO weight syncs:", "; ".join(s.split(": ", 1)[1] for s in syncs))
     assert VLLM_WORKER._engine is None  # closed at the end of the run
     assert not checkpoint_path(tmp_path, "vl", VLLM_SYNC, 0).exists()

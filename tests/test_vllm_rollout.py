@@ -188,3 +188,44 @@ def test_worker_runs_one_request_file_by_path(
     rows = pq.read_table(request["output"]).to_pylist()
     assert [(r["prompt_index"], r["sample_index"]) for r in rows[:3]] == [(0, 0), (0, 1), (1, 0)]
     assert all(len(r["logprobs"]) == len(r["token_ids"]) for r in rows)
+
+
+def test_in_memory_sync_equals_a_fresh_load(
+    engine: VLLMRolloutEngine, checkpoints: tuple[Path, Path]
+) -> None:
+    model_b, tok = load_policy(checkpoints[1])
+    greedy = SamplingParams(24, 0.0)
+    runs = [(1, greedy), (3, SamplingParams(24, 1.0))]  # (samples per prompt, params)
+    before = engine.generate(prompts(tok), 1, greedy, seed=0)
+    try:
+        sent = engine.update_weights(dict(model_b.state_dict()), timeout_s=60)
+        memory = [engine.generate(prompts(tok), n, p, seed=1) for n, p in runs]
+        assert_greedy_identical(engine, checkpoints[1])  # and equal to HF on policy b
+        engine.reload(checkpoints[1])  # a fresh load of the same weights, from disk
+        disk = [engine.generate(prompts(tok), n, p, seed=1) for n, p in runs]
+    finally:
+        engine.reload(checkpoints[0])
+    assert sent == sum(t.numel() * 4 for t in model_b.state_dict().values())
+    assert memory[0].completion_ids != before.completion_ids  # the sync changed the policy
+    for got, want in zip(memory, disk, strict=True):
+        assert got.completion_ids == want.completion_ids
+        assert got.logprobs == want.logprobs  # same weights, same kernels: bit-identical
+    engine.update_weights(dict(load_policy(checkpoints[0])[0].state_dict()))  # group reused
+    assert engine.generate(prompts(tok), 1, greedy, seed=0).completion_ids == before.completion_ids
+    engine.reload(checkpoints[0])
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_in_memory_sync_over_nccl_equals_a_fresh_load(checkpoints: tuple[Path, Path]) -> None:
+    """CUDA tensors take the NCCL group (its own worker: a group's backend is set once)."""
+    model_b, tok = load_policy(checkpoints[1])
+    weights = {n: t.cuda() for n, t in model_b.state_dict().items()}
+    params = SamplingParams(24, 0.0)
+    with VLLMRolloutEngine(checkpoints[0], dtype="float32", llm_kwargs=LLM_KWARGS) as gpu_engine:
+        gpu_engine.update_weights(weights, timeout_s=120)
+        memory = gpu_engine.generate(prompts(tok), 1, params, seed=0)
+        gpu_engine.reload(checkpoints[1])
+        disk = gpu_engine.generate(prompts(tok), 1, params, seed=0)
+    assert memory.completion_ids == disk.completion_ids
+    assert memory.logprobs == disk.logprobs

@@ -1,7 +1,7 @@
 """Sampling engines from `engines.rollout`: HFRolloutEngine on the model in memory, or the
 run's vLLM worker (one per process, started at the first vLLM stage) loaded with the stage's
-policy checkpoint; and the GRPO stage's sampler, which with vLLM saves the policy and reloads
-it into the worker before each step that follows an update."""
+policy checkpoint; and the GRPO stage's sampler, which with vLLM gives the worker the updated
+policy before each step that follows an update (in memory, or through a scratch checkpoint)."""
 
 from __future__ import annotations
 
@@ -117,6 +117,23 @@ class SharedVLLMWorker:
                 raise RuntimeError("no vLLM worker is running: call engine() first")
             return self._reload(checkpoint_dir)
 
+    def running(self) -> Any:
+        """The running worker's engine, whatever weights it holds."""
+        if self._engine is None:
+            raise RuntimeError("no vLLM worker is running: call engine() first")
+        return self._engine
+
+    def push(self, weights: dict[str, Tensor], timeout_s: float) -> tuple[float, int]:
+        """Send weights to the running worker in memory; (seconds, bytes). The worker then
+        holds no checkpoint's weights, so the next engine() call reloads from disk."""
+        with self._lock:
+            if self._engine is None:
+                raise RuntimeError("no vLLM worker is running: call engine() first")
+            start = time.perf_counter()
+            sent = int(self._engine.update_weights(weights, timeout_s))
+            self._loaded = ("memory", 0, time.monotonic_ns())
+            return time.perf_counter() - start, sent
+
     def _reload(self, checkpoint_dir: Path) -> float:
         seconds = float(self._engine.reload(checkpoint_dir))
         self._loaded = _dir_identity(checkpoint_dir)
@@ -194,8 +211,9 @@ def stage_sampler(
 class GRPOSampler:
     """The GRPO stage's sampler. HF samples from the policy in memory. vLLM (engines.rollout =
     vllm and engines.vllm.in_grpo) uses the shared worker, loaded with policy_k; before each
-    step that follows a change of the weights, the policy is saved to a scratch checkpoint
-    and reloaded into the worker (the per-step cost documented in the README)."""
+    step that follows a change of the weights the worker gets the policy: broadcast over a
+    process group (engines.vllm.weight_sync = memory), or saved to a scratch checkpoint that
+    the worker reloads (disk). The per-step cost of both is in the README."""
 
     def __init__(
         self,
@@ -208,15 +226,17 @@ class GRPOSampler:
     ) -> None:
         self.cfg, self.run, self.iteration = cfg, run, iteration
         self.model, self.tokenizer = model, tokenizer
-        self.weights = weights  # the policy's weights to save (None: the model's own)
+        self.weights = weights  # the policy's weights to send (None: the model's own)
         self.uses_vllm = cfg.engines.rollout == "vllm" and cfg.engines.vllm.in_grpo
         self.hf = HFRolloutEngine(
             model, tokenizer, batch_size=cfg.rollout.batch_size, show_progress=False
         )
         self.current_dir = ckpt(cfg, run.run_id, POLICY, iteration)  # holds the model's weights
-        self.stale = False  # the model's weights changed since current_dir was written
+        self.stale = False  # the model's weights changed since the worker got them
         self.sync_dir = ckpt(cfg, run.run_id, VLLM_SYNC, iteration)
-        self.sync_seconds: list[tuple[float, float]] = []  # (save, reload) per sync
+        self.sync_seconds: list[tuple[float, float]] = []  # (save, load) per sync; memory: (0, s)
+        self.sync_bytes: list[int] = []  # bytes sent per in-memory sync
+        self.pushed = False  # the worker holds weights sent in memory by this sampler
 
     def weights_changed(self) -> None:
         """The policy in memory was updated (or resumed): resync vLLM before sampling."""
@@ -227,17 +247,34 @@ class GRPOSampler:
     ) -> RolloutBatch:
         if not self.uses_vllm:
             return self.hf.generate(prompts, n, params, seed=seed)
+        v = self.cfg.engines.vllm
+        if v.weight_sync == "memory" and self.stale:
+            if not self.pushed:  # the worker runs (started or reloaded with policy_k)
+                VLLM_WORKER.engine(self.cfg, self.run, self.current_dir, v.prefix_caching)
+            state = self.weights() or dict(self.model.state_dict())
+            seconds, sent = VLLM_WORKER.push(state, v.sync_timeout_s)
+            self.pushed, self.stale = True, False
+            self.sync_seconds.append((0.0, seconds))
+            self.sync_bytes.append(sent)
+            log.info("vLLM weight sync in memory: %.3f s, %.1f MB", seconds, sent / 1e6)
+        if self.pushed:
+            return self._sample(VLLM_WORKER.running(), prompts, n, params, seed)
         start, synced = time.perf_counter(), self.stale
-        if synced:  # the worker loads checkpoints: write the current policy for it
+        if synced:  # disk: write the current policy for the worker to reload
             save_model(self.sync_dir, self.model, self.tokenizer, self.weights())
             self.current_dir, self.stale = self.sync_dir, False
         saved = time.perf_counter()
-        prefix_caching = self.cfg.engines.vllm.prefix_caching
-        engine = VLLM_WORKER.engine(self.cfg, self.run, self.current_dir, prefix_caching)
+        engine = VLLM_WORKER.engine(self.cfg, self.run, self.current_dir, v.prefix_caching)
         if synced:
             done = time.perf_counter()
             self.sync_seconds.append((saved - start, done - saved))
             log.info("vLLM weight sync: save %.3f s + reload %.3f s", saved - start, done - saved)
+        return self._sample(engine, prompts, n, params, seed)
+
+    @staticmethod
+    def _sample(
+        engine: Any, prompts: list[str], n: int, params: SamplingParams, seed: int
+    ) -> RolloutBatch:
         batch: RolloutBatch = engine.generate(prompts, n, params, seed=seed)
         return batch
 

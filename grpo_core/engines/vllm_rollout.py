@@ -14,13 +14,21 @@ import os
 import subprocess
 import tempfile
 import weakref
+from collections.abc import Callable
 from pathlib import Path
 from typing import IO, Any
 
+from torch import Tensor
 from transformers import AutoConfig, AutoTokenizer, GenerationConfig
 
 from grpo_core.engines.hf_rollout import completion_texts, stop_token_ids
 from grpo_core.engines.rollout_types import FinishReason, RolloutBatch, SamplingParams
+from grpo_core.engines.weight_sync import (
+    WeightSender,
+    backend_for,
+    manifest,
+    unique_tensors,
+)
 from grpo_core.model.policy import encode_prompt, ensure_pad_token
 
 WORKER_SCRIPT = Path(__file__).with_name("vllm_worker.py")
@@ -58,9 +66,9 @@ class VLLMRolloutEngine:
     """`RolloutEngine` backed by vLLM (prefix caching on) in a worker process.
 
     Costs: the worker starts once per engine (about 20-60 s on 2 CPU cores: importing vLLM,
-    loading, warming up) and then serves every `generate` call; `reload` swaps in new weights
-    without a restart. Reloading before every GRPO step costs one `save_pretrained` of the
-    policy plus one read of its weights per step (see `reload`), never an engine start.
+    loading, warming up) and then serves every `generate` call; `reload` (from a checkpoint)
+    and `update_weights` (tensors over a process group, no disk) swap in new weights without
+    a restart: per GRPO step, one in-place load of the policy, never an engine start.
 
     checkpoint_dir: HF `save_pretrained` directory of the policy (weights and tokenizer).
     dtype: vLLM's dtype; "float32" matches the HF engine on CPU, "auto" lets vLLM choose
@@ -105,6 +113,7 @@ class VLLMRolloutEngine:
         except BaseException:
             self.close()
             raise
+        self._sender: WeightSender | None = None
         self.start_seconds: float = ready["seconds"]
         self.vllm_version: str = ready["vllm"]
 
@@ -154,6 +163,40 @@ class VLLMRolloutEngine:
         self.checkpoint_dir = Path(checkpoint_dir)
         return float(reply["seconds"])
 
+    def update_weights(self, weights: dict[str, Tensor], timeout_s: float = 120.0) -> int:
+        """Push new policy weights (HF state_dict names) into the worker over a process group,
+        no disk: the first call sets the group up (gloo, or NCCL for CUDA tensors), each call
+        broadcasts the tensors into vLLM's weight loader. Returns the bytes sent."""
+        if not weights:
+            raise ValueError("update_weights needs at least one tensor")
+        if self._sender is None:
+            backend = backend_for(next(iter(weights.values())).device)
+            sender = WeightSender(timeout_s)
+            self._send(
+                op="init_sync",
+                host=sender.host,
+                port=sender.port,
+                backend=backend,
+                timeout_s=timeout_s,
+            )
+            self._joined(sender.connect, backend)
+            self._sender = sender
+        weights = unique_tensors(weights)
+        self._send(op="update", manifest=manifest(weights))
+        sent: int = self._joined(self._sender.send, weights)
+        return sent
+
+    def _joined(self, collective: Callable[[Any], Any], arg: Any) -> Any:
+        """Run our side of a collective, then read the worker's reply; if ours fails, the
+        worker's error (it answers once its own timeout passes) is the likelier cause."""
+        try:
+            result = collective(arg)
+        except RuntimeError as err:
+            self._reply()  # raises the worker's error, if it had one
+            raise err
+        self._reply()
+        return result
+
     def close(self) -> None:
         """Stop the worker (politely, then by force after 60 s)."""
         if self._process.poll() is None:
@@ -174,12 +217,15 @@ class VLLMRolloutEngine:
         self.close()
 
     def _call(self, **request: Any) -> dict[str, Any]:
+        self._send(**request)
+        return self._reply()
+
+    def _send(self, **request: Any) -> None:
         stdin = self._process.stdin
         if stdin is None or self._process.poll() is not None:
             raise RuntimeError(f"vLLM worker is not running (exit code {self._process.poll()})")
         stdin.write(json.dumps(request) + "\n")
         stdin.flush()
-        return self._reply()
 
     def _reply(self) -> dict[str, Any]:
         assert self._process.stdout is not None

@@ -15,6 +15,10 @@ Serve mode reads one JSON request per line on stdin and answers one JSON line on
   finish_reason (stop/length) and logprobs (the sampling log-prob of each token).
 - {"op": "reload", "model": DIR}: loads new weights of the same architecture in place and
   drops the prefix cache (its KV entries belong to the old weights).
+- {"op": "init_sync", "host", "port", "backend" (gloo/nccl), "timeout_s"}: joins the trainer's
+  two-rank process group (rank 1) for in-memory weight updates (grpo_core/engines/weight_sync.py).
+- {"op": "update", "manifest": [[name, dtype, shape], ...]}: receives those tensors, broadcast
+  by the trainer in that order, loads them into the model in place and drops the prefix cache.
 - {"op": "shutdown"}.
 
 Log-probs follow grpo_core.engines.rollout_types.RolloutBatch: log softmax(logits / T) of each
@@ -34,6 +38,8 @@ import os
 import sys
 import time
 import traceback
+from collections.abc import Iterator
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -173,6 +179,57 @@ def reload(llm: Any, model_dir: str) -> None:
     llm.reset_prefix_cache()
 
 
+class SyncGroup:
+    """This worker's side (rank 1) of the trainer's weight-sync group (mirrors make_group in
+    grpo_core/engines/weight_sync.py, which this environment cannot import)."""
+
+    def __init__(self, request: dict[str, Any]) -> None:
+        import torch
+        import torch.distributed as dist
+
+        self.backend = str(request["backend"])
+        self.group: Any
+        timeout = timedelta(seconds=float(request["timeout_s"]))
+        store = dist.TCPStore(
+            str(request["host"]), int(request["port"]), 2, is_master=False, timeout=timeout
+        )
+        if self.backend == "gloo":
+            self.group = dist.ProcessGroupGloo(store, 1, 2, timeout)
+            self.device = torch.device("cpu")
+        elif self.backend == "nccl":
+            options = dist.ProcessGroupNCCL.Options()
+            options._timeout = timeout
+            self.group = dist.ProcessGroupNCCL(store, 1, 2, options)
+            self.device = torch.device("cuda", torch.cuda.current_device())
+        else:
+            raise ValueError(f"backend must be gloo or nccl (got {self.backend!r})")
+
+    def receive(self, manifest: list[list[Any]]) -> Iterator[tuple[str, Any]]:
+        """(name, tensor) pairs as the trainer broadcasts them, one at a time."""
+        import torch
+
+        for name, dtype, shape in manifest:
+            tensor = torch.empty(shape, dtype=getattr(torch, dtype), device=self.device)
+            self.group.broadcast(tensor, 0).wait()
+            yield str(name), tensor
+
+
+def update(llm: Any, group: SyncGroup, manifest: list[list[Any]]) -> None:
+    """Weights received over the sync group into the model in place (as `reload` does from
+    disk: vLLM's load path, a tied lm_head re-processed), then forget the KV prefix cache."""
+    received = group.receive(manifest)
+    try:
+        llm.collective_rpc("reload_weights", kwargs={"weights_iterator": received})
+    finally:
+        for _ in received:  # a failed load still takes every tensor: the trainer never hangs
+            pass
+    llm.apply_model(refresh_tied_lm_head)
+    llm.reset_prefix_cache()
+
+
+SYNC: dict[str, SyncGroup] = {}  # "group": the one set up by init_sync
+
+
 def handle(llm: Any, request: dict[str, Any], show_progress: bool) -> dict[str, Any]:
     start = time.perf_counter()
     op = request.get("op")
@@ -181,8 +238,16 @@ def handle(llm: Any, request: dict[str, Any], show_progress: bool) -> dict[str, 
         reply["rows"] = generate(llm, request, show_progress)
     elif op == "reload":
         reload(llm, request["model"])
+    elif op == "init_sync":
+        SYNC["group"] = SyncGroup(request)
+    elif op == "update":
+        if "group" not in SYNC:
+            raise RuntimeError("update before init_sync: no weight-sync group")
+        update(llm, SYNC["group"], request["manifest"])
     elif op != "shutdown":
-        raise ValueError(f"unknown op {op!r}: expected generate, reload or shutdown")
+        raise ValueError(
+            f"unknown op {op!r}: expected generate, reload, init_sync, update or shutdown"
+        )
     reply["seconds"] = round(time.perf_counter() - start, 3)
     return reply
 

@@ -1,0 +1,95 @@
+"""Trainer side of the in-memory weight sync to the vLLM worker: a two-rank process group
+(trainer rank 0, worker rank 1; gloo for CPU tensors, NCCL for CUDA ones) over which the
+policy's tensors are broadcast one by one, in the order of a manifest sent beforehand.
+
+The worker side (grpo_core/engines/vllm_worker.py) mirrors `make_group`: it runs in vLLM's
+environment and imports nothing of ours. The group is a standalone c10d object, not
+torch.distributed's default group, so it coexists with DeepSpeed's or vLLM's own.
+"""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import Tensor
+
+TRAINER_RANK, WORKER_RANK, WORLD_SIZE = 0, 1, 2
+TIMEOUT_SETTING = "engines.vllm.sync_timeout_s"
+
+
+def backend_for(device: torch.device) -> str:
+    """The collective backend of tensors on `device`: NCCL for CUDA, gloo otherwise."""
+    return "nccl" if device.type == "cuda" else "gloo"
+
+
+def make_group(store: dist.Store, rank: int, backend: str, timeout: timedelta) -> Any:
+    """A two-rank c10d backend on `store` (typed Any: torch's stubs lack its `broadcast`);
+    blocks until the other rank joins or `timeout` passes."""
+    if backend == "gloo":
+        return dist.ProcessGroupGloo(store, rank, WORLD_SIZE, timeout)
+    if backend == "nccl":
+        options = dist.ProcessGroupNCCL.Options()
+        options._timeout = timeout
+        return dist.ProcessGroupNCCL(store, rank, WORLD_SIZE, options)
+    raise ValueError(f"weight-sync backend must be gloo or nccl (got {backend!r})")
+
+
+def manifest(weights: dict[str, Tensor]) -> list[list[object]]:
+    """[name, dtype, shape] per tensor, in broadcast order (what the worker allocates)."""
+    return [[n, str(t.dtype).removeprefix("torch."), list(t.shape)] for n, t in weights.items()]
+
+
+def unique_tensors(weights: dict[str, Tensor]) -> dict[str, Tensor]:
+    """Weights minus names whose tensor is one already listed (a tied lm_head is the input
+    embedding: vLLM loads it with the embedding and skips the name)."""
+    seen: set[tuple[int, torch.device]] = set()
+    unique = {}
+    for name, tensor in weights.items():
+        key = (tensor.data_ptr(), tensor.device)
+        if key not in seen:
+            seen.add(key)
+            unique[name] = tensor
+    return unique
+
+
+class WeightSender:
+    """Rank 0 of the sync group: opens a TCP store on a free port, then `connect` joins the
+    group once the worker has been told where it is; `send` broadcasts a manifest's tensors."""
+
+    def __init__(self, timeout_s: float, host: str = "127.0.0.1") -> None:
+        self.timeout = timedelta(seconds=timeout_s)
+        self.host = host
+        self.store = dist.TCPStore(
+            host, 0, WORLD_SIZE, is_master=True, timeout=self.timeout, wait_for_workers=False
+        )
+        self.port: int = self.store.port
+        self.group: Any = None
+        self.backend = ""
+
+    def connect(self, backend: str) -> None:
+        """Join the group (the worker joins as rank 1 at the same time)."""
+        try:
+            self.group = make_group(self.store, TRAINER_RANK, backend, self.timeout)
+        except RuntimeError as err:
+            raise RuntimeError(
+                f"vLLM weight sync: the worker did not join the {backend} group on "
+                f"{self.host}:{self.port} within {self.timeout.total_seconds():.0f} s "
+                f"({TIMEOUT_SETTING}); set engines.vllm.weight_sync: disk to reload "
+                f"checkpoints instead. Cause: {err}"
+            ) from err
+        self.backend = backend
+
+    def send(self, weights: dict[str, Tensor]) -> int:
+        """Broadcast every tensor (contiguous, on the backend's device); the bytes sent."""
+        if self.group is None:
+            raise RuntimeError("WeightSender.send before connect")
+        device = torch.device("cuda") if self.backend == "nccl" else torch.device("cpu")
+        sent = 0
+        for tensor in weights.values():
+            data = tensor.detach().to(device).contiguous()
+            self.group.broadcast(data, TRAINER_RANK).wait()
+            sent += data.numel() * data.element_size()
+        return sent
