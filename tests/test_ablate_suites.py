@@ -1,0 +1,88 @@
+"""Ablation suites: the shipped ones load into plans whose runs share one policy_0, and bad
+input is refused with the field and the fix named."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from flows.ablate_suites import load_suite, make_plan, suite_names
+from flows.cli import main
+from flows.config_files import ConfigError
+
+
+def test_the_default_suite_has_the_papers_arms_at_three_seeds(tmp_path: Path) -> None:
+    name, suite = load_suite("default")
+    plan = make_plan(name, suite, seeds=None, ablation_id=None, store_root=tmp_path)
+    assert plan.ablation_id == "ablate-default"
+    runs = plan.arm_runs()
+    assert {r.arm for r in runs} >= {"sft", "rft", "online_rft", "grpo_os", "grpo_ps"}
+    assert {"iterative_rm_retrained", "iterative_rm_once"} <= set(suite.arms)
+    assert {r.seed for r in runs} == {0, 1, 2}
+    policy_0 = plan.policy_0_dir()
+    assert policy_0 == tmp_path / "checkpoints" / "ablate-default" / "policy" / "iter-0"
+    for r in runs:  # every arm-seed run loads the shared policy_0 instead of warm-starting
+        assert (r.config.policy.kind, r.config.policy.path) == ("local", str(policy_0))
+        assert not r.config.run.warm_start
+        assert r.run_id == f"ablate-default-{r.arm}-s{r.seed}"
+    by_arm = {r.arm: r.config for r in runs if r.seed == 0}
+    assert by_arm["grpo_ps"].grpo.algo.adv_estimator == "grpo_process"
+    assert not by_arm["iterative_rm_once"].reward_models.retrain
+    assert by_arm["iterative_rm_once"].run.iterations == 3
+    # equal sampled outputs and update steps across the Fig. 5 arms
+    fig5 = [by_arm[a] for a in ("sft", "rft", "online_rft", "grpo_os", "grpo_ps")]
+    shapes = {
+        (c.run.iterations, c.grpo.steps, c.grpo.prompts_per_step, c.grpo.group_size) for c in fig5
+    }
+    assert len(shapes) == 1
+    assert by_arm["grpo_os"].evaluation.k_values()[-1] == 64  # Fig. 7: K up to 64
+
+
+def test_micro_suite_is_two_arms_by_two_seeds(tmp_path: Path) -> None:
+    assert {"default", "micro"} <= set(suite_names())
+    name, suite = load_suite("micro")
+    plan = make_plan(name, suite, seeds=None, ablation_id="m", store_root=tmp_path)
+    assert [(r.arm, r.seed) for r in plan.arm_runs()] == [
+        ("grpo_os", 0),
+        ("grpo_os", 1),
+        ("online_rft", 0),
+        ("online_rft", 1),
+    ]
+
+
+def test_unknown_suite_names_the_suites() -> None:
+    with pytest.raises(ConfigError, match=r"--suite nope: unknown suite; suites: default, micro"):
+        load_suite("nope")
+
+
+def test_seeds_below_one_are_refused(tmp_path: Path) -> None:
+    name, suite = load_suite("micro")
+    with pytest.raises(ConfigError, match=r"--seeds must be >= 1 \(got 0\)"):
+        make_plan(name, suite, seeds=0, ablation_id=None, store_root=tmp_path)
+
+
+def test_an_arm_may_not_change_what_policy_0_is(tmp_path: Path) -> None:
+    path = tmp_path / "bad.yaml"
+    path.write_text("config: micro\narms:\n  wide: [policy.hidden_size=64]\n")
+    with pytest.raises(ConfigError, match=r"arms: .*arm 'wide' overrides policy.hidden_size"):
+        load_suite(str(path))
+
+
+def test_a_bad_arm_override_names_the_arm(tmp_path: Path) -> None:
+    path = tmp_path / "typo.yaml"
+    path.write_text("config: micro\narms:\n  fast: [grpo.stepz=2]\n")
+    name, suite = load_suite(str(path))
+    with pytest.raises(ConfigError, match=r"suite 'typo', arm 'fast': invalid config"):
+        make_plan(name, suite, seeds=1, ablation_id=None, store_root=tmp_path)
+
+
+def test_cli_reports_bad_input_in_one_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    store = str(tmp_path / "s")
+    assert main(["ablate", "--suite", "nope", "--store", store, "--no-prefect"]) == 2
+    assert "itergrpo ablate: error: --suite nope: unknown suite" in capsys.readouterr().err
+    assert main(["ablate", "--suite", "micro", "--seeds", "0", "--store", store]) == 2
+    assert "--seeds must be >= 1 (got 0)" in capsys.readouterr().err
+    assert not (tmp_path / "s").exists()  # refused before anything was written
