@@ -12,6 +12,7 @@ process as the third arm-seed run starts).
 
 from __future__ import annotations
 
+import functools
 import logging
 import time
 from collections.abc import Callable
@@ -20,12 +21,13 @@ from typing import Any
 from flows import stages
 from flows.ablate_suites import AblationPlan, ArmRun
 from flows.config import ItergrpoConfig
+from flows.config_files import stored_config_as_current
 from flows.interrupts import INTERRUPT, RunInterrupted, graceful_sigint, with_fault_hook
 from flows.loop import Executor, planned_stages
 from flows.names import EVAL_SPLIT, WARM_START
 from flows.progress import no_progress
 from flows.stage_io import apply_threads, set_deepspeed_accelerator
-from storage.errors import StoreError
+from storage.errors import ConfigMismatchError, StoreError
 from storage.run_writer import RunWriter
 from storage.store import RunStore
 
@@ -90,6 +92,26 @@ def check_record(store: RunStore, plan: AblationPlan) -> None:
         )
 
 
+def check_arm_runs(store: RunStore, runs: list[ArmRun]) -> None:
+    """Before any work: each arm-seed run the store already has must still have its config
+    (the suite changed since it started?) and no live process may hold its lock."""
+    for r in runs:
+        try:
+            store.check_can_open(
+                r.run_id,
+                r.config.model_dump(mode="json"),
+                upgrade_config=functools.partial(stored_config_as_current, current=r.config),
+            )
+        except ConfigMismatchError as exc:
+            shown = ", ".join(exc.keys[:5])
+            raise ConfigMismatchError(
+                f"arm {r.arm!r}, seed {r.seed}: run {r.run_id} was started with another config "
+                f"(differing keys: {shown}), so the suite changed since; pass a new "
+                "--ablation-id, or restore the suite",
+                exc.keys,
+            ) from None
+
+
 def _shared_policy_0(plan: AblationPlan, record: RunWriter, make_executor: MakeExecutor) -> None:
     if record.is_committed(0, WARM_START):
         log.info("ablation %s: shared policy_0 already committed", plan.ablation_id)
@@ -139,6 +161,7 @@ def run_ablation(
     store = RunStore(plan.store_root)
     runs = plan.arm_runs()
     check_record(store, plan)
+    check_arm_runs(store, runs)
     with store.open_run(plan.ablation_id, plan.record()) as record:
         record.set_status("running")
         try:

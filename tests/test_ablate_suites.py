@@ -7,9 +7,12 @@ from pathlib import Path
 
 import pytest
 
+from flows.ablate import check_arm_runs
 from flows.ablate_suites import load_suite, make_plan, suite_names
 from flows.cli import main
 from flows.config_files import ConfigError
+from storage.errors import ConfigMismatchError
+from storage.store import RunStore
 
 
 def test_the_default_suite_has_the_papers_arms_at_three_seeds(tmp_path: Path) -> None:
@@ -86,3 +89,27 @@ def test_cli_reports_bad_input_in_one_line(
     assert main(["ablate", "--suite", "micro", "--seeds", "0", "--store", store]) == 2
     assert "--seeds must be >= 1 (got 0)" in capsys.readouterr().err
     assert not (tmp_path / "s").exists()  # refused before anything was written
+
+
+def test_a_suite_changed_under_a_started_ablation_is_refused_before_any_work(
+    tmp_path: Path,
+) -> None:
+    name, suite = load_suite("micro")
+    plan = make_plan(name, suite, seeds=1, ablation_id=None, store_root=tmp_path)
+    first = plan.arm_runs()[0]
+    store = RunStore(tmp_path)
+    with (
+        store.open_run(first.run_id, first.config.model_dump(mode="json")) as run,
+        run.stage(0, "warm_start") as attempt,
+    ):
+        attempt.write("metrics", [{"stage": "warm_start", "name": "x", "value": 1.0}])
+    check_arm_runs(store, plan.arm_runs())  # unchanged: fine
+    changed = suite.model_copy(update={"overrides": [*suite.overrides, "grpo.steps=5"]})
+    plan = make_plan(name, changed, seeds=1, ablation_id=None, store_root=tmp_path)
+    with pytest.raises(
+        ConfigMismatchError,
+        match=r"arm 'grpo_os', seed 0: run ablate-micro-grpo_os-s0 was started with another "
+        r"config \(differing keys: grpo.steps\), so the suite changed since; pass a new "
+        r"--ablation-id",
+    ):
+        check_arm_runs(store, plan.arm_runs())
