@@ -12,12 +12,12 @@ from flows.ablate_results import (
     CLAIMS_NOTE,
     FIG5_LINKS,
     FIG6_LINKS,
+    FIG7_ARM,
     GREEDY,
     MAJ,
     PASS,
     Values,
     claims,
-    fig7_arm,
     format_results_table,
 )
 from flows.ablate_stats import Interval
@@ -44,10 +44,14 @@ def _band(ax: Any, xs: list[int], cis: list[Interval], label: str, style: str = 
     )
 
 
-def _per_iteration(ax: Any, values: Values, arms: list[str], metric: str) -> int:
+def _per_iteration(
+    ax: Any, values: Values, arms: list[str], metric: str, k: int, last: int | None
+) -> int:
+    """Each arm's `metric` per policy (up to policy_`last`; None: all), mean and 95% CI."""
     drawn = 0
     for arm in arms:
-        points = [(p, values.interval(arm, p, metric)) for p in values.iterations(arm)]
+        policies = [p for p in values.iterations(arm) if last is None or p <= last]
+        points = [(p, values.interval(arm, p, metric, k)) for p in policies]
         shown = [(p, ci) for p, ci in points if ci is not None]
         if shown:
             _band(ax, [p for p, _ in shown], [ci for _, ci in shown], arm)
@@ -65,21 +69,26 @@ def write_plots(values: Values, ablation_id: str, out_dir: Path) -> list[Path]:
 
     out_dir.mkdir(parents=True, exist_ok=True)
     paths = []
+    k = values.top_k() or 1
     fig6_arms = [a for link in FIG6_LINKS for a in (link[0], link[2]) if a in values.arms()]
-    for name, title, arms in (
-        ("fig5_arms.png", "Fig. 5 analogue: arms at equal samples and steps", _fig5_arms(values)),
-        ("fig6_rm_retraining.png", "Fig. 6 analogue: RM retrained vs trained once", fig6_arms),
+    for name, title, arms, last in (
+        ("fig5_arms.png", "Fig. 5 analogue: equal samples and steps", _fig5_arms(values), 1),
+        ("fig6_rm_retraining.png", "Fig. 6 analogue: RM retrained vs once", fig6_arms, None),
     ):
-        fig, ax = plt.subplots(figsize=(6.5, 4))
-        if not _per_iteration(ax, values, arms, GREEDY):
-            ax.text(0.5, 0.5, "not run (arms missing)", ha="center", transform=ax.transAxes)
-        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
-        ax.set_xlabel("policy (k = after k iterations)")
-        ax.set_ylabel("greedy accuracy (95% CI over seeds)")
-        ax.set_title(f"{title} — {ablation_id}", fontsize="medium")
-        ax.grid(alpha=0.3)
-        if ax.get_legend_handles_labels()[0]:
-            ax.legend(fontsize="small")
+        fig, axes = plt.subplots(1, 2, figsize=(11, 4))
+        for ax, metric, at, label in (
+            (axes[0], GREEDY, 1, "greedy accuracy"),
+            (axes[1], MAJ, k, f"Maj@{k}"),
+        ):
+            if not _per_iteration(ax, values, arms, metric, at, last):
+                ax.text(0.5, 0.5, "not run (arms missing)", ha="center", transform=ax.transAxes)
+            ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+            ax.set_xlabel("policy (k = after k iterations)")
+            ax.set_ylabel(f"{label} (95% CI over seeds)")
+            ax.grid(alpha=0.3)
+            if ax.get_legend_handles_labels()[0]:
+                ax.legend(fontsize="small")
+        fig.suptitle(f"{title} — {ablation_id}", fontsize="medium")
         paths.append(_save(plt, fig, out_dir / name))
     paths.append(_fig7(plt, values, ablation_id, out_dir))
     return paths
@@ -87,8 +96,8 @@ def write_plots(values: Values, ablation_id: str, out_dir: Path) -> list[Path]:
 
 def _fig7(plt: Any, values: Values, ablation_id: str, out_dir: Path) -> Path:
     fig, ax = plt.subplots(figsize=(6.5, 4))
-    arm = fig7_arm(values)
-    if arm is not None:
+    arm = FIG7_ARM
+    if arm in values.arms():
         final = values.final_iteration(arm)
         for metric, style in ((MAJ, "-o"), (PASS, "--s")):
             for policy in (0, final):
@@ -99,7 +108,7 @@ def _fig7(plt: Any, values: Values, ablation_id: str, out_dir: Path) -> Path:
                 _band(ax, [k for k, _ in shown], [ci for _, ci in shown], label, style)
         ax.set_xscale("log", base=2)
     else:
-        ax.text(0.5, 0.5, "not run (no GRPO arm)", ha="center", transform=ax.transAxes)
+        ax.text(0.5, 0.5, f"not run (no arm {arm})", ha="center", transform=ax.transAxes)
     ax.set_xlabel("K (samples per problem)")
     ax.set_ylabel("accuracy (95% CI over seeds)")
     ax.set_title(f"Fig. 7 analogue: Maj@K and Pass@K, {arm} — {ablation_id}", fontsize="medium")

@@ -17,7 +17,9 @@ from flows.ablate_stats import Interval, Relation, Verdict, combine, mean_ci, pa
 POLICY_0 = "policy_0"  # the results table's row for the shared starting policy
 GREEDY = "greedy_accuracy"
 MAJ, PASS = "maj@k", "pass@k"
-# Fig. 5: GRPO PS >= GRPO OS > Online RFT > RFT, final policies, same samples and steps.
+# Fig. 5: GRPO PS >= GRPO OS > Online RFT > RFT after one iteration (policy_1), where every
+# arm has drawn the same number of outputs and taken the same update steps.
+FIG5_POLICY = 1
 FIG5_LINKS: tuple[tuple[str, Relation, str], ...] = (
     ("grpo_ps", ">=", "grpo_os"),
     ("grpo_os", ">", "online_rft"),
@@ -25,11 +27,8 @@ FIG5_LINKS: tuple[tuple[str, Relation, str], ...] = (
 )
 # Fig. 6: iterative GRPO with the RM retrained every iteration >= with the RM trained once,
 # at the last iteration.
-FIG6_LINKS: tuple[tuple[str, Relation, str], ...] = (
-    ("iterative_rm_retrained", ">=", "iterative_rm_once"),
-)
-# Fig. 7: policy_0 vs the final policy of the first of these arms the suite has.
-FIG7_ARMS = ("iterative_rm_retrained", "grpo_os")
+FIG6_LINKS: tuple[tuple[str, Relation, str], ...] = (("grpo_os", ">=", "grpo_os_rm_once"),)
+FIG7_ARM = "grpo_os"  # Fig. 7: policy_0 vs this arm's final policy, Maj@K and Pass@K
 
 
 @dataclass(frozen=True)
@@ -71,16 +70,16 @@ class Values:
 
 
 def results_table(values: Values) -> list[dict[str, Any]]:
-    """One row per arm (its final policy) after a policy_0 row (the first arm's, at each seed;
-    every arm evaluates the same policy_0 on the same problems at a given seed)."""
+    """One row per arm and policy it trained (policy_1, policy_2, ...) after a policy_0 row
+    (the first arm's, at each seed: every arm evaluates the same policy_0 on the same
+    problems at a given seed)."""
     arms = values.arms()
     if not arms:
         return []
     k = values.top_k()
     rows = []
-    for label, arm, policy in [(POLICY_0, arms[0], 0)] + [
-        (a, a, values.final_iteration(a)) for a in arms
-    ]:
+    trained = [(a, a, p) for a in arms for p in values.iterations(a) if p > 0]
+    for label, arm, policy in [(POLICY_0, arms[0], 0), *trained]:
         cells: dict[str, Any] = {"arm": label, "policy": policy}
         for name, metric, at in (("greedy", GREEDY, 1), ("maj", MAJ, k), ("pass", PASS, k)):
             cells[name] = values.interval(arm, policy, metric, at) if at is not None else None
@@ -159,32 +158,29 @@ def _paired(left: Mapping[int, float], right: Mapping[int, float]) -> tuple[list
     return [left[s] for s in seeds], [right[s] for s in seeds]
 
 
-def _final_links(values: Values, links: Iterable[tuple[str, Relation, str]]) -> tuple[Link, ...]:
+def _links(
+    values: Values, links: Iterable[tuple[str, Relation, str]], policy: int | None
+) -> tuple[Link, ...]:
+    """Greedy accuracy of policy_`policy` of both arms (None: each arm's final policy)."""
     out = []
     for left, relation, right in links:
         text = f"{left} {relation} {right}"
         if left not in values.arms() or right not in values.arms():
             out.append(Link(text, None, None))
             continue
-        a, b = _paired(
-            values.seeds(left, values.final_iteration(left), GREEDY),
-            values.seeds(right, values.final_iteration(right), GREEDY),
-        )
+        at_left = values.final_iteration(left) if policy is None else policy
+        at_right = values.final_iteration(right) if policy is None else policy
+        a, b = _paired(values.seeds(left, at_left, GREEDY), values.seeds(right, at_right, GREEDY))
         verdict, difference = paired_verdict(a, b, relation) if a else (None, None)
         out.append(Link(text, verdict, difference))
     return tuple(out)
 
 
-def fig7_arm(values: Values) -> str | None:
-    """The GRPO arm whose final policy Fig. 7 compares with policy_0."""
-    return next((a for a in FIG7_ARMS if a in values.arms()), None)
-
-
 def _fig7_link(values: Values) -> Link:
     """Per seed: (Maj@K gain) - (Pass@K gain) from policy_0 to the final policy, K largest."""
-    k, arm = values.top_k(), fig7_arm(values)
-    text = f"{arm or FIG7_ARMS[0]}: Maj@{k} gain > Pass@{k} gain"
-    if k is None or arm is None:
+    k, arm = values.top_k(), FIG7_ARM
+    text = f"{arm}: Maj@{k} gain > Pass@{k} gain"
+    if k is None or arm not in values.arms():
         return Link(text, None, None)
     final = values.final_iteration(arm)
     gains = []
@@ -206,20 +202,19 @@ def claims(values: Values) -> list[Claim]:
         Claim(
             "Fig. 5",
             "GRPO PS >= GRPO OS > Online RFT > RFT",
-            "greedy accuracy of each arm's final policy, paired by seed",
-            _final_links(values, FIG5_LINKS),
+            f"greedy accuracy of policy_{FIG5_POLICY} (equal outputs and steps), paired by seed",
+            _links(values, FIG5_LINKS, FIG5_POLICY),
         ),
         Claim(
             "Fig. 6",
             "RM retrained every iteration >= RM trained once, at the last iteration",
             "greedy accuracy of the final policy, paired by seed",
-            _final_links(values, FIG6_LINKS),
+            _links(values, FIG6_LINKS, None),
         ),
         Claim(
             "Fig. 7",
             "RL raises Maj@K more than Pass@K",
-            f"policy_0 -> final {fig7_arm(values)} policy at K={k}, per seed (Maj gain - Pass "
-            "gain)",
+            f"policy_0 -> final {FIG7_ARM} policy at K={k}, per seed (Maj gain - Pass gain)",
             (_fig7_link(values),),
         ),
     ]

@@ -94,10 +94,11 @@ def _rows(arm: str, policy: int, metric: str, k: int, values: list[float]) -> li
 def test_claims_and_table_from_ablation_rows() -> None:
     rows = [
         *_rows("grpo_os", 0, "greedy_accuracy", 1, [0.50, 0.60, 0.55]),
-        *_rows("grpo_os", 2, "greedy_accuracy", 1, [0.80, 0.90, 0.70]),
+        *_rows("grpo_os", 1, "greedy_accuracy", 1, [0.80, 0.90, 0.70]),
+        *_rows("grpo_os", 2, "greedy_accuracy", 1, [0.85, 0.90, 0.80]),
         *_rows("online_rft", 0, "greedy_accuracy", 1, [0.50, 0.60, 0.55]),
-        *_rows("online_rft", 2, "greedy_accuracy", 1, [0.75, 0.85, 0.65]),
-        # grpo_os: Maj@8 gains 0.2, 0.3, 0.25; Pass@8 gains 0.0, 0.05, -0.05
+        *_rows("online_rft", 1, "greedy_accuracy", 1, [0.75, 0.85, 0.65]),
+        # grpo_os, policy_0 -> policy_2: Maj@8 gains 0.2, 0.3, 0.25; Pass@8 gains 0, 0.05, -0.05
         *_rows("grpo_os", 0, "maj@k", 8, [0.5, 0.5, 0.5]),
         *_rows("grpo_os", 2, "maj@k", 8, [0.7, 0.8, 0.75]),
         *_rows("grpo_os", 0, "pass@k", 8, [0.9, 0.9, 0.9]),
@@ -105,6 +106,7 @@ def test_claims_and_table_from_ablation_rows() -> None:
     ]
     values = Values.from_rows(rows)
     fig5, fig6, fig7 = claims(values)
+    # Fig. 5 compares policy_1 (equal budgets): 0.05 better on every seed
     assert [link.verdict for link in fig5.links] == [None, "holds", None]
     assert fig5.verdict == "holds"
     assert fig6.verdict is None and "not run" in fig6.text()
@@ -113,8 +115,15 @@ def test_claims_and_table_from_ablation_rows() -> None:
     table = results_table(values)
     assert [(r["arm"], r["policy"], r["seeds"]) for r in table] == [
         ("policy_0", 0, 3),
+        ("grpo_os", 1, 3),
         ("grpo_os", 2, 3),
-        ("online_rft", 2, 3),
+        ("online_rft", 1, 3),
     ]
     assert table[1]["greedy"].text() == "0.800 ± 0.248"
-    assert "Maj@8" in format_results_table(values).splitlines()[0]
+    assert table[1]["maj"] is None  # Maj@8 of grpo_os's policy_1 was not given
+    text = format_results_table(values)
+    assert "Maj@8" in text.splitlines()[0]
+    # sd 0.05 over 3 seeds: half-width 4.303 * 0.05 / sqrt(3) = 0.124
+    assert " ".join(text.splitlines()[4].split()) == (
+        "grpo_os 2 3 0.850 ± 0.124 0.750 ± 0.124 0.900 ± 0.124"
+    )
