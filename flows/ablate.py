@@ -125,8 +125,7 @@ def _shared_policy_0(plan: AblationPlan, record: RunWriter, make_executor: MakeE
     log.info("ablation %s: policy_0 done in %.1f s", plan.ablation_id, time.perf_counter() - start)
 
 
-def _run_arms(store: RunStore, plan: AblationPlan, runs: list[ArmRun], run_arm: RunArm) -> None:
-    began = time.perf_counter()
+def _run_arms(store: RunStore, runs: list[ArmRun], run_arm: RunArm, began: float) -> None:
     ran: list[float] = []
     for position, arm_run in enumerate(runs, start=1):
         INTERRUPT.check()
@@ -158,6 +157,7 @@ def run_ablation(
     plan: AblationPlan, *, make_executor: MakeExecutor, run_arm: RunArm
 ) -> list[dict[str, Any]]:
     """Run what the store lacks of `plan`; return the committed `ablation` rows."""
+    began = time.perf_counter()
     store = RunStore(plan.store_root)
     runs = plan.arm_runs()
     check_record(store, plan)
@@ -168,7 +168,7 @@ def run_ablation(
             with graceful_sigint():
                 _shared_policy_0(plan, record, make_executor)
                 INTERRUPT.check()
-                _run_arms(store, plan, runs, run_arm)
+                _run_arms(store, runs, run_arm, began)
                 if not record.is_committed(0, ABLATION_TABLE):
                     with record.stage(0, ABLATION_TABLE) as attempt:
                         attempt.write(ABLATION_TABLE, ablation_rows(store, plan, runs))
