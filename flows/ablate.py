@@ -72,9 +72,18 @@ def ablation_rows(store: RunStore, plan: AblationPlan, runs: list[ArmRun]) -> li
     return rows
 
 
+def _what_counts(record: dict[str, Any], *, seeds: bool) -> dict[str, Any]:
+    """The parts of an ablation's record that make it the same ablation: its suite (and seed
+    count), and policy_0's config less where it lives (store, cluster)."""
+    suite = {k: v for k, v in record["ablation"].items() if seeds or k != "seeds"}
+    policy_0 = {k: v for k, v in record["policy_0"].items() if k not in ("store", "cluster")}
+    return {"ablation": suite, "policy_0": policy_0}
+
+
 def check_record(store: RunStore, plan: AblationPlan) -> None:
-    """Refuse an ablation id already used by a finished ablation of another suite or seed
-    count, naming the way out (open_run would suggest `itergrpo run --force-config`)."""
+    """Refuse to continue an ablation with another suite or base config, or another seed
+    count once its table is committed (seeds may change before: each arm-seed run stands
+    alone); open_run would only suggest `itergrpo run --force-config`."""
     if not (store.run_dir(plan.ablation_id) / "config.yaml").exists():
         return
     stored = store.run_config(plan.ablation_id)
@@ -84,11 +93,15 @@ def check_record(store: RunStore, plan: AblationPlan) -> None:
             "--ablation-id"
         )
     committed = {s["stage"] for s in store.committed_stages(plan.ablation_id)}
-    if ABLATION_TABLE in committed and stored != plan.record():
+    if not committed:
+        return  # nothing to stay consistent with: this suite replaces the stored one
+    seeds = ABLATION_TABLE in committed
+    if _what_counts(stored, seeds=seeds) != _what_counts(plan.record(), seeds=seeds):
+        was = stored["ablation"]
         raise StoreError(
-            f"ablation {plan.ablation_id!r} is finished with another suite or seed count "
-            f"(suite {stored['ablation']['suite']!r}, {stored['ablation']['seeds']} seeds): "
-            "pass a new --ablation-id to run this one"
+            f"ablation {plan.ablation_id!r} was started with another suite, base config or "
+            f"(finished) seed count: suite {was['suite']!r}, {was['seeds']} seeds. Pass a new "
+            "--ablation-id, or rerun it with the suite it was started with"
         )
 
 
@@ -162,7 +175,8 @@ def run_ablation(
     runs = plan.arm_runs()
     check_record(store, plan)
     check_arm_runs(store, runs)
-    with store.open_run(plan.ablation_id, plan.record()) as record:
+    # check_record has compared the stored record: it is replaced (the old one kept beside)
+    with store.open_run(plan.ablation_id, plan.record(), force_config=True) as record:
         record.set_status("running")
         try:
             with graceful_sigint():

@@ -7,11 +7,11 @@ from pathlib import Path
 
 import pytest
 
-from flows.ablate import check_arm_runs
+from flows.ablate import check_arm_runs, check_record
 from flows.ablate_suites import load_suite, make_plan, suite_names
 from flows.cli import main
 from flows.config_files import ConfigError
-from storage.errors import ConfigMismatchError
+from storage.errors import ConfigMismatchError, StoreError
 from storage.store import RunStore
 
 
@@ -113,3 +113,24 @@ def test_a_suite_changed_under_a_started_ablation_is_refused_before_any_work(
         r"--ablation-id",
     ):
         check_arm_runs(store, plan.arm_runs())
+
+
+def test_seeds_may_change_until_the_ablation_table_is_committed(tmp_path: Path) -> None:
+    name, suite = load_suite("micro")
+    plan = make_plan(name, suite, seeds=2, ablation_id=None, store_root=tmp_path)
+    store = RunStore(tmp_path)
+    with store.open_run(plan.ablation_id, plan.record()) as run:
+        with run.stage(0, "warm_start") as attempt:  # the shared policy_0 is committed
+            attempt.write("metrics", [{"stage": "warm_start", "name": "x", "value": 1.0}])
+        more_seeds = make_plan(name, suite, seeds=3, ablation_id=None, store_root=tmp_path)
+        check_record(store, more_seeds)  # each arm-seed run stands alone: fine
+        other = suite.model_copy(update={"overrides": ["grpo.steps=5"]})
+        with pytest.raises(StoreError, match="was started with another suite"):
+            check_record(
+                store, make_plan(name, other, seeds=2, ablation_id=None, store_root=tmp_path)
+            )
+        with run.stage(0, "ablation") as attempt:
+            attempt.write("metrics", [{"stage": "ablation", "name": "x", "value": 1.0}])
+    check_record(store, plan)
+    with pytest.raises(StoreError, match=r"\(finished\) seed count: suite 'micro', 2 seeds"):
+        check_record(store, more_seeds)
