@@ -31,7 +31,7 @@ def _fig5_arms(values: Values) -> list[str]:
     return present or values.arms()
 
 
-def _band(ax: Any, xs: list[int], cis: list[Interval], label: str, style: str = "-o") -> None:
+def _band(ax: Any, xs: list[float], cis: list[Interval], label: str, style: str = "-o") -> None:
     """Means with their 95% intervals as error bars (a single seed: the mean alone)."""
     errs = [c.half or 0.0 for c in cis]
     ax.errorbar(
@@ -49,12 +49,13 @@ def _per_iteration(
 ) -> int:
     """Each arm's `metric` per policy (up to policy_`last`; None: all), mean and 95% CI."""
     drawn = 0
-    for arm in arms:
+    for i, arm in enumerate(arms):
         policies = [p for p in values.iterations(arm) if last is None or p <= last]
         points = [(p, values.interval(arm, p, metric, k)) for p in policies]
         shown = [(p, ci) for p, ci in points if ci is not None]
-        if shown:
-            _band(ax, [p for p, _ in shown], [ci for _, ci in shown], arm)
+        if shown:  # arms side by side around each policy, so equal ones stay visible
+            dodge = (i - (len(arms) - 1) / 2) * 0.03
+            _band(ax, [p + dodge for p, _ in shown], [ci for _, ci in shown], arm)
             drawn += 1
     return drawn
 
@@ -83,6 +84,7 @@ def write_plots(values: Values, ablation_id: str, out_dir: Path) -> list[Path]:
             if not _per_iteration(ax, values, arms, metric, at, last):
                 ax.text(0.5, 0.5, "not run (arms missing)", ha="center", transform=ax.transAxes)
             ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+            ax.set_ylim(-0.05, 1.05)  # accuracies; a t-interval may reach beyond
             ax.set_xlabel("policy (k = after k iterations)")
             ax.set_ylabel(f"{label} (95% CI over seeds)")
             ax.grid(alpha=0.3)
@@ -105,8 +107,9 @@ def _fig7(plt: Any, values: Values, ablation_id: str, out_dir: Path) -> Path:
                 points = [(k, values.interval(arm, policy, metric, k)) for k in ks]
                 shown = [(k, ci) for k, ci in points if ci is not None]
                 label = f"{metric.replace('@k', '@K')}, policy_{policy}"
-                _band(ax, [k for k, _ in shown], [ci for _, ci in shown], label, style)
+                _band(ax, [float(k) for k, _ in shown], [ci for _, ci in shown], label, style)
         ax.set_xscale("log", base=2)
+        ax.set_ylim(-0.05, 1.05)
     else:
         ax.text(0.5, 0.5, f"not run (no arm {arm})", ha="center", transform=ax.transAxes)
     ax.set_xlabel("K (samples per problem)")
