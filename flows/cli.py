@@ -244,7 +244,7 @@ LAZY_COMMANDS: dict[str, tuple[str, dict[str, str]]] = {
     ),
     "flows.ablate_commands": (
         "add_ablate_commands",
-        {"ablate": "arms x seeds from one shared policy_0: 95% intervals, the paper's orderings"},
+        {"ablate": "arms x seeds from one shared policy_0: the paper's RL orderings judged"},
     ),
 }
 
