@@ -124,7 +124,7 @@ def add_ablate_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]
         "ablate",
         help="arms x seeds from one shared policy_0, with 95%% intervals and the paper's orderings",
         description="Run a suite of arms (configs/ablate/*.yaml) at several seeds, each an "
-        "ordinary run starting from one shared warm start; print mean and 95%% t-interval per "
+        "ordinary run starting from one shared warm start; print mean and 95% t-interval per "
         "arm and whether DeepSeekMath's RL orderings hold. Rerunning the command resumes.",
     )
     p.add_argument(
