@@ -242,6 +242,10 @@ LAZY_COMMANDS: dict[str, tuple[str, dict[str, str]]] = {
             "serve": "serve the flow as a Prefect deployment (UI-triggered runs)",
         },
     ),
+    "flows.ablate_commands": (
+        "add_ablate_commands",
+        {"ablate": "arms x seeds from one shared policy_0: the paper's RL orderings judged"},
+    ),
 }
 
 

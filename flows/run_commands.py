@@ -119,7 +119,12 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
 def cmd_resume(args: argparse.Namespace) -> int:
     store = RunStore(args.store)
-    cfg = validate_config(stored_config_migrated(store.run_config(args.run_id)))
+    stored = store.run_config(args.run_id)
+    if "ablation" in stored:  # an `itergrpo ablate` run: its suite and seeds, all its runs
+        from flows.ablate_commands import resume_ablation
+
+        return resume_ablation(store, args.run_id, stored, prefect=not args.no_prefect)
+    cfg = validate_config(stored_config_migrated(stored))
     # The run continues in the store it was found in, wherever its config says it started.
     cfg = _with_identity(cfg, args.run_id, str(store.root))
     args.force_config = False

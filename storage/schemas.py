@@ -125,6 +125,18 @@ TABLE_SCHEMAS: dict[str, pa.Schema] = {
         _req("name", _S),
         _req("value", _F64),
     ),
+    # `itergrpo ablate`: every evaluation of every arm-seed run, in the ablation's own run
+    # (run_id = ablation_id), committed once all its arm-seed runs are complete.
+    "ablation": _schema(
+        _req("ablation_id", _S),
+        _req("arm", _S),
+        _req("seed", _I64),
+        _req("policy_iteration", _I64),
+        _req("metric", _S),
+        _opt("k", _I32),
+        _req("value", _F64),
+        _req("arm_run_id", _S),  # the arm-seed run the value was read from (its `eval` rows)
+    ),
     # The commit log: one file per committed stage attempt; its existence is the commit.
     "stages": _schema(
         _req("stage", _S),

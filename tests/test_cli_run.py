@@ -149,6 +149,6 @@ def test_help_lists_every_command_without_loading_torch_or_prefect() -> None:
         text=True,
         timeout=60,
     )
-    for command in ("sql", "tables", "runs", "run", "demo", "resume", "report", "serve"):
+    for command in ("sql", "tables", "runs", "run", "demo", "resume", "report", "serve", "ablate"):
         assert f"    {command} " in done.stdout
     assert "heavy: []" in done.stdout

@@ -11,6 +11,7 @@ import pytest
 
 from flows.cli import main
 from storage.errors import SqlReadOnlyError
+from storage.schemas import TABLE_SCHEMAS
 from storage.sql import create_views, run_query, view_statements
 from storage.store import RunStore
 
@@ -134,7 +135,7 @@ def test_cli_sql_formats_and_exit_codes(
     assert main(["sql", "DELETE FROM eval", "--store", s]) == 2
     assert "read-only" in capsys.readouterr().err
     assert main(["sql", "--print-views", "--store", s]) == 0
-    assert capsys.readouterr().out.count("CREATE OR REPLACE VIEW") == 9
+    assert capsys.readouterr().out.count("CREATE OR REPLACE VIEW") == len(TABLE_SCHEMAS)
 
 
 def test_cli_tables_and_runs(store: RunStore, capsys: pytest.CaptureFixture[str]) -> None:

@@ -1,0 +1,193 @@
+"""Running an ablation: the shared policy_0 once, then every arm-seed run, then the `ablation`
+table, each step skipped when the store already holds it (rerunning the command resumes).
+
+The ablation is a run of its own (run id = ablation id, config = the suite): its warm_start
+stage is the shared policy_0 and its `ablation` stage the table. Arm-seed runs are ordinary
+runs started by an injected `run_arm` (a direct call, or the `iterative_rl` flow as a Prefect
+subflow); they run one after another, since one run already keeps a 2-core machine busy.
+Each arm-seed start passes through the fault hook of flows/interrupts.py as a report of the
+pseudo-stage `arm_run` whose iteration is the run's position (`SIGKILL@arm_run:3:1` kills the
+process as the third arm-seed run starts).
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import time
+from collections.abc import Callable
+from typing import Any
+
+from flows import stages
+from flows.ablate_suites import AblationPlan, ArmRun
+from flows.config import ItergrpoConfig
+from flows.config_files import stored_config_as_current
+from flows.interrupts import INTERRUPT, RunInterrupted, graceful_sigint, with_fault_hook
+from flows.loop import Executor, planned_stages
+from flows.names import EVAL_SPLIT, WARM_START
+from flows.progress import no_progress
+from flows.stage_io import apply_threads, set_deepspeed_accelerator
+from storage.errors import ConfigMismatchError, StoreError
+from storage.run_writer import RunWriter
+from storage.store import RunStore
+
+log = logging.getLogger("itergrpo")
+
+ABLATION_TABLE = "ablation"  # the table, and the stage of the ablation's run that writes it
+ARM_RUN = "arm_run"  # the fault hook's name for "an arm-seed run starts"
+RunArm = Callable[[ItergrpoConfig], None]
+MakeExecutor = Callable[[ItergrpoConfig, RunWriter], Executor]
+
+
+def _minutes(seconds: float) -> str:
+    return f"{int(seconds) // 60}m{int(seconds) % 60:02d}s"
+
+
+def is_complete(store: RunStore, arm_run: ArmRun) -> bool:
+    """Whether every planned stage of the arm-seed run is committed (it is then not rerun)."""
+    if not store.run_dir(arm_run.run_id).is_dir():
+        return False
+    done = {(s["stage"], s["iteration"]) for s in store.committed_stages(arm_run.run_id)}
+    return set(planned_stages(arm_run.config)) <= done
+
+
+def ablation_rows(store: RunStore, plan: AblationPlan, runs: list[ArmRun]) -> list[dict[str, Any]]:
+    """Rows of the `ablation` table: each arm-seed run's evaluations on the held-out split."""
+    rows = []
+    for r in runs:
+        table = store.read("eval", run_id=r.run_id, where=f"split = '{EVAL_SPLIT}'")
+        for e in table.to_pylist():
+            rows.append(
+                {
+                    "ablation_id": plan.ablation_id,
+                    "arm": r.arm,
+                    "seed": r.seed,
+                    "policy_iteration": e["policy_iteration"],
+                    "metric": e["metric"],
+                    "k": e["k"],
+                    "value": e["value"],
+                    "arm_run_id": r.run_id,
+                }
+            )
+    return rows
+
+
+def _what_counts(record: dict[str, Any], *, seeds: bool) -> dict[str, Any]:
+    """The parts of an ablation's record that make it the same ablation: its suite (and seed
+    count), and policy_0's config less where it lives (store, cluster)."""
+    suite = {k: v for k, v in record["ablation"].items() if seeds or k != "seeds"}
+    policy_0 = {k: v for k, v in record["policy_0"].items() if k not in ("store", "cluster")}
+    return {"ablation": suite, "policy_0": policy_0}
+
+
+def check_record(store: RunStore, plan: AblationPlan) -> None:
+    """Refuse to continue an ablation with another suite or base config, or another seed
+    count once its table is committed (seeds may change before: each arm-seed run stands
+    alone); open_run would only suggest `itergrpo run --force-config`."""
+    if not (store.run_dir(plan.ablation_id) / "config.yaml").exists():
+        return
+    stored = store.run_config(plan.ablation_id)
+    if "ablation" not in stored:
+        raise StoreError(
+            f"run {plan.ablation_id!r} in {store.root} is not an ablation: pass another "
+            "--ablation-id"
+        )
+    committed = {s["stage"] for s in store.committed_stages(plan.ablation_id)}
+    if not committed:
+        return  # nothing to stay consistent with: this suite replaces the stored one
+    seeds = ABLATION_TABLE in committed
+    if _what_counts(stored, seeds=seeds) != _what_counts(plan.record(), seeds=seeds):
+        was = stored["ablation"]
+        raise StoreError(
+            f"ablation {plan.ablation_id!r} was started with another suite, base config or "
+            f"(finished) seed count: suite {was['suite']!r}, {was['seeds']} seeds. Pass a new "
+            "--ablation-id, or rerun it with the suite it was started with"
+        )
+
+
+def check_arm_runs(store: RunStore, runs: list[ArmRun]) -> None:
+    """Before any work: each arm-seed run the store already has must still have its config
+    (the suite changed since it started?) and no live process may hold its lock."""
+    for r in runs:
+        try:
+            store.check_can_open(
+                r.run_id,
+                r.config.model_dump(mode="json"),
+                upgrade_config=functools.partial(stored_config_as_current, current=r.config),
+            )
+        except ConfigMismatchError as exc:
+            shown = ", ".join(exc.keys[:5])
+            raise ConfigMismatchError(
+                f"arm {r.arm!r}, seed {r.seed}: run {r.run_id} was started with another config "
+                f"(differing keys: {shown}), so the suite changed since; pass a new "
+                "--ablation-id, or restore the suite",
+                exc.keys,
+            ) from None
+
+
+def _shared_policy_0(plan: AblationPlan, record: RunWriter, make_executor: MakeExecutor) -> None:
+    if record.is_committed(0, WARM_START):
+        log.info("ablation %s: shared policy_0 already committed", plan.ablation_id)
+        return
+    cfg = plan.policy_0_config()
+    apply_threads(cfg)
+    set_deepspeed_accelerator(cfg)
+    log.info("ablation %s: shared policy_0 (warm start, computed once)", plan.ablation_id)
+    start = time.perf_counter()
+    make_executor(cfg, record)(WARM_START, 0, stages.warm_start_stage)
+    log.info("ablation %s: policy_0 done in %.1f s", plan.ablation_id, time.perf_counter() - start)
+
+
+def _run_arms(store: RunStore, runs: list[ArmRun], run_arm: RunArm, began: float) -> None:
+    ran: list[float] = []
+    for position, arm_run in enumerate(runs, start=1):
+        INTERRUPT.check()
+        where = f"[{position}/{len(runs)}] arm {arm_run.arm}, seed {arm_run.seed}"
+        if is_complete(store, arm_run):
+            log.info("%s: %s committed, skipped", where, arm_run.run_id)
+            continue
+        log.info(
+            "%s: run %s (ablation %s elapsed)",
+            where,
+            arm_run.run_id,
+            _minutes(time.perf_counter() - began),
+        )
+        with_fault_hook(no_progress, ARM_RUN, position)(0.0, f"{where} starts")
+        start = time.perf_counter()
+        run_arm(arm_run.config)
+        ran.append(time.perf_counter() - start)
+        left = sum(ran) / len(ran) * (len(runs) - position)
+        log.info(
+            "%s: done in %.0f s (ablation %s elapsed, about %s left)",
+            where,
+            ran[-1],
+            _minutes(time.perf_counter() - began),
+            _minutes(left),
+        )
+
+
+def run_ablation(
+    plan: AblationPlan, *, make_executor: MakeExecutor, run_arm: RunArm
+) -> list[dict[str, Any]]:
+    """Run what the store lacks of `plan`; return the committed `ablation` rows."""
+    began = time.perf_counter()
+    store = RunStore(plan.store_root)
+    runs = plan.arm_runs()
+    check_record(store, plan)
+    check_arm_runs(store, runs)
+    # check_record has compared the stored record: it is replaced (the old one kept beside)
+    with store.open_run(plan.ablation_id, plan.record(), force_config=True) as record:
+        record.set_status("running")
+        try:
+            with graceful_sigint():
+                _shared_policy_0(plan, record, make_executor)
+                INTERRUPT.check()
+                _run_arms(store, runs, run_arm, began)
+                if not record.is_committed(0, ABLATION_TABLE):
+                    with record.stage(0, ABLATION_TABLE) as attempt:
+                        attempt.write(ABLATION_TABLE, ablation_rows(store, plan, runs))
+        except BaseException as exc:
+            record.set_status("interrupted" if isinstance(exc, RunInterrupted) else "failed")
+            raise
+        record.set_status("completed", iterations_done=0, arm_runs=len(runs))
+    return store.read(ABLATION_TABLE, run_id=plan.ablation_id).to_pylist()

@@ -1,0 +1,182 @@
+"""An ablation's report: plots analogous to DeepSeekMath Figs. 5-7 and a markdown summary
+(table, verdicts, plots) under <store>/reports/<ablation_id>/, and the same page with the plots
+inlined for the Prefect artifact."""
+
+from __future__ import annotations
+
+import base64
+from pathlib import Path
+from typing import Any
+
+from flows.ablate_results import (
+    CLAIMS_NOTE,
+    FIG5_LINKS,
+    FIG6_LINKS,
+    FIG7_ARM,
+    GREEDY,
+    MAJ,
+    PASS,
+    Values,
+    claims,
+    format_results_table,
+)
+from flows.ablate_stats import Interval
+
+FIG5_ARMS = ("sft", "rft", "online_rft", "grpo_os", "grpo_ps")
+
+
+def _fig5_arms(values: Values) -> list[str]:
+    wanted = [*FIG5_ARMS, *(a for link in FIG5_LINKS for a in (link[0], link[2]))]
+    present = [a for a in dict.fromkeys(wanted) if a in values.arms()]
+    return present or values.arms()
+
+
+def _band(ax: Any, xs: list[float], cis: list[Interval], label: str, style: str = "-o") -> None:
+    """Means with their 95% intervals as error bars (a single seed: the mean alone)."""
+    errs = [c.half or 0.0 for c in cis]
+    ax.errorbar(
+        xs,
+        [c.mean for c in cis],
+        yerr=errs if any(errs) else None,
+        fmt=style,
+        capsize=3,
+        label=label,
+    )
+
+
+def _per_iteration(
+    ax: Any, values: Values, arms: list[str], metric: str, k: int, last: int | None
+) -> int:
+    """Each arm's `metric` per policy (up to policy_`last`; None: all), mean and 95% CI."""
+    drawn = 0
+    for i, arm in enumerate(arms):
+        policies = [p for p in values.iterations(arm) if last is None or p <= last]
+        points = [(p, values.interval(arm, p, metric, k)) for p in policies]
+        shown = [(p, ci) for p, ci in points if ci is not None]
+        if shown:  # arms side by side around each policy, so equal ones stay visible
+            dodge = (i - (len(arms) - 1) / 2) * 0.03
+            _band(ax, [p + dodge for p, _ in shown], [ci for _, ci in shown], arm)
+            drawn += 1
+    return drawn
+
+
+def write_plots(values: Values, ablation_id: str, out_dir: Path) -> list[Path]:
+    """fig5_arms.png, fig6_rm_retraining.png, fig7_maj_pass.png (means and 95% intervals)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from matplotlib.ticker import MaxNLocator
+
+    out_dir.mkdir(parents=True, exist_ok=True)
+    paths = []
+    k = values.top_k() or 1
+    fig6_arms = [a for link in FIG6_LINKS for a in (link[0], link[2]) if a in values.arms()]
+    for name, title, arms, last in (
+        ("fig5_arms.png", "Fig. 5 analogue: equal samples and steps", _fig5_arms(values), 1),
+        ("fig6_rm_retraining.png", "Fig. 6 analogue: RM retrained vs once", fig6_arms, None),
+    ):
+        fig, axes = plt.subplots(1, 2, figsize=(11, 4))
+        for ax, metric, at, label in (
+            (axes[0], GREEDY, 1, "greedy accuracy"),
+            (axes[1], MAJ, k, f"Maj@{k}"),
+        ):
+            if not _per_iteration(ax, values, arms, metric, at, last):
+                ax.text(0.5, 0.5, "not run (arms missing)", ha="center", transform=ax.transAxes)
+            ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+            ax.set_ylim(-0.05, 1.05)  # accuracies; a t-interval may reach beyond
+            ax.set_xlabel("policy (k = after k iterations)")
+            ax.set_ylabel(f"{label} (95% CI over seeds)")
+            ax.grid(alpha=0.3)
+            if ax.get_legend_handles_labels()[0]:
+                ax.legend(fontsize="small")
+        fig.suptitle(f"{title} — {ablation_id}", fontsize="medium")
+        paths.append(_save(plt, fig, out_dir / name))
+    paths.append(_fig7(plt, values, ablation_id, out_dir))
+    return paths
+
+
+def _fig7(plt: Any, values: Values, ablation_id: str, out_dir: Path) -> Path:
+    fig, ax = plt.subplots(figsize=(6.5, 4))
+    arm = FIG7_ARM
+    if arm in values.arms():
+        final = values.final_iteration(arm)
+        for metric, style in ((MAJ, "-o"), (PASS, "--s")):
+            for policy in (0, final):
+                ks = values.ks(metric)
+                points = [(k, values.interval(arm, policy, metric, k)) for k in ks]
+                shown = [(k, ci) for k, ci in points if ci is not None]
+                label = f"{metric.replace('@k', '@K')}, policy_{policy}"
+                _band(ax, [float(k) for k, _ in shown], [ci for _, ci in shown], label, style)
+        ax.set_xscale("log", base=2)
+        ax.set_ylim(-0.05, 1.05)
+    else:
+        ax.text(0.5, 0.5, f"not run (no arm {arm})", ha="center", transform=ax.transAxes)
+    ax.set_xlabel("K (samples per problem)")
+    ax.set_ylabel("accuracy (95% CI over seeds)")
+    ax.set_title(f"Fig. 7 analogue: Maj@K and Pass@K, {arm} — {ablation_id}", fontsize="medium")
+    ax.grid(alpha=0.3)
+    if ax.get_legend_handles_labels()[0]:
+        ax.legend(fontsize="small")
+    return _save(plt, fig, out_dir / "fig7_maj_pass.png")
+
+
+def _save(plt: Any, fig: Any, path: Path) -> Path:
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return path
+
+
+def verdict_lines(values: Values) -> str:
+    return "\n".join(claim.text() for claim in claims(values))
+
+
+def summary_markdown(values: Values, ablation_id: str, description: str) -> str:
+    """The report page without its pictures: description, table, verdicts, how to query."""
+    return "\n".join(
+        [
+            f"# itergrpo ablation `{ablation_id}`",
+            "",
+            description.strip(),
+            "",
+            "```",
+            format_results_table(values),
+            "```",
+            "",
+            "```",
+            verdict_lines(values),
+            "```",
+            "",
+            CLAIMS_NOTE,
+            "",
+            'Query: `itergrpo sql "SELECT arm, seed, policy_iteration, metric, k, value FROM '
+            f"ablation WHERE ablation_id = '{ablation_id}'\"`",
+            "",
+        ]
+    )
+
+
+def write_ablation_report(
+    values: Values, ablation_id: str, description: str, out_dir: Path
+) -> list[Path]:
+    """The plots and summary.md (pictures linked beside it)."""
+    plots = write_plots(values, ablation_id, out_dir)
+    pictures = "\n\n".join(f"![{p.stem}]({p.name})" for p in plots)
+    summary = out_dir / "summary.md"
+    summary.write_text(summary_markdown(values, ablation_id, description) + "\n" + pictures + "\n")
+    return [*plots, summary]
+
+
+def report_with_inline_plots(
+    values: Values, ablation_id: str, description: str, out_dir: Path
+) -> str:
+    """write_ablation_report's page with the plots inlined (a Prefect artifact cannot link
+    to files in the store)."""
+    written = write_ablation_report(values, ablation_id, description, out_dir)
+    pictures = "\n\n".join(
+        f"![{p.stem}](data:image/png;base64,{base64.b64encode(p.read_bytes()).decode()})"
+        for p in written
+        if p.suffix == ".png"
+    )
+    return summary_markdown(values, ablation_id, description) + "\n" + pictures + "\n"
