@@ -41,6 +41,7 @@ def _execute(plan: AblationPlan, *, use_prefect: bool) -> list[dict[str, Any]]:
 
         return run_ablation(plan, make_executor=call_directly, run_arm=_run_directly)
     from flows.ablate_flow import ablate
+    from flows.prefect_flow import raise_for_flow_state
     from flows.prefect_server import prefect_api
 
     with prefect_api():
@@ -52,9 +53,7 @@ def _execute(plan: AblationPlan, *, use_prefect: bool) -> list[dict[str, Any]]:
             str(plan.store_root),
             return_state=True,
         )
-    if state.is_cancelled():
-        raise RunInterrupted(state.message or "interrupted")
-    state.result()  # the flow's exception, if it failed
+    raise_for_flow_state(state, "interrupted")
     return RunStore(plan.store_root).read("ablation", run_id=plan.ablation_id).to_pylist()
 
 

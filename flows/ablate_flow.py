@@ -21,7 +21,12 @@ from flows.ablate_suites import AblationPlan, Suite
 from flows.cli import PACKAGE_LOGGERS
 from flows.config import ItergrpoConfig
 from flows.interrupts import RunInterrupted
-from flows.prefect_flow import artifact_key, iterative_rl, prefect_executor
+from flows.prefect_flow import (
+    artifact_key,
+    iterative_rl,
+    prefect_executor,
+    raise_for_flow_state,
+)
 
 
 class _FlowRunLogs:
@@ -77,9 +82,7 @@ def ablate(
     def run_arm(cfg: ItergrpoConfig) -> None:
         with logs.detached():
             state = iterative_rl.with_options(flow_run_name=cfg.run.run_id)(cfg, return_state=True)
-        if state.is_cancelled():
-            raise RunInterrupted(state.message or f"run {cfg.run.run_id} was cancelled")
-        state.result()  # the subflow's exception, if it failed
+        raise_for_flow_state(state, f"run {cfg.run.run_id} was cancelled")
 
     try:
         with logs.attached():

@@ -4,7 +4,6 @@ inlined for the Prefect artifact."""
 
 from __future__ import annotations
 
-import base64
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +20,7 @@ from flows.ablate_results import (
     format_results_table,
 )
 from flows.ablate_stats import Interval
+from flows.report import inline_pngs, save_figure
 
 FIG5_ARMS = ("sft", "rft", "online_rft", "grpo_os", "grpo_ps")
 
@@ -91,7 +91,7 @@ def write_plots(values: Values, ablation_id: str, out_dir: Path) -> list[Path]:
             if ax.get_legend_handles_labels()[0]:
                 ax.legend(fontsize="small")
         fig.suptitle(f"{title} — {ablation_id}", fontsize="medium")
-        paths.append(_save(plt, fig, out_dir / name))
+        paths.append(save_figure(plt, fig, out_dir / name))
     paths.append(_fig7(plt, values, ablation_id, out_dir))
     return paths
 
@@ -118,14 +118,7 @@ def _fig7(plt: Any, values: Values, ablation_id: str, out_dir: Path) -> Path:
     ax.grid(alpha=0.3)
     if ax.get_legend_handles_labels()[0]:
         ax.legend(fontsize="small")
-    return _save(plt, fig, out_dir / "fig7_maj_pass.png")
-
-
-def _save(plt: Any, fig: Any, path: Path) -> Path:
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
-    return path
+    return save_figure(plt, fig, out_dir / "fig7_maj_pass.png")
 
 
 def verdict_lines(values: Values) -> str:
@@ -174,9 +167,4 @@ def report_with_inline_plots(
     """write_ablation_report's page with the plots inlined (a Prefect artifact cannot link
     to files in the store)."""
     written = write_ablation_report(values, ablation_id, description, out_dir)
-    pictures = "\n\n".join(
-        f"![{p.stem}](data:image/png;base64,{base64.b64encode(p.read_bytes()).decode()})"
-        for p in written
-        if p.suffix == ".png"
-    )
-    return summary_markdown(values, ablation_id, description) + "\n" + pictures + "\n"
+    return summary_markdown(values, ablation_id, description) + "\n" + inline_pngs(written) + "\n"

@@ -47,6 +47,14 @@ os.environ.setdefault("DO_NOT_TRACK", "1")
 SERVED_CONFIG_ENV = "ITERGRPO_SERVED_CONFIG"
 
 
+def raise_for_flow_state(state: State[Any], cancelled: str) -> None:
+    """A flow run's end as the caller sees it: RunInterrupted when it was cancelled (it
+    stopped at a safe point), the flow's own exception when it failed, else nothing."""
+    if state.is_cancelled():
+        raise RunInterrupted(state.message or cancelled)
+    state.result()
+
+
 def artifact_key(run_id: str, what: str) -> str:
     """Prefect artifact keys allow lowercase letters, digits and dashes only."""
     return re.sub(r"[^a-z0-9-]+", "-", f"itergrpo-{what}-{run_id}".lower()).strip("-")

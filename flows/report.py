@@ -217,11 +217,7 @@ def write_report(store: RunStore, run_id: str, out_dir: Path) -> list[Path]:
         ax.grid(alpha=0.3)
         if lines:
             ax.legend(handles=lines, fontsize="small")
-        path = out_dir / panel.filename
-        fig.tight_layout()
-        fig.savefig(path, dpi=100)
-        plt.close(fig)
-        written.append(path)
+        written.append(save_figure(plt, fig, out_dir / panel.filename))
     written.append(_plot_rm_gap(plt, store, run_id, out_dir))
     summary = out_dir / "summary.md"
     pictures = [f"![{p.stem}]({p.name})" for p in written]
@@ -230,16 +226,28 @@ def write_report(store: RunStore, run_id: str, out_dir: Path) -> list[Path]:
     return written
 
 
-def report_with_inline_plots(store: RunStore, run_id: str, out_dir: Path) -> str:
-    """write_report's summary with its plots inlined as data: URIs (a Prefect markdown
-    artifact lives in Prefect's database and cannot reach files in the store)."""
-    written = write_report(store, run_id, out_dir)
-    pictures = [
+def save_figure(plt: Any, fig: Any, path: Path) -> Path:
+    """Lay out, write (PNG, 100 dpi) and close a matplotlib figure."""
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return path
+
+
+def inline_pngs(paths: list[Path]) -> str:
+    """Markdown pictures of the PNGs among `paths` as data: URIs (a Prefect markdown artifact
+    lives in Prefect's database and cannot reach files in the store)."""
+    return "\n\n".join(
         f"![{p.stem}](data:image/png;base64,{base64.b64encode(p.read_bytes()).decode()})"
-        for p in written
+        for p in paths
         if p.suffix == ".png"
-    ]
-    return summary_markdown(store, run_id) + "\n" + "\n\n".join(pictures) + "\n"
+    )
+
+
+def report_with_inline_plots(store: RunStore, run_id: str, out_dir: Path) -> str:
+    """write_report's summary with its plots inlined (inline_pngs)."""
+    written = write_report(store, run_id, out_dir)
+    return summary_markdown(store, run_id) + "\n" + inline_pngs(written) + "\n"
 
 
 @dataclass(frozen=True)
@@ -337,8 +345,4 @@ def _plot_rm_gap(plt: Any, store: RunStore, run_id: str, out_dir: Path) -> Path:
     ax.grid(alpha=0.3)
     if ax.get_legend_handles_labels()[0]:
         ax.legend()
-    path = out_dir / "rm_vs_verifier.png"
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
-    return path
+    return save_figure(plt, fig, out_dir / "rm_vs_verifier.png")

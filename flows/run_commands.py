@@ -67,16 +67,14 @@ def _execute(cfg: ItergrpoConfig, *, use_prefect: bool, force_config: bool) -> N
     # transformers draws a bar per checkpoint load/save; the stage bars are the useful ones.
     hf_logging.disable_progress_bar()
     if use_prefect:
-        from flows.prefect_flow import iterative_rl
+        from flows.prefect_flow import iterative_rl, raise_for_flow_state
         from flows.prefect_server import prefect_api
 
         for name in ("prefect.flow_runs", "prefect.task_runs"):
             logging.getLogger(name).addFilter(_NoUserErrorTraceback())
         with prefect_api():
             state = iterative_rl(cfg, force_config=force_config, return_state=True)
-        if state.is_cancelled():  # the flow stopped at a safe point after Ctrl-C
-            raise RunInterrupted(state.message or "interrupted")
-        state.result()  # the flow's exception, if it failed
+        raise_for_flow_state(state, "interrupted")
     else:
         execute_run(cfg, force_config=force_config)
 
