@@ -27,9 +27,10 @@ from transformers import LlamaConfig, LlamaForCausalLM
 
 from grpo_core.algo.config import GRPOConfig
 from grpo_core.algo.update import grpo_update
-from grpo_core.data.policy_batch import PolicyBatch, build_policy_batch
-from grpo_core.engines.config import DeepSpeedConfig, OptimizerSettings
-from grpo_core.engines.train import TorchEngine, TrainEngine
+from grpo_core.contracts.policy_batch import PolicyBatch, build_policy_batch
+from grpo_core.contracts.training import OptimizerSettings, TrainEngine
+from grpo_core.engines.config import DeepSpeedConfig
+from grpo_core.engines.train import TorchEngine
 
 PEAK_BF16_TFLOPS = {"H100": 989.0, "H200": 989.0, "A100": 312.0}
 ROWS, PROMPT, COMPLETION = 64, 64, 192

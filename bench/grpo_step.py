@@ -40,9 +40,9 @@ from grpo_core.algo.config import GRPOConfig
 from grpo_core.algo.rewards import StepRewards
 from grpo_core.algo.step import grpo_step
 from grpo_core.algo.update import grpo_update
-from grpo_core.data.policy_batch import PolicyBatch
+from grpo_core.contracts.policy_batch import PolicyBatch
+from grpo_core.contracts.rollout import RolloutBatch, RolloutEngine, SamplingParams
 from grpo_core.engines.hf_rollout import HFRolloutEngine
-from grpo_core.engines.rollout_types import RolloutBatch, RolloutEngine, SamplingParams
 from grpo_core.engines.train import TorchEngine
 from grpo_core.model.config import PolicyConfig
 from grpo_core.model.policy import build_char_tokenizer, create_tiny_policy, load_policy

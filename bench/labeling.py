@@ -28,10 +28,10 @@ from typing import Any
 import torch
 
 from flows.config_files import load_config
+from grpo_core.contracts.rollout import RolloutBatch, RolloutEngine, SamplingParams
 from grpo_core.data.reasoning_steps import split_steps
 from grpo_core.data.tasks.registry import make_task
 from grpo_core.engines.hf_rollout import HFRolloutEngine
-from grpo_core.engines.rollout_types import RolloutBatch, RolloutEngine, SamplingParams
 from grpo_core.model.policy import build_policy, format_prompt
 from grpo_core.model.warm_start import warm_start
 from reward_models.config import LabellingConfig

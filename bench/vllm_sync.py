@@ -30,7 +30,7 @@ from grpo_bench_common import CONFIGS
 from transformers import PreTrainedModel
 
 from flows.model_io import save_model
-from grpo_core.engines.rollout_types import SamplingParams
+from grpo_core.contracts.rollout import SamplingParams
 from grpo_core.engines.vllm_rollout import VLLMRolloutEngine
 from grpo_core.engines.weight_sync import WeightSender, manifest, unique_tensors
 from grpo_core.model.config import PolicyConfig

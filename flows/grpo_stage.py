@@ -33,10 +33,10 @@ from flows.stage_io import (
     resolve_device,
 )
 from grpo_core.algo.step import StepOutcome, grpo_step
+from grpo_core.contracts.rollout import RolloutBatch, RolloutEngine, SamplingParams
 from grpo_core.data.tasks.base import Problem
 from grpo_core.data.tasks.registry import make_task
 from grpo_core.engines.gold_rollout import GoldSolutionRollout
-from grpo_core.engines.rollout_types import RolloutBatch, RolloutEngine, SamplingParams
 from grpo_core.model.policy import format_prompt, load_policy
 from reward_models.grpo_reward import GRPORewarder
 from reward_models.models import RewardModel

@@ -31,9 +31,9 @@ from flows.stage_io import (
     require_checkpoint,
     resolve_device,
 )
+from grpo_core.contracts.rollout import RolloutBatch, SamplingParams
 from grpo_core.data.tasks.base import Problem, Split, Task
 from grpo_core.data.tasks.registry import make_task
-from grpo_core.engines.rollout_types import RolloutBatch, SamplingParams
 from grpo_core.model.policy import format_prompt
 from reward_models.evaluate import EvalRow, best_of_n_rows, orm_eval_rows, prm_eval_rows
 from reward_models.labelling import LabelledSample, OrmLabel, PrmLabel

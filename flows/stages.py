@@ -24,10 +24,11 @@ from flows.names import EVAL_SPLIT, EVALUATE, LABEL, POLICY, ROLLOUT, TRAIN_SPLI
 from flows.progress import ProgressFn, log
 from flows.rm_stage import labelled_samples, train_rm_stage
 from flows.stage_io import StageResult, ckpt, derive_seed, metric_rows
+from grpo_core.contracts.rollout import SamplingParams
 from grpo_core.data.answers import extract_answer
 from grpo_core.data.tasks.base import Task
 from grpo_core.data.tasks.registry import make_task
-from grpo_core.engines.rollout_types import SamplingParams
+from grpo_core.engines.hf_rollout import HFRolloutEngine
 from grpo_core.model.evaluate import evaluate_policy
 from grpo_core.model.policy import build_policy, format_prompt
 from grpo_core.model.warm_start import warm_start
@@ -88,7 +89,9 @@ def warm_start_stage(
     if cfg.run.warm_start:
         progress(0.0, "warm start (SFT)")
         ws = cfg.warm_start.model_copy(update={"seed": derive_seed(cfg.run.seed, WARM_START)})
-        metrics = {k: float(v) for k, v in warm_start(model, tokenizer, task, ws).items()}
+        greedy = HFRolloutEngine(model, tokenizer, show_progress=False)
+        done = warm_start(model, tokenizer, task, ws, greedy_sampler=greedy)
+        metrics = {k: float(v) for k, v in done.items()}
     save_model(ckpt(cfg, run.run_id, POLICY, 0), model, tokenizer)
     progress(0.8, "evaluating policy_0")
     rows = _evaluate(cfg, run, task, model, tokenizer, policy_iteration=0)

@@ -10,10 +10,10 @@ import torch
 from transformers import PreTrainedTokenizerBase
 
 from grpo_core.algo.rewards import StepRewards, WeightedPart, outcome_reward, process_rewards
+from grpo_core.contracts.rollout import RolloutBatch
 from grpo_core.data.answers import format_reward
 from grpo_core.data.reasoning_steps import step_end_token_indices
 from grpo_core.data.tasks.base import Problem, Task
-from grpo_core.engines.rollout_types import RolloutBatch
 from reward_models.config import RewardWeights
 from reward_models.models import RewardModel
 from reward_models.scoring import aggregate_step_scores, score_outcome, score_steps

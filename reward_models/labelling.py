@@ -13,9 +13,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, fields
 from typing import Any, TypeVar
 
+from grpo_core.contracts.rollout import RolloutEngine, SamplingParams
 from grpo_core.data.reasoning_steps import Decoder, split_steps, step_end_token_indices, step_spans
 from grpo_core.data.tasks.base import Problem, Task
-from grpo_core.engines.rollout_types import RolloutEngine, SamplingParams
 from reward_models.config import LabellingConfig
 
 _Row = TypeVar("_Row", bound="OrmLabel | PrmLabel")

@@ -9,7 +9,7 @@ from typing import Any, cast
 import torch
 from transformers import PreTrainedTokenizerBase
 
-from grpo_core.data.policy_batch import build_policy_batch
+from grpo_core.contracts.policy_batch import build_policy_batch
 from grpo_core.data.reasoning_steps import step_end_token_indices
 from reward_models.config import PrmAggregation
 from reward_models.models import RewardModel

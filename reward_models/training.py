@@ -20,11 +20,11 @@ import torch.nn.functional as F
 from tqdm.auto import tqdm
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-from grpo_core.algo.numerics import require_finite
-from grpo_core.data.policy_batch import build_policy_batch
+from grpo_core.contracts.numerics import require_finite
+from grpo_core.contracts.policy_batch import build_policy_batch
+from grpo_core.contracts.training import OptimizerSettings, TrainEngine
 from grpo_core.data.reasoning_steps import step_end_token_indices
-from grpo_core.engines.config import OptimizerSettings
-from grpo_core.engines.train import TorchEngine, TrainEngine
+from grpo_core.engines.train import TorchEngine
 from grpo_core.model.policy import encode_prompt
 from reward_models.config import RewardModelConfig
 from reward_models.labelling import LabelledSample, OrmLabel, PrmLabel

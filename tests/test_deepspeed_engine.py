@@ -21,8 +21,9 @@ from transformers import AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM
 
 from grpo_core.algo.config import GRPOConfig
 from grpo_core.algo.update import grpo_update
-from grpo_core.data.policy_batch import PolicyBatch, build_policy_batch
-from grpo_core.engines.config import DeepSpeedConfig, OptimizerSettings
+from grpo_core.contracts.policy_batch import PolicyBatch, build_policy_batch
+from grpo_core.contracts.training import OptimizerSettings
+from grpo_core.engines.config import DeepSpeedConfig
 from grpo_core.engines.train import TorchEngine
 
 needs_deepspeed = pytest.mark.skipif(

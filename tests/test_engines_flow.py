@@ -336,8 +336,8 @@ def test_worker_reloads_tied_policies_and_samples_many_seeded_prompts(tmp_path: 
     """The tiny policy ties lm_head to the embeddings; vLLM's reload skips the tied head, so
     the worker must refresh it (on CPU its pre-packed GEMM would keep the old weights). And a
     labelling-sized call of seeded prompts must not hit vLLM's chunked-prefill rewind."""
+    from grpo_core.contracts.rollout import SamplingParams
     from grpo_core.engines.hf_rollout import HFRolloutEngine
-    from grpo_core.engines.rollout_types import SamplingParams
     from grpo_core.engines.vllm_rollout import VLLMRolloutEngine
     from grpo_core.model.config import PolicyConfig
     from grpo_core.model.policy import (

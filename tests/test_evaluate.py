@@ -3,9 +3,9 @@ import math
 
 import pytest
 
+from grpo_core.contracts.rollout import RolloutBatch, SamplingParams
 from grpo_core.data.tasks.arith import ArithTask
 from grpo_core.data.tasks.base import Problem
-from grpo_core.engines.rollout_types import RolloutBatch, SamplingParams
 from grpo_core.model.config import EvalConfig
 from grpo_core.model.evaluate import evaluate_policy, maj_at_k, majority_answer, pass_at_k
 from grpo_core.model.policy import build_char_tokenizer

@@ -9,8 +9,8 @@ from transformers import LlamaConfig, LlamaForCausalLM
 from grpo_core.algo.advantages import outcome_advantages, process_advantages
 from grpo_core.algo.config import GRPOConfig
 from grpo_core.algo.update import grpo_update
-from grpo_core.data.policy_batch import build_policy_batch
-from grpo_core.engines.config import OptimizerSettings
+from grpo_core.contracts.policy_batch import build_policy_batch
+from grpo_core.contracts.training import OptimizerSettings
 from grpo_core.engines.train import TorchEngine
 
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("one_torch_thread")]

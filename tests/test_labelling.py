@@ -7,9 +7,9 @@ from collections.abc import Callable
 
 import pytest
 
+from grpo_core.contracts.rollout import RolloutBatch, SamplingParams
 from grpo_core.data.tasks.arith import ArithTask
 from grpo_core.data.tasks.base import Problem
-from grpo_core.engines.rollout_types import RolloutBatch, SamplingParams
 from grpo_core.model.policy import build_char_tokenizer
 from reward_models.config import LabellingConfig
 from reward_models.labelling import (

@@ -7,18 +7,17 @@ import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
-from grpo_core.algo import losses
 from grpo_core.algo.config import GRPOConfig, KLEstimator, LossAgg
 from grpo_core.algo.losses import (
     agg_loss,
     clip_ratio,
     clipped_surrogate,
-    entropy_from_logits,
     grpo_loss,
     kl_penalty,
     ppo_kl_shaped_reward,
-    token_logprobs,
 )
+from grpo_core.model import logits as logits_module
+from grpo_core.model.logits import entropy_from_logits, token_logprobs
 
 MODES: list[LossAgg] = ["seq-mean-token-mean", "token-mean", "seq-mean-token-sum-norm"]
 
@@ -107,7 +106,7 @@ def naive_logprobs(logits: torch.Tensor, labels: torch.Tensor, temperature: floa
 def test_token_logprobs_equal_naive_values_and_grads(
     temperature: float, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(losses, "LOGPROB_CHUNK_ROWS", 5)  # several chunks, a ragged last one
+    monkeypatch.setattr(logits_module, "LOGPROB_CHUNK_ROWS", 5)  # several chunks, a ragged last one
     gen = torch.Generator().manual_seed(0)
     logits = torch.randn(3, 7, 11, generator=gen, dtype=torch.float64) * 3
     labels = torch.randint(0, 11, (3, 7), generator=gen)
@@ -136,7 +135,7 @@ def test_token_logprobs_bf16_logits_computed_in_float32() -> None:
 
 
 def test_entropy_matches_naive(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(losses, "LOGPROB_CHUNK_ROWS", 3)
+    monkeypatch.setattr(logits_module, "LOGPROB_CHUNK_ROWS", 3)
     logits = torch.randn(2, 5, 9, generator=torch.Generator().manual_seed(2))
     probs = torch.softmax(logits / 0.8, -1)
     naive = -(probs * probs.log()).sum(-1)

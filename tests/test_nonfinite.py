@@ -22,10 +22,10 @@ from flows.grpo_stage import grpo_stage
 from flows.names import GRPO_PROGRESS
 from flows.stage_io import ckpt
 from grpo_core.algo.config import GRPOConfig
-from grpo_core.algo.numerics import NonFiniteError, require_finite, require_finite_metrics
 from grpo_core.algo.rewards import StepRewards, check_rewards
 from grpo_core.algo.update import grpo_update
-from grpo_core.engines.config import OptimizerSettings
+from grpo_core.contracts.numerics import NonFiniteError, require_finite, require_finite_metrics
+from grpo_core.contracts.training import OptimizerSettings
 from grpo_core.engines.train import TorchEngine
 from storage.store import RunStore
 from tests.flow_helpers import micro_config

@@ -7,7 +7,7 @@ import pytest
 import torch
 from transformers import GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM
 
-from grpo_core.data.policy_batch import PaddingSide, build_policy_batch
+from grpo_core.contracts.policy_batch import PaddingSide, build_policy_batch
 from grpo_core.model import forward
 from grpo_core.model.forward import length_buckets, sequence_logprobs, sequence_logprobs_and_entropy
 

@@ -25,8 +25,8 @@ from flows.loop import execute_run
 from flows.model_io import save_model
 from flows.names import POLICY
 from flows.stage_io import ckpt
+from grpo_core.contracts.rollout import RolloutBatch, SamplingParams
 from grpo_core.engines.hf_rollout import HFRolloutEngine
-from grpo_core.engines.rollout_types import RolloutBatch, SamplingParams
 from grpo_core.model.config import PolicyConfig
 from grpo_core.model.policy import (
     build_char_tokenizer,

@@ -12,7 +12,6 @@ from hypothesis import strategies as st
 from torch import Tensor
 
 from grpo_core.algo.config import GRPOConfig
-from grpo_core.algo.numerics import NonFiniteError
 from grpo_core.algo.rewards import (
     StepRewards,
     outcome_reward,
@@ -21,8 +20,9 @@ from grpo_core.algo.rewards import (
     token_advantages,
 )
 from grpo_core.algo.step import grpo_step
-from grpo_core.data.policy_batch import PolicyBatch
-from grpo_core.engines.rollout_types import RolloutBatch, SamplingParams
+from grpo_core.contracts.numerics import NonFiniteError
+from grpo_core.contracts.policy_batch import PolicyBatch
+from grpo_core.contracts.rollout import RolloutBatch, SamplingParams
 
 
 def test_outcome_reward_weights_every_part_and_averages_the_learned_ones() -> None:

@@ -22,10 +22,10 @@ import pytest
 import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
+from grpo_core.contracts.rollout import SamplingParams
 from grpo_core.data.tasks.arith import ArithTask
 from grpo_core.data.tasks.base import Split
 from grpo_core.engines.hf_rollout import HFRolloutEngine
-from grpo_core.engines.rollout_types import SamplingParams
 from grpo_core.model.config import PolicyConfig, WarmStartConfig
 from grpo_core.model.policy import build_policy, format_prompt
 from grpo_core.model.warm_start import warm_start

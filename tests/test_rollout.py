@@ -2,9 +2,9 @@ import pytest
 import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
+from grpo_core.contracts.rollout import SamplingParams
 from grpo_core.engines import hf_rollout as rollout
 from grpo_core.engines.hf_rollout import HFRolloutEngine, sample_tokens
-from grpo_core.engines.rollout_types import SamplingParams
 from grpo_core.model.config import PolicyConfig
 from grpo_core.model.policy import build_char_tokenizer, create_tiny_policy, format_prompt
 

@@ -16,10 +16,10 @@ from transformers import PreTrainedTokenizerBase, PreTrainedTokenizerFast
 from flows.config import ItergrpoConfig
 from flows.config_files import load_config
 from grpo_core.algo.rewards import reward_stats, token_advantages
-from grpo_core.data.policy_batch import build_policy_batch
+from grpo_core.contracts.policy_batch import build_policy_batch
+from grpo_core.contracts.rollout import RolloutBatch
 from grpo_core.data.tasks.arith import ArithTask
 from grpo_core.data.tasks.base import Problem
-from grpo_core.engines.rollout_types import RolloutBatch
 from grpo_core.model.config import PolicyConfig
 from grpo_core.model.policy import build_char_tokenizer, create_tiny_policy
 from reward_models.grpo_reward import GRPORewarder

@@ -11,9 +11,9 @@ import pytest
 from flows.loop import execute_run
 from flows.names import GRPO, POLICY, TRAIN_SPLIT
 from flows.stage_io import ckpt, derive_seed
+from grpo_core.contracts.rollout import SamplingParams
 from grpo_core.data.tasks.registry import make_task
 from grpo_core.engines.hf_rollout import HFRolloutEngine
-from grpo_core.engines.rollout_types import SamplingParams
 from grpo_core.model.policy import format_prompt, load_policy
 from storage.store import RunStore
 from tests.flow_helpers import micro_config

@@ -8,8 +8,8 @@ from transformers import LlamaConfig, LlamaForCausalLM
 
 from grpo_core.algo.config import GRPOConfig, LossAgg
 from grpo_core.algo.update import grpo_update, rank_micro_batches
-from grpo_core.data.policy_batch import PolicyBatch, build_policy_batch
-from grpo_core.engines.config import OptimizerSettings
+from grpo_core.contracts.policy_batch import PolicyBatch, build_policy_batch
+from grpo_core.contracts.training import OptimizerSettings
 from grpo_core.engines.train import TorchEngine
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")

@@ -8,7 +8,7 @@ import torch
 from pydantic import ValidationError
 
 from grpo_core.algo.config import GRPO_PRESETS, GRPOConfig
-from grpo_core.engines.config import OptimizerSettings
+from grpo_core.contracts.training import OptimizerSettings
 from grpo_core.engines.train import TorchEngine, lr_multiplier
 
 

@@ -14,8 +14,8 @@ import pytest
 import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
+from grpo_core.contracts.rollout import RolloutBatch, SamplingParams
 from grpo_core.engines.hf_rollout import HFRolloutEngine
-from grpo_core.engines.rollout_types import RolloutBatch, SamplingParams
 from grpo_core.engines.vllm_rollout import WORKER_SCRIPT, VLLMRolloutEngine, vllm_python
 from grpo_core.model.config import PolicyConfig
 from grpo_core.model.policy import (

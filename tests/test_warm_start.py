@@ -4,6 +4,7 @@ import pytest
 
 from grpo_core.data.tasks.arith import ArithTask
 from grpo_core.data.tasks.base import Problem
+from grpo_core.engines.hf_rollout import HFRolloutEngine
 from grpo_core.model.config import PolicyConfig, WarmStartConfig
 from grpo_core.model.policy import build_char_tokenizer, build_policy, create_tiny_policy
 from grpo_core.model.warm_start import inject_step_error, sft_batch, training_text, warm_start
@@ -50,7 +51,8 @@ def test_warm_start_requires_solutions() -> None:
 def test_short_warm_start_reduces_loss() -> None:
     model, tok = build_policy(PolicyConfig(n_layers=1))
     cfg = WarmStartConfig(steps=30, batch_size=16, eval_prompts=8)
-    metrics = warm_start(model, tok, ArithTask(), cfg, progress=False)
+    greedy = HFRolloutEngine(model, tok, show_progress=False)
+    metrics = warm_start(model, tok, ArithTask(), cfg, progress=False, greedy_sampler=greedy)
     assert metrics["steps"] == 30 and metrics["loss"] < 2.5
     assert 0.0 <= metrics["greedy_accuracy"] <= 1.0
 
@@ -58,6 +60,8 @@ def test_short_warm_start_reduces_loss() -> None:
 @pytest.mark.slow
 def test_default_warm_start_lands_in_target_band() -> None:
     model, tok = build_policy(PolicyConfig())
-    metrics = warm_start(model, tok, ArithTask(), WarmStartConfig(eval_prompts=400), progress=False)
+    greedy = HFRolloutEngine(model, tok, show_progress=False)
+    cfg = WarmStartConfig(eval_prompts=400)
+    metrics = warm_start(model, tok, ArithTask(), cfg, progress=False, greedy_sampler=greedy)
     print(metrics)
     assert 0.3 <= metrics["greedy_accuracy"] <= 0.7

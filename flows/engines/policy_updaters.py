@@ -23,7 +23,7 @@ from flows.engines.train_engines import build_policy_engine, grpo_total_steps
 from flows.progress import log
 from flows.stage_io import ckpt
 from grpo_core.algo.update import grpo_update
-from grpo_core.data.policy_batch import PolicyBatch
+from grpo_core.contracts.policy_batch import PolicyBatch
 from storage.run_writer import RunWriter
 
 # Checkpoint roles (checkpoints/<run_id>/<role>/iter-<k>/) and directories of the updaters.

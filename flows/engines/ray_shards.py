@@ -19,8 +19,8 @@ from flows.model_io import to_device
 from flows.names import POLICY
 from flows.progress import log
 from flows.stage_io import apply_threads, ckpt
+from grpo_core.contracts.rollout import RolloutBatch, SamplingParams
 from grpo_core.engines.hf_rollout import HFRolloutEngine
-from grpo_core.engines.rollout_types import RolloutBatch, SamplingParams
 from grpo_core.model.policy import load_policy
 
 __all__ = [

@@ -24,8 +24,8 @@ from flows.model_io import save_model
 from flows.names import POLICY
 from flows.progress import log
 from flows.stage_io import ckpt
+from grpo_core.contracts.rollout import RolloutBatch, RolloutEngine, SamplingParams
 from grpo_core.engines.hf_rollout import HFRolloutEngine
-from grpo_core.engines.rollout_types import RolloutBatch, RolloutEngine, SamplingParams
 from storage.run_writer import RunWriter
 
 Purpose = Literal["rollout", "label", "evaluate", "grpo"]

@@ -8,8 +8,8 @@ from torch import nn
 from flows.config import ItergrpoConfig
 from flows.engines.availability import require_deepspeed
 from flows.stage_io import set_deepspeed_accelerator
-from grpo_core.engines.config import OptimizerSettings
-from grpo_core.engines.train import TorchEngine, TrainEngine
+from grpo_core.contracts.training import OptimizerSettings, TrainEngine
+from grpo_core.engines.train import TorchEngine
 from reward_models.models import RewardModel
 from reward_models.training import rm_optimizer_settings
 

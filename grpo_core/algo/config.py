@@ -6,7 +6,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from grpo_core.engines.config import LRSchedule, OptimizerSettings
+from grpo_core.contracts.training import LRSchedule, OptimizerSettings
 
 KLEstimator = Literal["k1", "k2", "k3"]
 LossAgg = Literal["seq-mean-token-mean", "token-mean", "seq-mean-token-sum-norm"]

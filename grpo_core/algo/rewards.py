@@ -20,7 +20,7 @@ from grpo_core.algo.advantages import (
     zero_advantage_group_fraction,
 )
 from grpo_core.algo.config import GRPOConfig
-from grpo_core.algo.numerics import REWARD_SOURCE, require_finite
+from grpo_core.contracts.numerics import REWARD_SOURCE, require_finite
 
 WeightedPart = tuple[float, Tensor]  # (weight, (B,) score of each output)
 

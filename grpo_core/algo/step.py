@@ -15,10 +15,15 @@ from typing import Protocol
 from torch import Tensor
 
 from grpo_core.algo.config import GRPOConfig
-from grpo_core.algo.numerics import DIVERGED, REWARD_SOURCE, require_finite, require_finite_metrics
 from grpo_core.algo.rewards import StepRewards, check_rewards, reward_stats, token_advantages
-from grpo_core.data.policy_batch import PolicyBatch, build_policy_batch
-from grpo_core.engines.rollout_types import RolloutBatch, RolloutEngine, SamplingParams
+from grpo_core.contracts.numerics import (
+    DIVERGED,
+    REWARD_SOURCE,
+    require_finite,
+    require_finite_metrics,
+)
+from grpo_core.contracts.policy_batch import PolicyBatch, build_policy_batch
+from grpo_core.contracts.rollout import RolloutBatch, RolloutEngine, SamplingParams
 
 RewardFn = Callable[[RolloutBatch], StepRewards]
 

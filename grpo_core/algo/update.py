@@ -11,9 +11,9 @@ from torch import Tensor, nn
 
 from grpo_core.algo.config import GRPOConfig
 from grpo_core.algo.losses import grpo_loss
-from grpo_core.algo.numerics import DIVERGED, require_finite
-from grpo_core.data.policy_batch import PolicyBatch
-from grpo_core.engines.train import TrainEngine
+from grpo_core.contracts.numerics import DIVERGED, require_finite
+from grpo_core.contracts.policy_batch import PolicyBatch
+from grpo_core.contracts.training import TrainEngine
 from grpo_core.model.forward import sequence_logprobs
 
 

@@ -2,28 +2,9 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
-
-LRSchedule = Literal["constant", "cosine"]
-
-
-@dataclass(frozen=True)
-class OptimizerSettings:
-    """What every training engine's AdamW, clipping and LR schedule are built from: one
-    object, made by GRPOConfig.optimizer_settings for the policy and by
-    reward_models.training.rm_optimizer_settings for the reward models."""
-
-    lr: float
-    weight_decay: float = 0.0
-    betas: tuple[float, float] = (0.9, 0.999)
-    max_grad_norm: float = 1.0
-    warmup_steps: int = 0
-    lr_schedule: LRSchedule = "constant"
-    total_steps: int | None = None  # the cosine schedule's length (None: constant only)
-
 
 ZeroStage = Literal[0, 1, 2, 3]
 

@@ -22,8 +22,9 @@ import torch
 from torch import Tensor, nn
 
 from grpo_core.algo.config import merge_trees
-from grpo_core.data.policy_batch import PolicyBatch
-from grpo_core.engines.config import DeepSpeedConfig, OptimizerSettings
+from grpo_core.contracts.policy_batch import PolicyBatch
+from grpo_core.contracts.training import OptimizerSettings
+from grpo_core.engines.config import DeepSpeedConfig
 from grpo_core.engines.train import build_adamw, build_lr_schedule, check_schedule
 from grpo_core.model.forward import sequence_logprobs, sequence_logprobs_and_entropy
 

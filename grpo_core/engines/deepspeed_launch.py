@@ -24,7 +24,7 @@ from safetensors.torch import load_file, save_file
 from torch import Tensor
 
 from grpo_core.algo.config import GRPOConfig
-from grpo_core.data.policy_batch import PolicyBatch
+from grpo_core.contracts.policy_batch import PolicyBatch
 from grpo_core.engines.config import DeepSpeedConfig
 
 log = logging.getLogger(__name__)

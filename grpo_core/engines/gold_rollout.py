@@ -8,7 +8,7 @@ from collections.abc import Mapping
 
 from transformers import PreTrainedTokenizerBase
 
-from grpo_core.engines.rollout_types import RolloutBatch, SamplingParams
+from grpo_core.contracts.rollout import RolloutBatch, SamplingParams
 from grpo_core.model.policy import encode_prompt
 
 

@@ -15,7 +15,7 @@ from tqdm.auto import tqdm
 from transformers import GenerationConfig, PreTrainedModel, PreTrainedTokenizerBase
 from transformers.cache_utils import DynamicCache, DynamicLayer
 
-from grpo_core.engines.rollout_types import FinishReason, RolloutBatch, SamplingParams
+from grpo_core.contracts.rollout import FinishReason, RolloutBatch, SamplingParams
 from grpo_core.model.policy import encode_prompt, ensure_pad_token
 
 # Finished rows leave the decode batch (and its KV cache) once they are this share of it.

@@ -1,87 +1,18 @@
-"""The training-engine interface the GRPO update runs on, and its plain-PyTorch version."""
+"""The plain-PyTorch training engine (the `TrainEngine` of grpo_core/contracts/training.py)
+and the AdamW + LR schedule every engine builds from `OptimizerSettings`."""
 
 from __future__ import annotations
 
 import math
 from pathlib import Path
-from typing import Any, Literal, Protocol
+from typing import Any, Literal
 
 import torch
 from torch import Tensor, nn
 
-from grpo_core.data.policy_batch import PolicyBatch
-from grpo_core.engines.config import LRSchedule, OptimizerSettings
+from grpo_core.contracts.policy_batch import PolicyBatch
+from grpo_core.contracts.training import LRSchedule, OptimizerSettings
 from grpo_core.model.forward import sequence_logprobs, sequence_logprobs_and_entropy
-
-
-class TrainEngine(Protocol):
-    """A policy model with its optimizer: forward, backward, step (DeepSpeed fits the same).
-
-    With data_parallel_size > 1 every rank holds the whole batch, runs the same number of
-    forward/backward passes on its share of each mini-batch, and backward must give the
-    gradient of the *sum* of the ranks' losses (each loss is already normalised by the
-    whole mini-batch).
-    """
-
-    model: nn.Module
-    data_parallel_size: int  # processes splitting each mini-batch's rows (1: this one does all)
-    data_parallel_rank: int  # this process's index among them, 0 .. data_parallel_size - 1
-
-    @property
-    def device(self) -> torch.device:
-        """Where the model computes: inputs go there (DeepSpeed may have moved the model)."""
-        ...
-
-    def forward_logprobs(
-        self, batch: PolicyBatch, temperature: float, with_entropy: bool = False
-    ) -> tuple[Tensor, Tensor | None]:
-        """Completion-token log-probs (B, L) with grad, and entropies (B, L) if asked."""
-        ...
-
-    def backward(self, loss: Tensor) -> None:
-        """Accumulate the gradient of `loss`."""
-        ...
-
-    def step(self) -> float:
-        """Clip gradients, take an optimizer + LR step, clear gradients; the pre-clip norm."""
-        ...
-
-    def zero_grad(self) -> None:
-        """Drop accumulated gradients."""
-        ...
-
-    def current_lr(self) -> float:
-        """The learning rate the next step uses."""
-        ...
-
-    def full_state_dict(self) -> dict[str, Tensor]:
-        """The trained weights to save, whole, under the keys of the model's own state_dict
-        (TorchEngine: that state_dict; DeepSpeed: ZeRO-3 gathered, in fp32). Every rank calls
-        it (collective under ZeRO-3)."""
-        ...
-
-    def save_optimizer_state(self, directory: Path) -> dict[str, Any] | None:
-        """What resumes the optimizer and LR schedule, given the model's saved weights: a dict
-        of tensors when one holds it (torch.load(weights_only=True) safe), else the engine's
-        own checkpoint written into `directory` (returns None)."""
-        ...
-
-    def load_optimizer_state(self, directory: Path, state: dict[str, Any] | None) -> None:
-        """Restore what save_optimizer_state gave: `state`, or the checkpoint in `directory`
-        when it returned None (the model's weights are already loaded)."""
-        ...
-
-    def all_reduce(self, values: Tensor, op: Literal["sum", "max"]) -> Tensor:
-        """Element-wise sum or max of a 1-D float64 tensor over the data-parallel ranks."""
-        ...
-
-    def train(self) -> None:
-        """Put the model in training mode."""
-        ...
-
-    def eval(self) -> None:
-        """Put the model in evaluation mode."""
-        ...
 
 
 def lr_multiplier(

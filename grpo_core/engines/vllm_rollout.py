@@ -21,8 +21,8 @@ from typing import IO, Any
 from torch import Tensor
 from transformers import AutoConfig, AutoTokenizer, GenerationConfig
 
+from grpo_core.contracts.rollout import FinishReason, RolloutBatch, SamplingParams
 from grpo_core.engines.hf_rollout import completion_texts, stop_token_ids
-from grpo_core.engines.rollout_types import FinishReason, RolloutBatch, SamplingParams
 from grpo_core.engines.weight_sync import (
     WeightSender,
     backend_for,

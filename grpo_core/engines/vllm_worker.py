@@ -21,7 +21,7 @@ Serve mode reads one JSON request per line on stdin and answers one JSON line on
   by the trainer in that order, loads them into the model in place and drops the prefix cache.
 - {"op": "shutdown"}.
 
-Log-probs follow grpo_core.engines.rollout_types.RolloutBatch: log softmax(logits / T) of each
+Log-probs follow grpo_core.contracts.rollout.RolloutBatch: log softmax(logits / T) of each
 sampled
 token, before top-p truncation (T = 1 for greedy). vLLM's returned log-probs are either the raw
 T = 1 ones or taken after top-p renormalisation, so the worker scales the model's logits by 1/T

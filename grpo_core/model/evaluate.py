@@ -13,9 +13,9 @@ from dataclasses import dataclass
 
 from transformers import PreTrainedTokenizerBase
 
+from grpo_core.contracts.rollout import RolloutEngine, SamplingParams
 from grpo_core.data.answers import answers_match, extract_answer, format_reward, normalize_number
 from grpo_core.data.tasks.base import Problem, Task
-from grpo_core.engines.rollout_types import RolloutEngine, SamplingParams
 from grpo_core.model.config import EvalConfig
 from grpo_core.model.policy import format_prompt
 

@@ -12,8 +12,8 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from grpo_core.algo.losses import entropy_from_logits, token_logprobs
-from grpo_core.data.policy_batch import PolicyBatch
+from grpo_core.contracts.policy_batch import PolicyBatch
+from grpo_core.model.logits import entropy_from_logits, token_logprobs
 
 
 def _forward_tokens(

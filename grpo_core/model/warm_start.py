@@ -18,7 +18,8 @@ import torch
 from tqdm.auto import tqdm
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-from grpo_core.algo.numerics import require_finite
+from grpo_core.contracts.numerics import require_finite
+from grpo_core.contracts.rollout import RolloutEngine, SamplingParams
 from grpo_core.data.tasks.base import Problem, Task
 from grpo_core.model.config import WarmStartConfig
 from grpo_core.model.policy import encode_prompt, ensure_pad_token, format_prompt
@@ -88,8 +89,11 @@ def warm_start(
     task: Task,
     cfg: WarmStartConfig,
     progress: bool = True,
+    greedy_sampler: RolloutEngine | None = None,
 ) -> dict[str, Any]:
-    """SFT `model` in place on `task`'s train split; metrics: steps, seconds, loss, greedy acc."""
+    """SFT `model` in place on `task`'s train split; metrics: steps, seconds, loss, and the
+    greedy accuracy of `greedy_sampler` (a rollout engine over `model`) when one is given
+    and cfg.eval_prompts > 0."""
     ensure_pad_token(tokenizer)
     rng = random.Random(cfg.seed)
     problems = task.problems("train", cfg.steps * cfg.batch_size, cfg.seed)
@@ -134,9 +138,9 @@ def warm_start(
         "seconds": time.perf_counter() - start,
         "loss": sum(losses[-20:]) / max(1, len(losses[-20:])),
     }
-    if cfg.eval_prompts:
+    if cfg.eval_prompts and greedy_sampler is not None:
         metrics["greedy_accuracy"] = greedy_accuracy(
-            model,
+            greedy_sampler,
             tokenizer,
             task,
             task.problems("test", cfg.eval_prompts, cfg.seed),
@@ -147,18 +151,14 @@ def warm_start(
 
 
 def greedy_accuracy(
-    model: PreTrainedModel,
+    sampler: RolloutEngine,
     tokenizer: PreTrainedTokenizerBase,
     task: Task,
     problems: list[Problem],
     max_new_tokens: int = 64,
 ) -> float:
-    """Share of `problems` whose greedy completion is correct."""
-    from grpo_core.engines.hf_rollout import HFRolloutEngine
-    from grpo_core.engines.rollout_types import SamplingParams
-
-    engine = HFRolloutEngine(model, tokenizer, show_progress=False)
-    batch = engine.generate(
+    """Share of `problems` whose greedy completion by `sampler` is correct."""
+    batch = sampler.generate(
         [format_prompt(tokenizer, p.question) for p in problems],
         1,
         SamplingParams(max_new_tokens=max_new_tokens, temperature=0.0),
