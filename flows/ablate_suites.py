@@ -18,7 +18,8 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from flows.config import ItergrpoConfig
-from flows.config_files import CONFIG_DIR, ConfigError, load_config, parse_override
+from flows.config_files import CONFIG_DIR, load_config, parse_override
+from flows.errors import ConfigError
 from flows.names import POLICY
 from flows.stage_io import ckpt
 from storage.layout import validate_run_id

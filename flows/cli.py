@@ -18,19 +18,16 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, TextIO
 
-import duckdb
 import pyarrow as pa
 
+from flows.errors import OutputPathError
+from grpo_core.contracts.errors import UserError
 from storage.errors import StoreError
 from storage.layout import STORE_ENV
 from storage.schemas import TABLE_SCHEMAS
 from storage.store import RunStore
 
 AddCommand = Callable[[Any], None]
-# What a command reports as one line with exit 2: the user's to fix (a path, a value, the
-# data), not a bug; other exceptions keep their traceback.
-USER_ERRORS: tuple[type[Exception], ...] = (StoreError, ValueError, OSError)
-_COMMAND_ERRORS: tuple[type[Exception], ...] = (*USER_ERRORS, duckdb.Error)
 
 _MAX_CELL = 60
 # The loggers of itergrpo's own lines (stage starts, GRPO steps, tables): INFO and up.
@@ -75,6 +72,15 @@ def format_table(table: pa.Table, *, max_rows: int = 0) -> str:
 
 
 def _write_result(table: pa.Table, fmt: str, output: str | None, max_rows: int) -> None:
+    try:
+        _write_formatted(table, fmt, output, max_rows)
+    except OSError as exc:
+        if not output:
+            raise  # stdout failed: not a path the user can fix
+        raise OutputPathError(f"--output {output} cannot be written: {exc}") from exc
+
+
+def _write_formatted(table: pa.Table, fmt: str, output: str | None, max_rows: int) -> None:
     if fmt == "parquet":
         if not output:
             raise StoreError("--format parquet needs --output FILE")
@@ -107,7 +113,10 @@ def _csv_bytes(table: pa.Table, pacsv: Any) -> bytes:
 
 def _emit(text: str, output: str | None, stream: TextIO | None = None) -> None:
     if output:
-        Path(output).write_text(text)
+        try:
+            Path(output).write_text(text)
+        except OSError as exc:
+            raise OutputPathError(f"--output {output} cannot be written: {exc}") from exc
     else:
         (stream or sys.stdout).write(text)
 
@@ -291,7 +300,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     try:
         return int(args.func(args))
-    except _COMMAND_ERRORS as exc:
+    except UserError as exc:  # the user's to fix: one line; anything else is a bug (traceback)
         print(f"itergrpo {args.command}: error: {exc}", file=sys.stderr)
         return 2
 

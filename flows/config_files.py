@@ -12,13 +12,10 @@ import yaml
 from pydantic import ValidationError
 
 from flows.config import ItergrpoConfig
+from flows.errors import ConfigError
 from grpo_core.algo.config import merge_trees, migrate_replaced_fields
 
 CONFIG_DIR = Path(__file__).resolve().parent.parent / "configs"
-
-
-class ConfigError(ValueError):
-    """A config file or override that cannot be used; the message names the field."""
 
 
 def _set_path(tree: dict[str, Any], dotted: str, value: Any) -> None:

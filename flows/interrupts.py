@@ -11,6 +11,7 @@ from contextlib import contextmanager
 from types import FrameType
 
 from flows.progress import ProgressFn, log
+from grpo_core.contracts.errors import SettingError
 
 
 class RunInterrupted(Exception):
@@ -54,16 +55,23 @@ def graceful_sigint() -> Iterator[None]:
         signal.signal(signal.SIGINT, previous)
 
 
-# Fault injection for the kill-and-resume tests: "SIGKILL@grpo:1:2" sends SIGKILL to this
-# process at the 2nd progress report of the GRPO stage of iteration 1 (SIGINT likewise).
+# Fault injection for the kill-and-resume and error-reporting tests: "SIGKILL@grpo:1:2" sends
+# SIGKILL to this process at the 2nd progress report of the GRPO stage of iteration 1 (SIGINT
+# likewise); "ValueError@grpo:1:2" raises a ValueError there, as a bug in the stage would.
 # Progress reports sit between a stage's work and its commit, so this hits "inside" a stage.
 FAULT_ENV = "ITERGRPO_FAULT"
+# The exceptions a fault may raise: the ones a bug usually raises.
+FAULT_EXCEPTIONS: dict[str, type[Exception]] = {
+    "ValueError": ValueError,
+    "KeyError": KeyError,
+    "RuntimeError": RuntimeError,
+}
 
 
 def with_fault_hook(progress: ProgressFn, stage: str, iteration: int) -> ProgressFn:
-    """`progress`, plus the signal FAULT_ENV asks for at its stage/iteration/report:
+    """`progress`, plus what FAULT_ENV asks for at its stage/iteration/report:
     `SIGNAL@stage:iteration:n` to this process, `SIGNAL-GROUP@...` to its whole process group
-    (what a terminal's Ctrl-C does)."""
+    (what a terminal's Ctrl-C does), or `ValueError@...` (FAULT_EXCEPTIONS) raised there."""
     spec = os.environ.get(FAULT_ENV, "")
     if not spec:
         return progress
@@ -72,11 +80,15 @@ def with_fault_hook(progress: ProgressFn, stage: str, iteration: int) -> Progres
         group = sig_name.endswith("-GROUP")
         sig_name = sig_name.removesuffix("-GROUP")
         want_stage, want_iteration, want_count = where.split(":")
-        sig = signal.Signals[sig_name]
+        error = FAULT_EXCEPTIONS.get(sig_name)
+        sig = None if error else signal.Signals[sig_name]
         count_at = int(want_count)
         target = (want_stage, int(want_iteration))
     except (ValueError, KeyError):
-        raise ValueError(f"{FAULT_ENV}={spec!r}: expected SIGNAL@stage:iteration:n") from None
+        raise SettingError(
+            f"{FAULT_ENV}={spec!r}: expected SIGNAL@stage:iteration:n or "
+            f"{'|'.join(FAULT_EXCEPTIONS)}@stage:iteration:n"
+        ) from None
     if target != (stage, iteration):
         return progress
     calls = 0
@@ -87,6 +99,9 @@ def with_fault_hook(progress: ProgressFn, stage: str, iteration: int) -> Progres
         calls += 1
         if calls == count_at:
             log.warning("%s: sending %s at %s", FAULT_ENV, spec.split("@")[0], where)
+            if error is not None:
+                raise error(f"injected by {FAULT_ENV}={spec}")
+            assert sig is not None
             if group:
                 os.killpg(os.getpgrp(), sig)
             else:

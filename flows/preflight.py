@@ -17,10 +17,6 @@ from flows.config_files import stored_config_as_current
 from storage.store import RunStore
 
 
-class PreflightError(ValueError):
-    """A run that cannot succeed, found before it starts; the message names the fix."""
-
-
 def preflight(cfg: ItergrpoConfig, *, force_config: bool = False) -> None:
     """Raise (StoreError, PreflightError, TaskDataError, ...) if the run cannot start or would
     fail at a later stage for a reason knowable now; creates and writes nothing."""

@@ -10,8 +10,8 @@ from pathlib import Path
 from transformers import AutoTokenizer, PreTrainedTokenizerBase
 
 from flows.config import ItergrpoConfig
+from flows.errors import PreflightError
 from flows.names import EVAL_SPLIT, POLICY, TRAIN_SPLIT
-from flows.preflight import PreflightError
 from flows.progress import log
 from flows.stage_io import ckpt
 from grpo_core.data.tasks.base import Split, Task

@@ -11,7 +11,7 @@ import sys
 import time
 from pathlib import Path
 
-from flows.cli import USER_ERRORS, command_help, nonempty, store_option
+from flows.cli import command_help, nonempty, store_option
 from flows.config import ItergrpoConfig
 from flows.config_files import (
     load_config,
@@ -23,6 +23,7 @@ from flows.interrupts import RunInterrupted
 from flows.names import default_run_id
 from flows.preflight import preflight
 from flows.report import format_iteration_table, iteration_table, sql_hint, write_report
+from grpo_core.contracts.errors import UserError
 from storage.store import RunStore, resolve_store_root
 
 log = logging.getLogger("itergrpo")
@@ -52,7 +53,7 @@ class _NoUserErrorTraceback(logging.Filter):
 
     def filter(self, record: logging.LogRecord) -> bool:
 
-        if record.exc_info and isinstance(record.exc_info[1], (*USER_ERRORS, RunInterrupted)):
+        if record.exc_info and isinstance(record.exc_info[1], (UserError, RunInterrupted)):
             record.exc_info, record.exc_text = None, None
         return True
 

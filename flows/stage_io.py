@@ -12,7 +12,9 @@ from typing import Any
 import torch
 
 from flows.config import ItergrpoConfig
+from flows.errors import ConfigError
 from storage.checkpoints import checkpoint_path
+from storage.errors import MissingCheckpointError
 
 
 @dataclass
@@ -56,7 +58,7 @@ def derive_seed(base: int, *parts: object) -> int:
 
 def resolve_device(cfg: ItergrpoConfig) -> torch.device:
     if cfg.run.device == "cuda" and not torch.cuda.is_available():
-        raise RuntimeError("run.device = cuda but no CUDA device is visible; use auto or cpu")
+        raise ConfigError("run.device = cuda but no CUDA device is visible; use auto or cpu")
     if cfg.run.device == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     return torch.device(cfg.run.device)
@@ -69,7 +71,7 @@ def ckpt(cfg: ItergrpoConfig, run_id: str, role: str, iteration: int) -> Path:
 def require_checkpoint(path: Path, what: str) -> Path:
     """A checkpoint an earlier committed stage must have written; never silently restart."""
     if not (path / "config.json").is_file():
-        raise FileNotFoundError(
+        raise MissingCheckpointError(
             f"{what} checkpoint missing at {path}; the stage that writes it is committed but "
             "its output is gone. Restore the directory or start a new run id."
         )

@@ -23,6 +23,7 @@ from transformers import (
 )
 from transformers.utils import logging as hf_logging
 
+from grpo_core.contracts.errors import MissingPathError
 from grpo_core.model.policy import ensure_pad_token, reading_checkpoint
 
 RMKind = Literal["orm", "prm"]
@@ -94,7 +95,7 @@ class RewardModel(nn.Module):
             return cls(net, tokenizer, kind)
         path = Path(policy)
         if not (path / "config.json").is_file():
-            raise FileNotFoundError(
+            raise MissingPathError(
                 f"reward-model backbone {path} is not a model directory (no config.json)"
             )
         config = _head_config(AutoConfig.from_pretrained(path))
@@ -133,7 +134,7 @@ class RewardModel(nn.Module):
         path = Path(directory)
         meta = path / META_FILE
         if not meta.is_file():
-            raise FileNotFoundError(
+            raise MissingPathError(
                 f"no reward-model checkpoint at {path} ({META_FILE} missing): "
                 "was the RM of that iteration saved?"
             )

@@ -1,12 +1,23 @@
-"""Errors raised by the run store; all derive from StoreError so callers can catch one type."""
+"""Errors raised by the run store; all derive from StoreError so callers can catch one type,
+and StoreError from the one user-error base (the only import of `grpo_core` in storage)."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
+from grpo_core.contracts.errors import UserError
 
-class StoreError(Exception):
-    """Base class of every run-store error."""
+
+class StoreError(UserError):
+    """Base class of every run-store error: the store, a run id or a stored file to fix."""
+
+
+class InvalidRunIdError(StoreError, ValueError):
+    """A run id that cannot name a directory of the store."""
+
+
+class MissingCheckpointError(StoreError, FileNotFoundError):
+    """A checkpoint a committed stage wrote, or a resume point, that is gone or incomplete."""
 
 
 class StorePathError(StoreError):
@@ -59,6 +70,10 @@ class CorruptFileError(StoreError):
             f"corrupt Parquet file in the store: {self.path}{detail} "
             "(move it aside or delete it; the other files stay readable)"
         )
+
+
+class SqlQueryError(StoreError):
+    """A SQL query DuckDB refused (a syntax error, an unknown column, ...)."""
 
 
 class SqlReadOnlyError(StoreError):

@@ -8,6 +8,8 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
+from storage.errors import InvalidRunIdError
+
 STORE_ENV = "ITERGRPO_STORE"
 DEFAULT_ROOT = "./itergrpo-store"
 # What a store root holds; a non-empty directory with none of these is not a store.
@@ -21,7 +23,7 @@ FILE_RE = re.compile(r"^(?P<stage>[A-Za-z0-9_]+)-(?P<attempt>\d+)(?:-part(?P<par
 def validate_run_id(run_id: str) -> str:
     """Return `run_id` if it is letters, digits, '-', '_', '.' (not starting with '.' or '-')."""
     if not isinstance(run_id, str) or not RUN_ID_RE.match(run_id):
-        raise ValueError(
+        raise InvalidRunIdError(
             f"invalid run id {run_id!r}: use 1-128 letters, digits, '-', '_' or '.', "
             "starting with a letter or digit"
         )

@@ -9,7 +9,7 @@ from pathlib import Path
 import duckdb
 import pyarrow as pa
 
-from storage.errors import SqlReadOnlyError
+from storage.errors import SqlQueryError, SqlReadOnlyError
 from storage.scan import present_columns, quote_ident, resolve_corrupt, table_select_sql
 from storage.schemas import TABLE_SCHEMAS
 from storage.store import RunStore
@@ -99,12 +99,17 @@ def check_read_only(sql: str) -> None:
 
 def run_query(store: RunStore, sql: str) -> pa.Table:
     """Run a read-only query against the store's views and return the result of the last one."""
-    check_read_only(sql)
+    try:
+        check_read_only(sql)
+    except duckdb.Error as exc:
+        raise SqlQueryError(f"the query cannot be parsed: {exc}") from exc
     con = read_only_connection(store)
     try:
         statements = duckdb.extract_statements(sql)
         for st in statements[:-1]:
             con.execute(st.query).fetchall()
         return con.sql(statements[-1].query).to_arrow_table()
+    except duckdb.Error as exc:  # the user's SQL: an unknown column, a type mismatch, ...
+        raise SqlQueryError(f"the query failed: {exc}") from exc
     finally:
         con.close()

@@ -10,7 +10,7 @@ import pytest
 from flows.ablate import check_arm_runs, check_record
 from flows.ablate_suites import load_suite, make_plan, suite_names
 from flows.cli import main
-from flows.config_files import ConfigError
+from flows.errors import ConfigError
 from storage.errors import ConfigMismatchError, StoreError
 from storage.store import RunStore
 

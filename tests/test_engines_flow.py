@@ -27,11 +27,11 @@ import torch
 from safetensors.torch import load_file
 
 from flows.config import EnginesSection, ItergrpoConfig
-from flows.config_files import ConfigError
 from flows.engines import availability
 from flows.engines.availability import check_engines
 from flows.engines.policy_updaters import DEEPSPEED_STATE, LAUNCH_JOBS
 from flows.engines.sampling import VLLM_SYNC, VLLM_WORKER
+from flows.errors import ConfigError
 from flows.loop import execute_run
 from flows.names import GRPO_PROGRESS, POLICY
 from storage.checkpoints import EXTRA_FILE, checkpoint_path

@@ -12,7 +12,7 @@ import pytest
 import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-from flows.config_files import ConfigError, load_config
+from flows.config_files import load_config
 from flows.engines import ray_shards
 from flows.engines.ray_shards import (
     ShardedRolloutEngine,
@@ -21,6 +21,7 @@ from flows.engines.ray_shards import (
     run_shards_in_process,
     shard_bounds,
 )
+from flows.errors import ConfigError
 from flows.loop import execute_run
 from flows.model_io import save_model
 from flows.names import POLICY

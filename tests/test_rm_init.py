@@ -8,7 +8,8 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from flows.config_files import ConfigError, load_config
+from flows.config_files import load_config
+from flows.errors import ConfigError
 from flows.loop import execute_run
 from grpo_core.model.policy import build_policy
 from reward_models.models import RewardModel

@@ -12,6 +12,7 @@ import pytest
 
 from flows.cli import main
 from flows.config_files import load_config
+from grpo_core.contracts.errors import MissingPathError
 from grpo_core.model.config import PolicyConfig
 from grpo_core.model.policy import build_char_tokenizer, create_tiny_policy
 from storage.store import RunStore
@@ -176,7 +177,50 @@ def test_prefect_logs_a_user_error_without_its_traceback() -> None:
             info = sys.exc_info()
         return logging.LogRecord("prefect.flow_runs", logging.ERROR, "f", 1, "failed", None, info)
 
-    user, bug = record(FileNotFoundError("no such policy")), record(KeyError("ratio_max"))
-    assert _NoUserErrorTraceback().filter(user) and _NoUserErrorTraceback().filter(bug)
+    user = record(MissingPathError("no such policy"))
+    bugs = [record(KeyError("ratio_max")), record(ValueError("zip() argument 2 is shorter"))]
+    assert all(_NoUserErrorTraceback().filter(r) for r in [user, *bugs])
     assert user.exc_info is None  # the message says it all
-    assert bug.exc_info is not None  # a bug keeps its traceback
+    assert all(r.exc_info is not None for r in bugs)  # a bug keeps its traceback, ValueError too
+
+
+def test_a_bug_in_a_stage_keeps_its_traceback_in_the_terminal(tmp_path: Path) -> None:
+    """Only UserError is a one-line message: a ValueError raised inside a stage (what a bug in
+    a zip(strict=True), pyarrow or a tokenizer raises) reaches the terminal with its traceback
+    and exit status 1, not 2."""
+    from tests.flow_helpers import cli
+
+    out = cli(tmp_path, "run", "--config", "micro", "--run-id", "bug", fault=INJECTED_BUG)
+    assert out.returncode == 1, out.stderr
+    assert "Traceback (most recent call last)" in out.stderr
+    assert "ValueError: injected by ITERGRPO_FAULT" in out.stderr
+    assert "itergrpo run: error:" not in out.stderr
+    assert RunStore(tmp_path).run_status("bug")["status"] == "failed"
+
+
+# The warm start's first progress report: the first stage of every run.
+INJECTED_BUG = "ValueError@warm_start:0:1"
+
+
+@pytest.mark.slow
+def test_a_bug_in_a_stage_keeps_its_traceback_in_the_prefect_flow_run_logs(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from prefect.client.orchestration import get_client
+    from prefect.testing.utilities import prefect_test_harness
+
+    from flows.interrupts import FAULT_ENV
+
+    monkeypatch.setenv(FAULT_ENV, INJECTED_BUG)
+    argv = ["run", "--config", "micro", "--store", str(tmp_path), "--run-id", "bug"]
+    with prefect_test_harness(server_startup_timeout=120):
+        with pytest.raises(ValueError, match="injected by ITERGRPO_FAULT"):
+            main(argv)  # not turned into a message: the interpreter prints its traceback
+        with get_client(sync_client=True) as client:
+            runs = client.read_flow_runs()
+            logs = client.read_logs()
+    assert len(runs) == 1 and runs[0].state is not None and runs[0].state.is_failed()
+    failures = [entry.message for entry in logs if entry.message.startswith("Task run failed")]
+    assert len(failures) == 1, [entry.message for entry in logs]
+    assert "Traceback (most recent call last)" in failures[0]  # the UI shows where it broke
+    assert 'warm_start_stage\n    progress(0.0, "warm start (SFT)")' in failures[0]

@@ -9,7 +9,7 @@ from importlib.util import find_spec
 from pathlib import Path
 
 from flows.config import ItergrpoConfig
-from flows.config_files import ConfigError
+from flows.errors import ConfigError
 
 
 def require_deepspeed() -> None:

@@ -24,6 +24,7 @@ from flows.progress import log
 from flows.stage_io import ckpt
 from grpo_core.algo.update import grpo_update
 from grpo_core.contracts.policy_batch import PolicyBatch
+from storage.errors import MissingCheckpointError
 from storage.run_writer import RunWriter
 
 # Checkpoint roles (checkpoints/<run_id>/<role>/iter-<k>/) and directories of the updaters.
@@ -215,7 +216,7 @@ class LaunchedUpdater:
     def load_state(self, directory: Path, state: dict[str, Any] | None) -> None:
         saved = directory / DEEPSPEED_STATE
         if not saved.is_dir():
-            raise FileNotFoundError(
+            raise MissingCheckpointError(
                 f"{directory}: no DeepSpeed state ({DEEPSPEED_STATE}/) in the GRPO checkpoint; "
                 "was it written with another engines.train / processes setting?"
             )

@@ -10,6 +10,8 @@ from collections.abc import Iterable, Mapping
 import torch
 from torch import Tensor
 
+from grpo_core.contracts.errors import UserError
+
 # Likely causes, by where a non-finite value shows up first.
 DIVERGED = (
     "the policy's weights have diverged (lower grpo.algo.lr, raise grpo.algo.beta) or its "
@@ -21,7 +23,7 @@ REWARD_SOURCE = (
 )
 
 
-class NonFiniteError(ValueError):
+class NonFiniteError(UserError, ValueError):
     """A quantity that must be a finite number is NaN or infinite."""
 
 

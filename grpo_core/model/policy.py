@@ -21,6 +21,7 @@ from transformers import (
     PreTrainedTokenizerFast,
 )
 
+from grpo_core.contracts.errors import MissingPathError, SettingError, UserError
 from grpo_core.model.config import DEFAULT_ALPHABET, PolicyConfig
 
 log = logging.getLogger(__name__)
@@ -58,7 +59,7 @@ def ensure_pad_token(tokenizer: PreTrainedTokenizerBase) -> None:
     """Pad-token rule: a tokenizer without a pad token pads with its EOS token (with a warning)."""
     if tokenizer.pad_token_id is None:
         if tokenizer.eos_token is None:
-            raise ValueError(
+            raise SettingError(
                 "tokenizer has neither a pad nor an EOS token; set tokenizer.pad_token"
             )
         warnings.warn(
@@ -92,7 +93,7 @@ def create_tiny_policy(cfg: PolicyConfig, tokenizer: PreTrainedTokenizerBase) ->
     return model
 
 
-class CorruptCheckpointError(ValueError):
+class CorruptCheckpointError(UserError, ValueError):
     """A checkpoint directory whose files exist but cannot be read."""
 
 
@@ -118,7 +119,7 @@ def load_policy(
     """Model and tokenizer from a local HF directory (`save_pretrained` layout); never the hub."""
     path = Path(path)
     if not (path / "config.json").is_file():
-        raise FileNotFoundError(f"no HF model directory at {path} (config.json missing)")
+        raise MissingPathError(f"no HF model directory at {path} (config.json missing)")
     with reading_checkpoint(path):
         tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True)
         model = AutoModelForCausalLM.from_pretrained(
@@ -135,7 +136,7 @@ def build_policy(cfg: PolicyConfig) -> tuple[PreTrainedModel, PreTrainedTokenize
         return create_tiny_policy(cfg, tokenizer), tokenizer
     if cfg.kind == "local":
         if cfg.path is None:
-            raise ValueError("policy.path is required when policy.kind is 'local'")
+            raise SettingError("policy.path is required when policy.kind is 'local'")
         return load_policy(cfg.path, cfg.dtype)
     from grpo_core.model.smollm2 import smollm2_path
 

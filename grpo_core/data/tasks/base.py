@@ -5,14 +5,14 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal, Protocol
 
+from grpo_core.contracts.errors import UserError
+
 Split = Literal["train", "test"]
 
 
-class TaskDataError(ValueError):
-    """A task's data file has rows the pipeline cannot use (named by file and line).
-
-    A ValueError so the CLI prints it as an error message with exit status 2, not a traceback.
-    """
+class TaskDataError(UserError, ValueError):
+    """A task's data (a file, a generator's options) the pipeline cannot use, named by file
+    and line where there is one."""
 
 
 @dataclass(frozen=True)

@@ -32,6 +32,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
+from grpo_core.contracts.errors import MissingPathError
 from grpo_core.data.answers import answers_match, extract_answer, normalize_number
 from grpo_core.data.tasks.base import Problem, Split, TaskDataError
 from grpo_core.data.tasks.splits import split_of
@@ -299,7 +300,7 @@ def load_rows(path: str | Path, on_bad_rows: OnBadRows = "error") -> list[GoldRo
     """Valid, de-duplicated problems of a local GSM8K-format file (see the module docstring)."""
     path = Path(path)
     if not path.is_file():
-        raise FileNotFoundError(f"local_files path does not exist: {path}")
+        raise MissingPathError(f"local_files path does not exist: {path}: fix task.path")
     records, bad = _read_records(path)
     total = len(records) + len(bad)
     rows: list[GoldRow] = []

@@ -11,7 +11,7 @@ import json
 from typing import Any
 
 from grpo_core.data.answers import answers_match, extract_answer
-from grpo_core.data.tasks.base import Problem, Split
+from grpo_core.data.tasks.base import Problem, Split, TaskDataError
 from grpo_core.data.tasks.splits import split_of
 
 SUPPORTED = ("chain_sum", "basic_arithmetic", "gsm_symbolic")
@@ -65,7 +65,7 @@ class ReasoningGymTask:
         chunk, attempt = max(2 * n, 16), 0
         while len(out) < n:
             if attempt > 50:
-                raise RuntimeError(
+                raise TaskDataError(
                     f"reasoning_gym/{self.rg_task}: only {len(out)} distinct {split} problems "
                     f"of {n} after {attempt} chunks; widen the generator options"
                 )
