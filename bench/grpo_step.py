@@ -37,6 +37,7 @@ import torch
 from torch import Tensor, nn
 
 from grpo_core.algo.config import GRPOConfig
+from grpo_core.algo.estimators import VERIFIER
 from grpo_core.algo.rewards import StepRewards
 from grpo_core.algo.step import grpo_step
 from grpo_core.algo.update import grpo_update
@@ -225,7 +226,7 @@ def arith_rewards(prompts: list[str], batch: RolloutBatch) -> StepRewards:
     correct = torch.tensor(
         [common.arith_reward(q, t) for q, t in zip(owners, batch.texts, strict=True)]
     )
-    return StepRewards(total=correct, verifier=correct, fmt=torch.zeros_like(correct), rm=None)
+    return StepRewards(total=correct, parts={VERIFIER: correct}, rm=None)
 
 
 def run_ours(

@@ -21,12 +21,14 @@ from pydantic import (
     model_validator,
 )
 
-from flows.grpo_presets import GRPO_STAGE_PRESETS, DataSource, PresetName, apply_preset
+from flows.grpo_presets import GRPO_STAGE_PRESETS, apply_preset
 from grpo_core.algo.config import GRPOConfig
+from grpo_core.algo.estimators import ADVANTAGE_ESTIMATORS, DataSource
 from grpo_core.data.tasks.registry import TaskConfig
 from grpo_core.engines.config import DeepSpeedConfig
 from grpo_core.model.config import EvalConfig, PolicyConfig, WarmStartConfig
 from reward_models.config import LabellingConfig, RewardModelConfig, RewardWeights
+from reward_models.parts import REWARD_PARTS
 from storage.store import resolve_store_root
 
 
@@ -90,13 +92,14 @@ class RolloutSection(_Section):
 class GRPOStageSection(_Section):
     """The GRPO stage: M steps of sample -> reward -> advantages -> mu updates."""
 
-    preset: PresetName | None = Field(
+    preset: str | None = Field(
         None,
         description="Named settings (flows/grpo_presets.py), filling the fields they name that "
         "are still at their defaults: 'sft' (gold solutions, coefficient 1), 'rft' (correct "
         "samples of policy_0), 'online_rft' (correct samples of the current policy), "
         "'grpo_os' / 'grpo_ps' (GRPO with outcome / PRM step rewards), or the update variants "
         "'paper', 'dr_grpo', 'dapo'. Empty: the fields as given.",
+        json_schema_extra={"enum": [*GRPO_STAGE_PRESETS, None]},
     )
     data_source: DataSource = Field(
         "online",
@@ -112,7 +115,9 @@ class GRPOStageSection(_Section):
     max_new_tokens: int = Field(48, ge=1, le=8192, description="Longest completion (1 to 8192).")
     rewards: RewardWeights = Field(
         default_factory=RewardWeights,
-        description="Weights of the verifier, ORM and format parts of the outcome reward.",
+        description="A weight (>= 0) per reward part of the outcome reward (reward_models/"
+        "parts/: the verifier, the format rule, the ORM, the PRM's outcome score, ...) and "
+        "the parts' options.",
     )
     checkpoint_every: int = Field(
         5, ge=1, description="Save weights, optimizer, RNG and data cursor every N steps (>= 1)."
@@ -122,6 +127,13 @@ class GRPOStageSection(_Section):
         description="The update itself (advantage estimator, loss, KL, clipping, optimizer, "
         "sampling temperature); see grpo_core/algo/config.py.",
     )
+
+    @field_validator("preset")
+    @classmethod
+    def _known_preset(cls, name: str | None) -> str | None:
+        if name is not None and name not in GRPO_STAGE_PRESETS:
+            raise ValueError(f"unknown preset {name!r}: choose one of {list(GRPO_STAGE_PRESETS)}")
+        return name
 
     @model_validator(mode="before")
     @classmethod
@@ -136,20 +148,23 @@ class GRPOStageSection(_Section):
 
     @model_validator(mode="after")
     def _source_fits_estimator(self) -> GRPOStageSection:
-        """Each estimator of the unified paradigm reads one kind of data."""
-        source, estimator = self.data_source, self.algo.adv_estimator
-        wants = {"sft": "gold", "rft": "policy_0", "online_rft": "online"}.get(estimator)
-        if wants is not None and source != wants:
-            raise ValueError(
-                f"grpo.algo.adv_estimator = {estimator} trains on data_source {wants} (got "
-                f"{source}): set grpo.data_source: {wants}, or grpo.preset: "
-                f"{ {'gold': 'sft', 'policy_0': 'rft', 'online': 'online_rft'}[source] }"
+        """Each estimator declares the data sources it trains on (grpo_core/algo/advantages.py)."""
+        source, spec = self.data_source, self.algo.estimator
+        if source not in spec.data_sources:
+            fitting = [n for n, s in ADVANTAGE_ESTIMATORS.items() if source in s.data_sources]
+            presets = [n for n, p in GRPO_STAGE_PRESETS.items() if p.get("data_source") == source]
+            why = (
+                " (gold data gives every output of a group the same correct solution: a "
+                "group-relative estimator has nothing to compare)"
+                if source == "gold"
+                else ""
             )
-        if source == "gold" and estimator != "sft":
             raise ValueError(
-                f"grpo.data_source = gold gives every output of a group the same correct "
-                f"solution, so adv_estimator = {estimator} has nothing to compare: use "
-                "adv_estimator: sft (or grpo.preset: sft)"
+                f"grpo.algo.adv_estimator = {spec.name} trains on data_source "
+                f"{' or '.join(sorted(spec.data_sources))}, not {source}{why}: set "
+                f"grpo.data_source: {sorted(spec.data_sources)[0]}, or for data_source = "
+                f"{source} grpo.preset: {' / '.join(presets)} (adv_estimator: "
+                f"{' / '.join(fitting)})"
             )
         if source == "gold" and self.algo.use_sampling_logprobs_as_old:
             raise ValueError(
@@ -333,29 +348,28 @@ class ItergrpoConfig(_Section):
 
     @model_validator(mode="after")
     def _rewards_are_available(self) -> ItergrpoConfig:
+        """What the weighted reward parts and the estimator need is trained (their registries
+        declare it: reward_models/parts/, grpo_core/algo/estimators.py)."""
         rewards, rms = self.grpo.rewards, self.reward_models
-        if rewards.orm > 0 and not rms.use_orm:
+        for name, weight in rewards.weights().items():
+            for need in sorted(REWARD_PARTS[name].needs) if weight > 0 else []:
+                if not rms.trains(need):
+                    raise ValueError(
+                        f"grpo.rewards.{name} > 0 needs reward_models.use_{need} = true (no "
+                        f"{need.upper()} is trained): set use_{need}: true, or "
+                        f"grpo.rewards.{name}: 0"
+                    )
+        estimator = self.grpo.algo.estimator
+        if estimator.needs_step_rewards and not rms.use_prm:
             raise ValueError(
-                "grpo.rewards.orm > 0 needs reward_models.use_orm = true (no ORM is trained): "
-                "set use_orm: true, or grpo.rewards.orm: 0"
-            )
-        if rewards.prm > 0 and not rms.use_prm:
-            raise ValueError(
-                "grpo.rewards.prm > 0 needs reward_models.use_prm = true (no PRM is trained): "
-                "set use_prm: true, or grpo.rewards.prm: 0"
-            )
-        if self.grpo.algo.process_supervision and not rms.use_prm:
-            raise ValueError(
-                "grpo.algo.adv_estimator = grpo_process rewards each step with the PRM, but "
+                f"grpo.algo.adv_estimator = {estimator.name} rewards each step with the PRM, but "
                 "reward_models.use_prm = false: set use_prm: true, or adv_estimator: grpo_outcome"
             )
-        outcome_weights = rewards.verifier + rewards.format + rewards.learned
-        uses_rewards = self.grpo.algo.adv_estimator in ("grpo_outcome", "dr_grpo")
-        if uses_rewards and outcome_weights == 0:
+        if estimator.needs_weighted_reward and not any(rewards.weights().values()):
             raise ValueError(
-                "grpo.rewards: verifier, orm, prm and format are all 0, so every GRPO advantage "
-                "would be 0: give at least one a weight > 0 (the paper rewards with the ORM: "
-                "grpo.rewards.orm: 1)"
+                f"grpo.rewards: {', '.join(rewards.weights())} are all 0, so every GRPO "
+                "advantage would be 0: give at least one a weight > 0 (the paper rewards with "
+                "the ORM: grpo.rewards.orm: 1)"
             )
         return self
 

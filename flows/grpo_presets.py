@@ -9,14 +9,11 @@ value (in YAML, `--set` or the Prefect form) keeps it, so `--set grpo.preset=rft
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Any
 
 from pydantic import BaseModel
 
 from grpo_core.algo.config import GRPO_PRESETS
-
-PresetName = Literal["paper", "dr_grpo", "dapo", "sft", "rft", "online_rft", "grpo_os", "grpo_ps"]
-DataSource = Literal["online", "policy_0", "gold"]
 
 GRPO_STAGE_PRESETS: dict[str, dict[str, Any]] = {
     # the GRPO update of the paper and two later variants (grpo_core/algo/config.py)

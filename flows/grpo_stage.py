@@ -22,7 +22,7 @@ from flows.engines.policy_updaters import PolicyUpdater, build_policy_updater
 from flows.engines.sampling import GRPOSampler, build_rollout_engine
 from flows.interrupts import INTERRUPT
 from flows.model_io import policy_at, save_model, to_device
-from flows.names import GRPO, GRPO_PROGRESS, ORM, POLICY, PRM, TRAIN_SPLIT
+from flows.names import GRPO, GRPO_PROGRESS, POLICY, TRAIN_SPLIT
 from flows.progress import ProgressFn, log
 from flows.stage_io import (
     StageResult,
@@ -38,8 +38,9 @@ from grpo_core.data.tasks.base import Problem
 from grpo_core.data.tasks.registry import make_task
 from grpo_core.engines.gold_rollout import GoldSolutionRollout
 from grpo_core.model.policy import format_prompt, load_policy
-from reward_models.grpo_reward import GRPORewarder
+from reward_models.grpo_reward import GRPORewarder, models_needed
 from reward_models.models import RewardModel
+from reward_models.parts import ModelNeed
 from storage.checkpoints import (
     capture_rng_state,
     load_training_state,
@@ -53,17 +54,17 @@ SAMPLES_FILE = "policy_samples.parquet"
 METRICS_FILE = "metrics.parquet"
 
 
-def _load_rms(
+def _load_reward_models(
     cfg: ItergrpoConfig, run: RunWriter, k: int, device: torch.device
-) -> tuple[RewardModel | None, RewardModel | None]:
-    orm = prm = None
-    if cfg.grpo.rewards.orm > 0:
-        path = require_checkpoint(ckpt(cfg, run.run_id, ORM, k), f"orm_{k}")
-        orm = RewardModel.load(path, device=device).eval()
-    if cfg.grpo.algo.process_supervision or cfg.grpo.rewards.prm > 0:
-        path = require_checkpoint(ckpt(cfg, run.run_id, PRM, k), f"prm_{k}")
-        prm = RewardModel.load(path, device=device).eval()
-    return orm, prm
+) -> dict[ModelNeed, RewardModel]:
+    """RM_k of each kind the scored reward parts and the estimator read."""
+    needed = models_needed(cfg.grpo.rewards, cfg.grpo.algo.process_supervision)
+    return {
+        kind: RewardModel.load(
+            require_checkpoint(ckpt(cfg, run.run_id, kind, k), f"{kind}_{k}"), device=device
+        ).eval()
+        for kind in sorted(needed)
+    }
 
 
 def _save_progress(
@@ -171,7 +172,7 @@ def grpo_stage(
     if algo.beta > 0:  # beta = 0 never loads the reference (no forward pass, no memory)
         reference = to_device(load_policy(policy_dir)[0], cfg)
         reference.eval().requires_grad_(False)
-    orm, prm = _load_rms(cfg, run, k, device)
+    reward_models = _load_reward_models(cfg, run, k, device)
     progress_dir = ckpt(cfg, run.run_id, GRPO_PROGRESS, k)
     resumed = _resume_weights(progress_dir, model)
     updater = build_policy_updater(cfg, run, k, model, reference, policy_dir)
@@ -187,7 +188,9 @@ def grpo_stage(
     if resumed:
         sampler.weights_changed()
     try:
-        rewarder = GRPORewarder(task, g.rewards, tokenizer, orm, prm, algo.process_supervision)
+        rewarder = GRPORewarder(
+            task, g.rewards, tokenizer, g.max_new_tokens, reward_models, algo.process_supervision
+        )
         for step in range(start, g.steps):
             problems = pool[step * g.prompts_per_step : (step + 1) * g.prompts_per_step]
             prompts = [format_prompt(tokenizer, p.question) for p in problems]
@@ -257,9 +260,8 @@ def _sample_rows(
             "sample_index": r % group_size,
             "completion": batch.texts[r],
             "reward": float(rewards.per_output[r]),
-            "reward_verifier": float(rewards.verifier[r]),
+            "reward_parts": {name: float(score[r]) for name, score in rewards.parts.items()},
             "reward_rm": None if rewards.rm is None else float(rewards.rm[r]),
-            "reward_format": float(rewards.fmt[r]),
             "advantage": seq_adv[r],
             "kl": stats.get("kl", 0.0),
             "ratio_mean": stats.get("ratio_mean", 1.0),

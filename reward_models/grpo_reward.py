@@ -1,22 +1,36 @@
-"""The reward of a GRPO step's outputs: the verifier and the format rule, the learned reward
-models' scores, weighted by `grpo.rewards` (the combination rules: grpo_core/algo/rewards.py).
+"""The reward of a GRPO step's outputs: every reward part of reward_models/parts/ that has a
+weight (and those scored always), weighted by `grpo.rewards`; the combination rules are in
+grpo_core/algo/rewards.py.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 
 import torch
+from torch import Tensor
 from transformers import PreTrainedTokenizerBase
 
-from grpo_core.algo.rewards import StepRewards, WeightedPart, outcome_reward, process_rewards
+from grpo_core.algo.rewards import ScoredPart, StepRewards, outcome_reward, process_rewards
 from grpo_core.contracts.rollout import RolloutBatch
-from grpo_core.data.answers import format_reward
 from grpo_core.data.reasoning_steps import step_end_token_indices
 from grpo_core.data.tasks.base import Problem, Task
-from reward_models.config import RewardWeights
+from reward_models.config import RewardWeightsBase
 from reward_models.models import RewardModel
-from reward_models.scoring import aggregate_step_scores, score_outcome, score_steps
+from reward_models.parts import REWARD_PARTS, ModelNeed, RewardPart, ScoringContext
+
+
+def scored_parts(weights: RewardWeightsBase) -> list[RewardPart]:
+    """The parts a step scores, in summing order: those with a weight, and those scored always."""
+    return [p for name, p in REWARD_PARTS.items() if p.always or weights.weight(name) > 0]
+
+
+def models_needed(weights: RewardWeightsBase, step_rewards: bool) -> set[ModelNeed]:
+    """The reward models the scored parts read, and the PRM when the estimator reads step
+    rewards (process supervision)."""
+    needed = {need for part in scored_parts(weights) for need in part.needs}
+    return needed | ({"prm"} if step_rewards else set())
 
 
 @dataclass
@@ -28,39 +42,37 @@ class GRPORewarder:
     """
 
     task: Task
-    weights: RewardWeights
+    weights: RewardWeightsBase
     policy_tokenizer: PreTrainedTokenizerBase
-    orm: RewardModel | None = None
-    prm: RewardModel | None = None
+    max_new_tokens: int
+    models: Mapping[ModelNeed, RewardModel] = field(default_factory=dict)
     process_supervision: bool = False
 
     def __post_init__(self) -> None:
-        if self.process_supervision and self.prm is None:
-            raise ValueError("process supervision rewards each step with a PRM: give one")
+        missing = models_needed(self.weights, self.process_supervision) - set(self.models)
+        if missing:
+            raise ValueError(f"the reward parts and estimator need {sorted(missing)}: give them")
 
     def __call__(
         self, problems: list[Problem], prompts: list[str], batch: RolloutBatch
     ) -> StepRewards:
-        owners = [problems[i] for i in batch.prompt_index]
-        row_prompts = [prompts[i] for i in batch.prompt_index]
-        verifier = torch.tensor(
-            [float(self.task.is_correct(p, t)) for p, t in zip(owners, batch.texts, strict=True)]
+        context = ScoringContext(
+            task=self.task,
+            problems=[problems[i] for i in batch.prompt_index],
+            prompts=[prompts[i] for i in batch.prompt_index],
+            batch=batch,
+            max_new_tokens=self.max_new_tokens,
+            models=self.models,
         )
-        fmt = torch.tensor([format_reward(t) for t in batch.texts])
-        fixed: list[WeightedPart] = [(self.weights.verifier, verifier), (self.weights.format, fmt)]
-        learned: list[WeightedPart] = []
-        if self.orm is not None and self.weights.orm > 0:
-            scores = score_outcome(self.orm, self.orm.tokenizer, row_prompts, batch.texts)
-            learned.append((self.weights.orm, scores.float().cpu()))
-        steps = None
-        if self.prm is not None and (self.weights.prm > 0 or self.process_supervision):
-            steps = score_steps(self.prm, self.prm.tokenizer, row_prompts, batch.texts).scores
-        if steps is not None and self.weights.prm > 0:
-            folded = aggregate_step_scores(steps, self.weights.prm_aggregation)
-            learned.append((self.weights.prm, folded))
-        total, rm = outcome_reward(fixed, learned)
+        parts: dict[str, Tensor] = {}
+        scored: list[ScoredPart] = []
+        for part in scored_parts(self.weights):
+            values = part.score(context, self.weights.options(part.name))
+            parts[part.name] = torch.as_tensor(values, dtype=torch.float32)
+            weight = self.weights.weight(part.name)
+            scored.append(ScoredPart(weight, parts[part.name], part.learned))
+        total, rm = outcome_reward(scored)
         if not self.process_supervision:
-            return StepRewards(total, verifier, fmt, rm)
-        assert steps is not None  # __post_init__: a PRM is given
+            return StepRewards(total, parts, rm)
         ends = [step_end_token_indices(ids, self.policy_tokenizer) for ids in batch.completion_ids]
-        return process_rewards(steps, ends, total, verifier, fmt)
+        return process_rewards(context.step_scores(), ends, total, parts)

@@ -11,7 +11,6 @@ from transformers import PreTrainedTokenizerBase
 
 from grpo_core.contracts.policy_batch import build_policy_batch
 from grpo_core.data.reasoning_steps import step_end_token_indices
-from reward_models.config import PrmAggregation
 from reward_models.models import RewardModel
 from reward_models.training import encode_pair
 
@@ -95,18 +94,3 @@ def score_steps(
         lambda ids: step_end_token_indices(ids, cast(Any, tokenizer)),
     )
     return StepScores(scores, ends)
-
-
-def aggregate_step_scores(scores: Sequence[Sequence[float]], how: PrmAggregation) -> torch.Tensor:
-    """One outcome score per output from its PRM step probabilities; (N,) float32.
-
-    'min': the weakest step (a chain is as good as its worst step), 'mean', or 'last'. An
-    output without steps (empty completion) scores 0: it never answers.
-    """
-    if how not in ("min", "mean", "last"):
-        raise ValueError(f"PRM aggregation must be 'min', 'mean' or 'last' (got {how!r})")
-
-    def fold(s: Sequence[float]) -> float:
-        return min(s) if how == "min" else sum(s) / len(s) if how == "mean" else s[-1]
-
-    return torch.tensor([float(fold(s)) if s else 0.0 for s in scores], dtype=torch.float32)

@@ -15,7 +15,7 @@ import duckdb
 import pyarrow.parquet as pq
 
 from storage.errors import CorruptFileError
-from storage.schemas import PARTITION_COLUMNS, duckdb_type, table_schema
+from storage.schemas import LEGACY_COLUMNS, PARTITION_COLUMNS, duckdb_type, table_schema
 
 log = logging.getLogger(__name__)
 
@@ -48,13 +48,18 @@ def empty_select_sql(table: str) -> str:
 
 
 def table_select_sql(table: str, files: Sequence[Path], present: set[str]) -> str:
-    """SELECT of all schema columns of `table` from `files` (columns not in `present` as NULL)."""
+    """SELECT of all schema columns of `table` from `files`: a column not in `present` as
+    NULL, or read from older files' columns where LEGACY_COLUMNS says how."""
     if not files:
         return empty_select_sql(table)
     cols = []
     for field in table_schema(table):
         ident = quote_ident(field.name)
-        if field.name in present or field.name in PARTITION_COLUMNS:
+        legacy = LEGACY_COLUMNS.get(table, {}).get(field.name)
+        if legacy is not None and set(legacy.sources) <= present:
+            fresh = ident if field.name in present else "NULL"
+            cols.append(f"COALESCE({fresh}, {legacy.sql}) AS {ident}")
+        elif field.name in present or field.name in PARTITION_COLUMNS:
             cols.append(ident)
         else:
             cols.append(f"CAST(NULL AS {duckdb_type(field.type)}) AS {ident}")

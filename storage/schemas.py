@@ -8,6 +8,7 @@ New columns must be nullable so older files stay readable with `union_by_name`.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import pyarrow as pa
@@ -41,6 +42,7 @@ _I8 = pa.int8()
 _F64 = pa.float64()
 _BOOL = pa.bool_()
 _TS = pa.timestamp("us", tz="UTC")
+_PARTS = pa.map_(pa.string(), pa.float64())
 
 TABLE_SCHEMAS: dict[str, pa.Schema] = {
     "prompts": _schema(
@@ -99,9 +101,10 @@ TABLE_SCHEMAS: dict[str, pa.Schema] = {
         _req("sample_index", _I32),
         _req("completion", _S),
         _req("reward", _F64),
-        _req("reward_verifier", _F64),
+        # Every reward part scored for the output, by name (reward_models/parts/): the
+        # verifier always, the others when weighted. A new part needs no new column.
+        _opt("reward_parts", _PARTS),
         _opt("reward_rm", _F64),
-        _req("reward_format", _F64),
         _req("advantage", _F64),
         _req("kl", _F64),
         _req("ratio_mean", _F64),
@@ -170,6 +173,27 @@ _DUCKDB_TYPES: dict[pa.DataType, str] = {
     pa.float64(): "DOUBLE",
     pa.bool_(): "BOOLEAN",
     pa.timestamp("us", tz="UTC"): "TIMESTAMPTZ",
+    _PARTS: "MAP(VARCHAR, DOUBLE)",
+}
+
+
+@dataclass(frozen=True)
+class LegacyColumn:
+    """How a column reads from files written before it existed: `sql`, over the older
+    files' `sources` columns (a read-time migration: stored files are never rewritten)."""
+
+    sources: tuple[str, ...]
+    sql: str
+
+
+LEGACY_COLUMNS: dict[str, dict[str, LegacyColumn]] = {
+    # Before reward parts were stored by name, policy_samples had one column per part.
+    "policy_samples": {
+        "reward_parts": LegacyColumn(
+            ("reward_verifier", "reward_format"),
+            "MAP(['verifier', 'format'], [reward_verifier, reward_format])",
+        )
+    },
 }
 
 
@@ -324,6 +348,17 @@ def _require_finite(
     before any file is written, naming the table, column and first offending row."""
     import pyarrow.compute as pc
 
+    if pa.types.is_map(arr.type):  # every value of every row's map (row: the map's owner)
+        rows = pa.chunked_array([arr]) if isinstance(arr, pa.Array) else arr
+        chunks = [c for c in rows.chunks if not pa.types.is_null(c.type)]
+        for values in (c.items for c in chunks):
+            if pa.types.is_floating(values.type) and not pc.all(pc.is_finite(values)).as_py():
+                raise NonFiniteValueError(
+                    f"table {table!r}, column {name!r}: a value is NaN or infinite; nothing was "
+                    "written. A reward weight, a reward model's output or diverged weights are "
+                    "the usual cause"
+                )
+        return
     if not pa.types.is_floating(arr.type):
         return
     bad = pc.invert(pc.fill_null(pc.is_finite(arr), True))

@@ -6,9 +6,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from grpo_core.algo.advantages import (
-    ADVANTAGE_ESTIMATORS,
     AdvantageInputs,
-    get_adv_estimator,
     outcome_advantages,
     process_advantages,
     rft_coefficients,
@@ -16,6 +14,7 @@ from grpo_core.algo.advantages import (
     step_rewards_to_token_advantages,
     zero_advantage_group_fraction,
 )
+from grpo_core.algo.estimators import ADVANTAGE_ESTIMATORS, get_adv_estimator
 
 
 def test_outcome_vector_spec_4() -> None:

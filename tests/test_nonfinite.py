@@ -22,6 +22,7 @@ from flows.grpo_stage import grpo_stage
 from flows.names import GRPO_PROGRESS
 from flows.stage_io import ckpt
 from grpo_core.algo.config import GRPOConfig
+from grpo_core.algo.estimators import VERIFIER
 from grpo_core.algo.rewards import StepRewards, check_rewards
 from grpo_core.algo.update import grpo_update
 from grpo_core.contracts.numerics import NonFiniteError, require_finite, require_finite_metrics
@@ -59,8 +60,7 @@ def test_finite_values_pass_whatever_their_form() -> None:
 def _rewards(**bad: Any) -> StepRewards:
     fields: dict[str, Any] = {
         "total": torch.zeros(4),
-        "verifier": torch.zeros(4),
-        "fmt": torch.zeros(4),
+        "parts": {VERIFIER: torch.zeros(4)},
         "rm": torch.zeros(4),
         "step_scores": [[0.1, 0.2]] * 4,
         "step_ends": [[1, 2]] * 4,

@@ -12,7 +12,9 @@ from hypothesis import strategies as st
 from torch import Tensor
 
 from grpo_core.algo.config import GRPOConfig
+from grpo_core.algo.estimators import VERIFIER
 from grpo_core.algo.rewards import (
+    ScoredPart,
     StepRewards,
     outcome_reward,
     process_rewards,
@@ -28,7 +30,14 @@ from grpo_core.contracts.rollout import RolloutBatch, SamplingParams
 def test_outcome_reward_weights_every_part_and_averages_the_learned_ones() -> None:
     verifier, fmt = torch.tensor([1.0, 0.0, 1.0]), torch.tensor([1.0, 1.0, 0.0])
     orm, prm = torch.tensor([0.9, 0.2, 0.4]), torch.tensor([0.5, 0.1, 0.7])
-    total, rm = outcome_reward([(1.0, verifier), (0.5, fmt)], [(2.0, orm), (1.0, prm)])
+    total, rm = outcome_reward(
+        [
+            ScoredPart(1.0, verifier),
+            ScoredPart(0.5, fmt),
+            ScoredPart(2.0, orm, learned=True),
+            ScoredPart(1.0, prm, learned=True),
+        ]
+    )
     assert torch.allclose(
         total, torch.tensor([1 + 0.5 + 1.8 + 0.5, 0.5 + 0.4 + 0.1, 1 + 0.8 + 0.7])
     )
@@ -37,18 +46,18 @@ def test_outcome_reward_weights_every_part_and_averages_the_learned_ones() -> No
 
 
 def test_outcome_reward_without_learned_parts_has_no_rm_reward() -> None:
-    total, rm = outcome_reward([(1.0, torch.tensor([1.0, 0.0]))], [])
+    total, rm = outcome_reward([ScoredPart(1.0, torch.tensor([1.0, 0.0]))])
     assert rm is None and torch.equal(total, torch.tensor([1.0, 0.0]))
     with pytest.raises(ValueError, match="at least one"):
-        outcome_reward([], [])
+        outcome_reward([])
 
 
 def test_process_rewards_add_the_outcome_to_the_last_step_only() -> None:
     steps = [[0.2, 0.6, 0.9], [0.5], []]
     ends = [[3, 7, 10], [4], []]
     outcome = torch.tensor([1.0, 0.0, 0.5])
-    verifier, fmt = torch.tensor([1.0, 0.0, 0.0]), torch.zeros(3)
-    rewards = process_rewards(steps, ends, outcome, verifier, fmt)
+    verifier = torch.tensor([1.0, 0.0, 0.0])
+    rewards = process_rewards(steps, ends, outcome, {VERIFIER: verifier, "format": torch.zeros(3)})
     assert rewards.step_scores == [[0.2, 0.6, 1.9], [0.5], []]
     assert rewards.step_ends == ends
     assert rewards.rm is not None
@@ -61,32 +70,30 @@ def test_process_rewards_refuse_steps_the_policy_tokens_do_not_have() -> None:
     with pytest.raises(
         ValueError, match="output 1: the PRM found 2 steps but the policy's tokens 1"
     ):
-        process_rewards(
-            [[0.1], [0.2, 0.3]], [[2], [5]], torch.zeros(2), torch.zeros(2), torch.zeros(2)
-        )
+        process_rewards([[0.1], [0.2, 0.3]], [[2], [5]], torch.zeros(2), {VERIFIER: torch.zeros(2)})
 
 
 def test_outcome_supervision_rewards_each_output_its_total() -> None:
     total = torch.tensor([1.0, 2.0])
-    rewards = StepRewards(total, torch.ones(2), torch.zeros(2), rm=torch.tensor([0.3, 0.4]))
+    rewards = StepRewards(total, {VERIFIER: torch.ones(2)}, rm=torch.tensor([0.3, 0.4]))
     assert rewards.per_output is total
 
 
 def test_reward_stats_count_groups_without_an_outcome_gradient() -> None:
     total = torch.tensor([1.0, 1.0, 1.0, 0.0, 1.0, 0.0])  # group 0 equal, group 1 not
     verifier = torch.tensor([1.0, 1.0, 1.0, 0.0, 0.0, 0.0])
-    stats = reward_stats(StepRewards(total, verifier, torch.zeros(6), None), group_size=3)
+    stats = reward_stats(StepRewards(total, {VERIFIER: verifier}, None), group_size=3)
     assert stats == {
         "reward_mean": pytest.approx(4 / 6),
         "verifier_accuracy": pytest.approx(0.5),
         "equal_reward_groups": 0.5,
     }  # no rm_reward_mean: no learned reward model was used
-    with_rm = StepRewards(total, verifier, torch.zeros(6), torch.full((6,), 0.25))
+    with_rm = StepRewards(total, {VERIFIER: verifier}, torch.full((6,), 0.25))
     assert reward_stats(with_rm, group_size=3)["rm_reward_mean"] == pytest.approx(0.25)
 
 
 def test_outcome_token_advantages_are_the_group_z_score_on_response_tokens_only() -> None:
-    rewards = StepRewards(torch.tensor([1.0, 0.0, 0.0, 1.0]), torch.zeros(4), torch.zeros(4), None)
+    rewards = StepRewards(torch.tensor([1.0, 0.0, 0.0, 1.0]), {VERIFIER: torch.zeros(4)}, None)
     mask = torch.tensor([[1, 1, 0], [1, 0, 0], [1, 1, 1], [0, 0, 0]], dtype=torch.float32)
     adv = token_advantages(GRPOConfig(), rewards, mask, (2, 2))
     a = 0.5 / (0.5 + 1e-4)  # (r - mean) / (population std + eps)
@@ -98,7 +105,7 @@ def test_outcome_token_advantages_are_the_group_z_score_on_response_tokens_only(
 
 def test_process_token_advantages_follow_the_step_ends() -> None:
     rewards = process_rewards(
-        [[1.0, 0.0], [0.0, 0.0]], [[1, 3], [0, 2]], torch.zeros(2), torch.zeros(2), torch.zeros(2)
+        [[1.0, 0.0], [0.0, 0.0]], [[1, 3], [0, 2]], torch.zeros(2), {VERIFIER: torch.zeros(2)}
     )
     mask = torch.ones(2, 4)
     adv = token_advantages(GRPOConfig(adv_estimator="grpo_process"), rewards, mask, (1, 2))
@@ -116,7 +123,7 @@ def test_process_token_advantages_follow_the_step_ends() -> None:
 )
 def test_outcome_advantages_of_each_group_sum_to_zero(groups: list[list[float]]) -> None:
     total = torch.tensor(groups).reshape(-1)
-    rewards = StepRewards(total, torch.zeros_like(total), torch.zeros_like(total), None)
+    rewards = StepRewards(total, {VERIFIER: torch.zeros_like(total)}, None)
     adv = token_advantages(GRPOConfig(), rewards, torch.ones(len(total), 1), (len(groups), 4))
     assert torch.allclose(adv.reshape(len(groups), 4).sum(-1), torch.zeros(len(groups)), atol=1e-3)
 
@@ -157,7 +164,7 @@ class RecordingUpdate:
 
 def reward_by_text(batch: RolloutBatch) -> StepRewards:
     total = torch.tensor([float(int(t) % 2) for t in batch.texts])  # odd outputs correct
-    return StepRewards(total, total.clone(), torch.zeros_like(total), None)
+    return StepRewards(total, {VERIFIER: total.clone()}, None)
 
 
 def run_step(

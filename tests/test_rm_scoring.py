@@ -9,7 +9,8 @@ from grpo_core.data.reasoning_steps import step_end_token_indices
 from grpo_core.model.config import PolicyConfig
 from grpo_core.model.policy import build_char_tokenizer, create_tiny_policy
 from reward_models.models import RewardModel
-from reward_models.scoring import aggregate_step_scores, score_outcome, score_steps
+from reward_models.parts.prm import fold_step_scores
+from reward_models.scoring import score_outcome, score_steps
 
 TOKENIZER = build_char_tokenizer()
 SMALL = PolicyConfig(n_layers=1, hidden_size=32, n_heads=2, intermediate_size=64, seed=1)
@@ -59,8 +60,8 @@ def test_step_scores_are_read_at_step_end_tokens() -> None:
 
 def test_prm_outcome_score_folds_steps_by_min_mean_or_last() -> None:
     steps = [[0.9, 0.2, 0.6], [0.5], []]
-    assert aggregate_step_scores(steps, "min").tolist() == pytest.approx([0.2, 0.5, 0.0])
-    assert aggregate_step_scores(steps, "mean").tolist() == pytest.approx([1.7 / 3, 0.5, 0.0])
-    assert aggregate_step_scores(steps, "last").tolist() == pytest.approx([0.6, 0.5, 0.0])
+    assert fold_step_scores(steps, "min") == pytest.approx([0.2, 0.5, 0.0])
+    assert fold_step_scores(steps, "mean") == pytest.approx([1.7 / 3, 0.5, 0.0])
+    assert fold_step_scores(steps, "last") == pytest.approx([0.6, 0.5, 0.0])
     with pytest.raises(ValueError, match="'min', 'mean' or 'last'"):
-        aggregate_step_scores(steps, "max")  # type: ignore[arg-type]
+        fold_step_scores(steps, "max")  # type: ignore[arg-type]

@@ -10,7 +10,7 @@ import duckdb
 import pytest
 
 from flows.cli import main
-from storage.errors import SqlReadOnlyError
+from storage.errors import SqlQueryError, SqlReadOnlyError
 from storage.schemas import TABLE_SCHEMAS
 from storage.sql import create_views, run_query, view_statements
 from storage.store import RunStore
@@ -80,13 +80,15 @@ def test_writing_statements_are_refused_and_files_unchanged(store: RunStore, sql
 def test_reading_files_outside_the_store_is_refused(store: RunStore, tmp_path: Path) -> None:
     secret = tmp_path / "secret.csv"
     secret.write_text("a\n1\n")
-    with pytest.raises(duckdb.Error, match="disabled by configuration"):
+    with pytest.raises(SqlQueryError, match="disabled by configuration") as refused:
         run_query(store, f"SELECT * FROM read_csv('{secret}')")
+    assert isinstance(refused.value.__cause__, duckdb.Error)
 
 
 def test_syntax_error_surfaces_duckdbs_message(store: RunStore) -> None:
-    with pytest.raises(duckdb.ParserException, match="syntax error"):
+    with pytest.raises(SqlQueryError, match="syntax error") as refused:
         run_query(store, "SELEC * FROM eval")
+    assert isinstance(refused.value.__cause__, duckdb.ParserException)
 
 
 def test_view_statements_work_in_a_fresh_duckdb(store: RunStore) -> None:

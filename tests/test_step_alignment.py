@@ -24,6 +24,7 @@ from grpo_core.model.config import PolicyConfig
 from grpo_core.model.policy import build_char_tokenizer, create_tiny_policy
 from reward_models.grpo_reward import GRPORewarder
 from reward_models.models import RewardModel
+from reward_models.parts import ModelNeed
 from reward_models.scoring import score_steps
 
 CHAR = build_char_tokenizer()
@@ -72,7 +73,10 @@ def expected_step_ends(tokenizer: PreTrainedTokenizerBase, text: str) -> list[in
 
 
 def process_rewards(policy_tok: PreTrainedTokenizerBase):  # type: ignore[no-untyped-def]
-    cfg = load_config("micro", ["grpo.algo.adv_estimator=grpo_process", "grpo.group_size=3"])
+    cfg = load_config(
+        "micro",
+        ["grpo.algo.adv_estimator=grpo_process", "grpo.group_size=3", "grpo.rewards.orm=0"],
+    )
     problems = [Problem(f"p{i}", q, a) for i, (q, a) in enumerate(QUESTIONS)]
     batch = RolloutBatch(
         prompt_index=[0, 1, 2],
@@ -91,7 +95,15 @@ def reward_with(
     cfg: ItergrpoConfig, tok: PreTrainedTokenizerBase, prm: RewardModel
 ) -> GRPORewarder:
     algo = cfg.grpo.algo
-    return GRPORewarder(ArithTask(), cfg.grpo.rewards, tok, None, prm, algo.process_supervision)
+    models: dict[ModelNeed, RewardModel] = {"prm": prm}
+    return GRPORewarder(
+        ArithTask(),
+        cfg.grpo.rewards,
+        tok,
+        cfg.grpo.max_new_tokens,
+        models,
+        algo.process_supervision,
+    )
 
 
 def check_alignment(policy_tok: PreTrainedTokenizerBase) -> None:
@@ -153,7 +165,8 @@ def test_a_prm_that_splits_other_steps_than_the_policy_is_an_error() -> None:
 
 def test_prm_outcome_reward_is_weighted_in_and_reported_beside_the_verifier() -> None:
     tok = gpt2_style_bpe()
-    cfg = load_config("micro", ["grpo.rewards.prm=2.0", "grpo.rewards.prm_aggregation=min"])
+    weights = ["grpo.rewards.prm=2.0", "grpo.rewards.prm_aggregation=min", "grpo.rewards.orm=0"]
+    cfg = load_config("micro", weights)
     problems = [Problem(f"p{i}", q, a) for i, (q, a) in enumerate(QUESTIONS)]
     ids = [tok(c, add_special_tokens=False)["input_ids"] for c in COMPLETIONS]
     batch = RolloutBatch(

@@ -1,4 +1,5 @@
-"""Advantage estimators (GRPO_SPEC sections 4-6), vectorised over groups, registered by name.
+"""Advantage formulas (GRPO_SPEC sections 4-6) and the estimators built from them, vectorised
+over groups (their names and needs: grpo_core/algo/estimators.py).
 
 Shapes: P prompts, G outputs per prompt, S steps per output, T response tokens. Rows of a
 flat batch are prompt-major (row r belongs to prompt r // G), as in RolloutBatch.
@@ -6,7 +7,6 @@ flat batch are prompt-major (row r belongs to prompt r // G), as in RolloutBatch
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Literal
 
@@ -144,31 +144,6 @@ class AdvantageInputs:
     step_ends: Tensor | None = None
 
 
-AdvantageEstimator = Callable[[AdvantageInputs, float], Tensor]
-ADVANTAGE_ESTIMATORS: dict[str, AdvantageEstimator] = {}
-
-
-def register_adv_estimator(
-    name: str,
-) -> Callable[[AdvantageEstimator], AdvantageEstimator]:
-    """Register an estimator (inputs, eps) -> token advantages (B, T) under `name`."""
-
-    def decorate(fn: AdvantageEstimator) -> AdvantageEstimator:
-        ADVANTAGE_ESTIMATORS[name] = fn
-        return fn
-
-    return decorate
-
-
-def get_adv_estimator(name: str) -> AdvantageEstimator:
-    """The estimator registered under `name`."""
-    if name not in ADVANTAGE_ESTIMATORS:
-        raise ValueError(
-            f"unknown advantage estimator {name!r}: choose one of {sorted(ADVANTAGE_ESTIMATORS)}"
-        )
-    return ADVANTAGE_ESTIMATORS[name]
-
-
 def _require(value: Tensor | None, field: str, estimator: str) -> Tensor:
     if value is None:
         raise ValueError(f"advantage estimator {estimator!r} needs AdvantageInputs.{field}")
@@ -180,23 +155,20 @@ def _per_output_to_tokens(per_output: Tensor, response_mask: Tensor) -> Tensor:
     return per_output.reshape(-1, 1).to(torch.float32) * response_mask.to(torch.float32)
 
 
-@register_adv_estimator("grpo_outcome")
-def _grpo_outcome(inputs: AdvantageInputs, eps: float) -> Tensor:
+def grpo_outcome_estimator(inputs: AdvantageInputs, eps: float) -> Tensor:
     """Spec section 4 with the paper's group-std scaling."""
     rewards = _require(inputs.rewards, "rewards", "grpo_outcome")
     advantages = outcome_advantages(rewards, "group_std", eps)
     return _per_output_to_tokens(advantages, inputs.response_mask)
 
 
-@register_adv_estimator("dr_grpo")
-def _dr_grpo(inputs: AdvantageInputs, eps: float) -> Tensor:
+def dr_grpo_estimator(inputs: AdvantageInputs, eps: float) -> Tensor:
     """Spec section 4, Dr. GRPO variant: reward minus group mean, no std division."""
     rewards = _require(inputs.rewards, "rewards", "dr_grpo")
     return _per_output_to_tokens(outcome_advantages(rewards, "none"), inputs.response_mask)
 
 
-@register_adv_estimator("grpo_process")
-def _grpo_process(inputs: AdvantageInputs, eps: float) -> Tensor:
+def grpo_process_estimator(inputs: AdvantageInputs, eps: float) -> Tensor:
     """Spec section 5: group-normalised step rewards summed over later step ends."""
     step_rewards = _require(inputs.step_rewards, "step_rewards", "grpo_process")
     step_mask = _require(inputs.step_mask, "step_mask", "grpo_process")
@@ -207,16 +179,13 @@ def _grpo_process(inputs: AdvantageInputs, eps: float) -> Tensor:
     return advantages.reshape(num_prompts * group_size, -1).to(torch.float32)
 
 
-@register_adv_estimator("rft")
-@register_adv_estimator("online_rft")
-def _rft(inputs: AdvantageInputs, eps: float) -> Tensor:
+def rft_estimator(inputs: AdvantageInputs, eps: float) -> Tensor:
     """Spec section 6: RFT and Online RFT coefficient, 1 if correct else 0 (same formula)."""
     correct = _require(inputs.correct, "correct", "rft")
     return _per_output_to_tokens(rft_coefficients(correct), inputs.response_mask)
 
 
-@register_adv_estimator("sft")
-def _sft(inputs: AdvantageInputs, eps: float) -> Tensor:
+def sft_estimator(inputs: AdvantageInputs, eps: float) -> Tensor:
     """Spec section 6: SFT coefficient, 1 for every output whatever its verdict."""
     outputs = torch.zeros(inputs.response_mask.shape[0])
     return _per_output_to_tokens(sft_coefficients(outputs), inputs.response_mask)

@@ -4,13 +4,13 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from grpo_core.algo.estimators import ADVANTAGE_ESTIMATORS, EstimatorSpec
 from grpo_core.contracts.training import LRSchedule, OptimizerSettings
 
 KLEstimator = Literal["k1", "k2", "k3"]
 LossAgg = Literal["seq-mean-token-mean", "token-mean", "seq-mean-token-sum-norm"]
-AdvEstimatorName = Literal["grpo_outcome", "grpo_process", "dr_grpo", "rft", "online_rft", "sft"]
 
 
 class GRPOConfig(BaseModel):
@@ -50,14 +50,12 @@ class GRPOConfig(BaseModel):
         "sequences), 'token-mean' (DAPO, mean over all response tokens) or "
         "'seq-mean-token-sum-norm' (Dr. GRPO, token sum over the constant max_len_norm).",
     )
-    adv_estimator: AdvEstimatorName = Field(
+    adv_estimator: str = Field(
         default="grpo_outcome",
         description="How rewards become advantages (grpo_core/algo/advantages.py): "
-        "'grpo_outcome' (paper, outcome supervision: group z-score of one reward per output), "
-        "'grpo_process' (paper, process supervision: z-scored PRM step rewards summed over the "
-        "steps ending at or after each token; needs a PRM), 'dr_grpo' (reward minus group "
-        "mean, no std division), 'rft' / 'online_rft' (1 for a correct output, 0 otherwise) "
-        "or 'sft' (1 for every output).",
+        + "; ".join(f"'{name}' ({spec.summary})" for name, spec in ADVANTAGE_ESTIMATORS.items())
+        + ".",
+        json_schema_extra=ADVANTAGE_ESTIMATORS.json_schema,
     )
     adv_eps: float = Field(
         default=1e-4,
@@ -156,10 +154,20 @@ class GRPOConfig(BaseModel):
             total_steps=total_steps,
         )
 
+    @field_validator("adv_estimator")
+    @classmethod
+    def _registered_estimator(cls, name: str) -> str:
+        return ADVANTAGE_ESTIMATORS.check(name)
+
+    @property
+    def estimator(self) -> EstimatorSpec:
+        """The advantage estimator with what it needs (step rewards, a data source, ...)."""
+        return ADVANTAGE_ESTIMATORS[self.adv_estimator]
+
     @property
     def process_supervision(self) -> bool:
         """Rewards per reasoning step (a PRM scores each step), not one per output."""
-        return self.adv_estimator == "grpo_process"
+        return self.estimator.needs_step_rewards
 
     @classmethod
     def from_preset(cls, name: str, **overrides: Any) -> GRPOConfig:

@@ -2,7 +2,7 @@
 puts the outcome part, what is recorded of them, and how rewards become token advantages.
 
 Pure functions of tensors and lists; who computes the parts (the verifier, the learned
-reward models) is the caller's business (reward_models/grpo_reward.py).
+reward models, ...: the reward-part registry of reward_models/parts/) is the caller's business.
 """
 
 from __future__ import annotations
@@ -13,16 +13,19 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from grpo_core.algo.advantages import (
-    AdvantageInputs,
-    get_adv_estimator,
-    pad_steps,
-    zero_advantage_group_fraction,
-)
+from grpo_core.algo.advantages import AdvantageInputs, pad_steps, zero_advantage_group_fraction
 from grpo_core.algo.config import GRPOConfig
+from grpo_core.algo.estimators import VERIFIER
 from grpo_core.contracts.numerics import REWARD_SOURCE, require_finite
 
-WeightedPart = tuple[float, Tensor]  # (weight, (B,) score of each output)
+
+@dataclass(frozen=True)
+class ScoredPart:
+    """One reward part's (B,) scores with its weight; `learned`: a reward model's opinion."""
+
+    weight: float
+    score: Tensor
+    learned: bool = False
 
 
 @dataclass
@@ -30,11 +33,21 @@ class StepRewards:
     """Rewards of one GRPO step's P x G outputs (flattened prompt-major)."""
 
     total: Tensor  # (B,) weighted outcome reward (under PS: added to the last step)
-    verifier: Tensor  # (B,) 1/0, always computed: the over-optimisation yardstick
-    fmt: Tensor  # (B,) 1/0
+    parts: dict[str, Tensor]  # (B,) score of each part computed, by name; VERIFIER always
     rm: Tensor | None  # (B,) what the learned RMs gave each output (None: no RM used)
     step_scores: list[list[float]] | None = None  # per-step rewards (process supervision)
     step_ends: list[list[int]] | None = None  # index into the completion tokens per step
+
+    def __post_init__(self) -> None:
+        if VERIFIER not in self.parts:
+            raise ValueError(
+                f"StepRewards.parts needs the {VERIFIER!r} part (got {list(self.parts)})"
+            )
+
+    @property
+    def verifier(self) -> Tensor:
+        """(B,) 1/0: the checked answer of each output."""
+        return self.parts[VERIFIER]
 
     @property
     def per_output(self) -> Tensor:
@@ -45,29 +58,27 @@ class StepRewards:
         return self.total + self.rm
 
 
-def outcome_reward(
-    fixed: Sequence[WeightedPart], learned: Sequence[WeightedPart]
-) -> tuple[Tensor, Tensor | None]:
-    """(total, rm): total = sum of weight x score over every part; rm = the weighted mean of
-    the learned parts (what the reward models said of each output), None without any."""
-    parts = [*fixed, *learned]
+def outcome_reward(parts: Sequence[ScoredPart]) -> tuple[Tensor, Tensor | None]:
+    """(total, rm): total = sum of weight x score over the parts, in their order; rm = the
+    weighted mean of the learned parts (what the reward models said of each output), None
+    without any."""
     if not parts:
-        raise ValueError("an outcome reward needs at least one (weight, score) part")
-    total = parts[0][0] * parts[0][1].float()
-    for weight, score in parts[1:]:  # in order: the same sum, bit for bit, on every run
-        total = total + weight * score.float()
+        raise ValueError("an outcome reward needs at least one scored part")
+    total = parts[0].weight * parts[0].score.float()
+    for part in parts[1:]:  # in order: the same sum, bit for bit, on every run
+        total = total + part.weight * part.score.float()
+    learned = [p for p in parts if p.learned]
     if not learned:
         return total, None
-    rm = torch.stack([w * s.float() for w, s in learned]).sum(0) / sum(w for w, _ in learned)
-    return total, rm
+    weighted = torch.stack([p.weight * p.score.float() for p in learned]).sum(0)
+    return total, weighted / sum(p.weight for p in learned)
 
 
 def process_rewards(
     step_scores: Sequence[Sequence[float]],
     step_ends: Sequence[Sequence[int]],
     outcome: Tensor,
-    verifier: Tensor,
-    fmt: Tensor,
+    parts: dict[str, Tensor],
 ) -> StepRewards:
     """Process supervision (GRPO_SPEC section 5): each output's PRM step scores are its step
     rewards, with its outcome reward added to the last step so a process-supervised run can
@@ -88,9 +99,7 @@ def process_rewards(
         for s, extra in zip(step_scores, outcome.tolist(), strict=True)
     ]
     step_mean = torch.tensor([sum(s) / len(s) if s else 0.0 for s in step_scores])
-    return StepRewards(
-        outcome, verifier, fmt, step_mean, with_outcome, [list(e) for e in step_ends]
-    )
+    return StepRewards(outcome, parts, step_mean, with_outcome, [list(e) for e in step_ends])
 
 
 def reward_stats(rewards: StepRewards, group_size: int) -> dict[str, float]:
@@ -134,4 +143,4 @@ def token_advantages(
         correct=rewards.verifier.reshape(shape),
         **steps,
     )
-    return get_adv_estimator(algo.adv_estimator)(inputs, algo.adv_eps)
+    return algo.estimator.fn(inputs, algo.adv_eps)

@@ -5,12 +5,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal, Protocol
+from typing import TYPE_CHECKING, Any, Literal, Protocol
 
-import torch
-from torch import Tensor, nn
+if TYPE_CHECKING:  # annotations only: the settings load without torch (config loading)
+    import torch
+    from torch import Tensor, nn
 
-from grpo_core.contracts.policy_batch import PolicyBatch
+    from grpo_core.contracts.policy_batch import PolicyBatch
 
 LRSchedule = Literal["constant", "cosine"]
 

@@ -1,0 +1,133 @@
+"""Advantage estimators by name, each with what it needs: the inputs it reads (the weighted
+reward, the verifier's verdict, PRM step rewards) and the data sources it trains on (paper
+section 5.2.1's unified paradigm). grpo.algo.adv_estimator's choices, its description and the
+config's checks (a PRM for step rewards, a nonzero reward weight, the data source) are read
+from here.
+
+Torch-free, so a config loads (and a run is refused) without importing torch: an estimator's
+function is named by its import path ("module:function") and imported on first use.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable
+from dataclasses import dataclass
+from functools import cached_property
+from typing import TYPE_CHECKING, Literal
+
+from grpo_core.contracts.registry import Registry
+
+if TYPE_CHECKING:
+    from torch import Tensor
+
+    from grpo_core.algo.advantages import AdvantageInputs
+
+AdvantageEstimator = Callable[["AdvantageInputs", float], "Tensor"]
+# Where a GRPO stage's outputs come from: samples of the current policy, samples of the
+# warm-started policy_0, or the task's gold solutions.
+DataSource = Literal["online", "policy_0", "gold"]
+DATA_SOURCES: tuple[DataSource, ...] = ("online", "policy_0", "gold")
+SAMPLED_SOURCES: frozenset[DataSource] = frozenset({"online", "policy_0"})
+# The AdvantageInputs an estimator reads besides response_mask: the weighted outcome reward,
+# the verifier's verdict, or the PRM's step rewards (which need a trained PRM).
+AdvantageField = Literal["rewards", "correct", "step_rewards"]
+# The reward part every GRPO step scores whatever its weight: its 1/0 is `correct`.
+VERIFIER = "verifier"
+
+
+@dataclass(frozen=True)
+class EstimatorSpec:
+    """A registered estimator: its function `(inputs, eps) -> (B, T) token advantages` (or
+    the "module:function" path of it) and what it needs."""
+
+    name: str
+    impl: str | AdvantageEstimator
+    reads: frozenset[AdvantageField]
+    data_sources: frozenset[DataSource]
+    summary: str  # one line for the config's field description
+
+    @cached_property
+    def fn(self) -> AdvantageEstimator:
+        """The estimator function (imported on first use when given by path)."""
+        if not isinstance(self.impl, str):
+            return self.impl
+        module, _, name = self.impl.partition(":")
+        fn: AdvantageEstimator = getattr(importlib.import_module(module), name)
+        return fn
+
+    @property
+    def needs_step_rewards(self) -> bool:
+        """Rewards per reasoning step (a PRM scores each step), not one per output."""
+        return "step_rewards" in self.reads
+
+    @property
+    def needs_weighted_reward(self) -> bool:
+        """Reads the weighted outcome reward, so at least one reward weight must be > 0."""
+        return "rewards" in self.reads
+
+
+ADVANTAGE_ESTIMATORS: Registry[EstimatorSpec] = Registry("advantage estimator")
+
+
+def register_adv_estimator(
+    name: str,
+    impl: str | AdvantageEstimator,
+    *,
+    reads: set[AdvantageField],
+    summary: str,
+    data_sources: set[DataSource] | None = None,
+) -> EstimatorSpec:
+    """Register an estimator under `name`, with the inputs it reads and the data sources it
+    trains on (default: sampled outputs, the current policy's or policy_0's)."""
+    sources = frozenset(data_sources) if data_sources else SAMPLED_SOURCES
+    spec = EstimatorSpec(name, impl, frozenset(reads), sources, summary)
+    return ADVANTAGE_ESTIMATORS.add(name, spec)
+
+
+def get_adv_estimator(name: str) -> AdvantageEstimator:
+    """The estimator function registered under `name`."""
+    return ADVANTAGE_ESTIMATORS[name].fn
+
+
+_FORMULAS = "grpo_core.algo.advantages"
+register_adv_estimator(
+    "grpo_outcome",
+    f"{_FORMULAS}:grpo_outcome_estimator",
+    reads={"rewards"},
+    summary="paper, outcome supervision: group z-score of one reward per output",
+)
+register_adv_estimator(
+    "grpo_process",
+    f"{_FORMULAS}:grpo_process_estimator",
+    reads={"step_rewards"},
+    summary="paper, process supervision: z-scored PRM step rewards summed over the steps "
+    "ending at or after each token; needs a PRM",
+)
+register_adv_estimator(
+    "dr_grpo",
+    f"{_FORMULAS}:dr_grpo_estimator",
+    reads={"rewards"},
+    summary="reward minus group mean, no std division",
+)
+register_adv_estimator(
+    "rft",
+    f"{_FORMULAS}:rft_estimator",
+    reads={"correct"},
+    data_sources={"policy_0"},
+    summary="1 for a correct output of policy_0, 0 otherwise",
+)
+register_adv_estimator(
+    "online_rft",
+    f"{_FORMULAS}:rft_estimator",
+    reads={"correct"},
+    data_sources={"online"},
+    summary="1 for a correct output of the current policy, 0 otherwise",
+)
+register_adv_estimator(
+    "sft",
+    f"{_FORMULAS}:sft_estimator",
+    reads=set(),
+    data_sources={"gold"},
+    summary="1 for every gold solution",
+)

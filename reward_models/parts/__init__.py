@@ -1,0 +1,19 @@
+"""Reward parts, registered by name (base.py holds the contract). The built-in ones register
+here, in the order their weighted scores are summed: verifier, format, then the learned ones.
+A new part is one module defining its RewardPart, plus its line in BUILT_IN below (or a call
+to register_reward_part from the user's own code, before the run starts)."""
+
+from reward_models.parts import answer_format, orm, prm, verifier
+from reward_models.parts.base import (
+    REWARD_PARTS,
+    ModelNeed,
+    RewardPart,
+    ScoringContext,
+    register_reward_part,
+)
+
+BUILT_IN = (verifier.PART, answer_format.PART, orm.PART, prm.PART)
+for _part in BUILT_IN:
+    register_reward_part(_part)
+
+__all__ = ["REWARD_PARTS", "ModelNeed", "RewardPart", "ScoringContext", "register_reward_part"]
