@@ -277,3 +277,84 @@ def test_nan_and_inf_are_never_written(tmp_path: Path, bad: float) -> None:
         attempt.write("metrics", rows)
     assert store.read("metrics", run_id="r1").num_rows == 0
     assert not list((tmp_path / "tables").rglob("*.parquet"))  # no data, no commit
+
+
+def test_policy_samples_stored_before_reward_parts_read_their_parts_by_name(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A read-time migration: files with one column per reward part (reward_verifier,
+    reward_format) read as reward_parts, beside newer files, in Python and in SQL, and the
+    files themselves are never rewritten."""
+    import pyarrow as pa
+
+    from storage import schemas
+    from storage.sql import run_query
+
+    new = schemas.TABLE_SCHEMAS["policy_samples"]
+    old = pa.schema(
+        [f for f in new if f.name != "reward_parts"]
+        + [pa.field("reward_verifier", pa.float64()), pa.field("reward_format", pa.float64())]
+    )
+    row = {
+        "step": 0,
+        "problem_id": "p",
+        "sample_index": 0,
+        "completion": "#### 2",
+        "reward": 1.0,
+        "reward_rm": None,
+        "advantage": 0.5,
+        "kl": 0.0,
+        "ratio_mean": 1.0,
+        "ratio_max": 1.0,
+        "n_completion_tokens": 3,
+        "correct": True,
+    }
+    store = RunStore(tmp_path)
+    with store.open_run("r", {}) as run:
+        monkeypatch.setitem(schemas.TABLE_SCHEMAS, "policy_samples", old)
+        with run.stage(0, "grpo") as attempt:  # as an earlier version wrote it
+            attempt.write("policy_samples", [{**row, "reward_verifier": 1.0, "reward_format": 0.0}])
+        monkeypatch.setitem(schemas.TABLE_SCHEMAS, "policy_samples", new)
+        with run.stage(1, "grpo") as attempt:
+            parts = {"verifier": 0.0, "format": 1.0, "orm": 0.25}
+            attempt.write("policy_samples", [{**row, "reward_parts": parts}])
+    before = {p: p.read_bytes() for p in tmp_path.rglob("*.parquet")}
+    got = store.read("policy_samples", run_id="r").to_pylist()
+    assert [dict(r["reward_parts"]) for r in sorted(got, key=lambda r: r["iteration"])] == [
+        {"verifier": 1.0, "format": 0.0},
+        {"verifier": 0.0, "format": 1.0, "orm": 0.25},
+    ]
+    sql = run_query(
+        store,
+        "SELECT iteration, reward_parts['verifier'] AS v, reward_parts['orm'] AS orm "
+        "FROM policy_samples ORDER BY iteration",
+    ).to_pylist()
+    assert sql == [{"iteration": 0, "v": 1.0, "orm": None}, {"iteration": 1, "v": 0.0, "orm": 0.25}]
+    assert {p: p.read_bytes() for p in tmp_path.rglob("*.parquet")} == before
+
+
+def test_a_non_finite_reward_part_is_refused_before_anything_is_written(tmp_path: Path) -> None:
+    from storage.errors import NonFiniteValueError
+
+    row = {
+        "step": 0,
+        "problem_id": "p",
+        "sample_index": 0,
+        "completion": "",
+        "reward": 0.0,
+        "reward_parts": {"verifier": 0.0, "orm": float("nan")},
+        "advantage": 0.0,
+        "kl": 0.0,
+        "ratio_mean": 1.0,
+        "ratio_max": 1.0,
+        "n_completion_tokens": 0,
+        "correct": False,
+    }
+    store = RunStore(tmp_path)
+    with (
+        store.open_run("r", {}) as run,
+        pytest.raises(NonFiniteValueError, match="reward_parts"),
+        run.stage(0, "grpo") as attempt,
+    ):
+        attempt.write("policy_samples", [row])
+    assert not list(tmp_path.rglob("*.parquet"))
