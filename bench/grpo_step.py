@@ -42,7 +42,7 @@ from grpo_core.algo.rewards import StepRewards
 from grpo_core.algo.step import grpo_step
 from grpo_core.algo.update import grpo_update
 from grpo_core.contracts.policy_batch import PolicyBatch
-from grpo_core.contracts.rollout import RolloutBatch, RolloutEngine, SamplingParams
+from grpo_core.contracts.rollout import RolloutBatch, Sampler, SamplingParams
 from grpo_core.engines.hf_rollout import HFRolloutEngine
 from grpo_core.engines.train import TorchEngine
 from grpo_core.model.config import PolicyConfig
@@ -191,7 +191,7 @@ def our_settings(setup: OurSetup, cfg: common.BenchConfig) -> dict[str, Any]:
 class TimedSampler:
     """A rollout engine that adds its generate seconds to times["generation"]."""
 
-    def __init__(self, engine: RolloutEngine, times: dict[str, float]) -> None:
+    def __init__(self, engine: Sampler, times: dict[str, float]) -> None:
         self.engine, self.times = engine, times
 
     def generate(

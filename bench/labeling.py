@@ -28,7 +28,7 @@ from typing import Any
 import torch
 
 from flows.config_files import load_config
-from grpo_core.contracts.rollout import RolloutBatch, RolloutEngine, SamplingParams
+from grpo_core.contracts.rollout import RolloutBatch, Sampler, SamplingParams
 from grpo_core.data.reasoning_steps import split_steps
 from grpo_core.data.tasks.registry import make_task
 from grpo_core.engines.hf_rollout import HFRolloutEngine
@@ -42,7 +42,7 @@ GROUP = 4  # outputs per prompt, as the demo's rollout stage samples them
 
 @dataclass
 class CountingEngine:
-    """A RolloutEngine that counts what the wrapped engine generated."""
+    """A sampler that counts what the wrapped engine generated."""
 
     inner: Any
     completions: int = 0
@@ -65,7 +65,7 @@ def load() -> str:
 
 
 def sample_outputs(
-    engine: RolloutEngine, tokenizer: Any, task: Any, n_prompts: int, max_new_tokens: int
+    engine: Sampler, tokenizer: Any, task: Any, n_prompts: int, max_new_tokens: int
 ) -> list[LabelledSample]:
     """G outputs per test prompt from the policy, as the rollout stage would store them."""
     problems = task.problems("test", n_prompts, 1)
@@ -136,11 +136,13 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{len(samples)} outputs sampled, {sum(steps) / len(steps):.1f} steps each")
     hf_rows = label("hf", hf, tokenizer, task, samples, lab)
 
-    from grpo_core.engines.vllm_rollout import VLLMRolloutEngine, vllm_python
+    from grpo_core.contracts.errors import SettingError
+    from grpo_core.engines.vllm_env import find_vllm_python
+    from grpo_core.engines.vllm_rollout import VLLMRolloutEngine
 
     try:
-        python = vllm_python(args.vllm_python)
-    except FileNotFoundError as missing:
+        python = find_vllm_python(args.vllm_python)
+    except SettingError as missing:
         print(f"SKIP labeling vllm: {missing}")
         return 0
     with tempfile.TemporaryDirectory(prefix="labeling-bench-") as tmp:

@@ -18,15 +18,16 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from flows import stages
 from flows.ablate_suites import AblationPlan, ArmRun
 from flows.config import ItergrpoConfig
 from flows.config_files import stored_config_as_current
+from flows.context import RunContext
 from flows.interrupts import INTERRUPT, RunInterrupted, graceful_sigint, with_fault_hook
 from flows.loop import Executor, planned_stages
 from flows.names import EVAL_SPLIT, WARM_START
 from flows.progress import no_progress
-from flows.stage_io import apply_threads, set_deepspeed_accelerator
+from flows.runtime import apply_threads, name_deepspeed_accelerator
+from flows.stages import STAGE_FUNCTIONS
 from storage.errors import ConfigMismatchError, StoreError
 from storage.run_writer import RunWriter
 from storage.store import RunStore
@@ -36,7 +37,7 @@ log = logging.getLogger("itergrpo")
 ABLATION_TABLE = "ablation"  # the table, and the stage of the ablation's run that writes it
 ARM_RUN = "arm_run"  # the fault hook's name for "an arm-seed run starts"
 RunArm = Callable[[ItergrpoConfig], None]
-MakeExecutor = Callable[[ItergrpoConfig, RunWriter], Executor]
+MakeExecutor = Callable[[RunContext], Executor]
 
 
 def _minutes(seconds: float) -> str:
@@ -125,16 +126,22 @@ def check_arm_runs(store: RunStore, runs: list[ArmRun]) -> None:
             ) from None
 
 
-def _shared_policy_0(plan: AblationPlan, record: RunWriter, make_executor: MakeExecutor) -> None:
+def _shared_policy_0(
+    plan: AblationPlan, store: RunStore, record: RunWriter, make_executor: MakeExecutor
+) -> None:
     if record.is_committed(0, WARM_START):
         log.info("ablation %s: shared policy_0 already committed", plan.ablation_id)
         return
     cfg = plan.policy_0_config()
-    apply_threads(cfg)
-    set_deepspeed_accelerator(cfg)
+    apply_threads(cfg.run.num_threads)
+    name_deepspeed_accelerator(cfg.run.device)
     log.info("ablation %s: shared policy_0 (warm start, computed once)", plan.ablation_id)
     start = time.perf_counter()
-    make_executor(cfg, record)(WARM_START, 0, stages.warm_start_stage)
+    ctx = RunContext(cfg, store, record)
+    try:
+        make_executor(ctx)(WARM_START, 0, STAGE_FUNCTIONS[WARM_START])
+    finally:
+        ctx.close()
     log.info("ablation %s: policy_0 done in %.1f s", plan.ablation_id, time.perf_counter() - start)
 
 
@@ -180,7 +187,7 @@ def run_ablation(
         record.set_status("running")
         try:
             with graceful_sigint():
-                _shared_policy_0(plan, record, make_executor)
+                _shared_policy_0(plan, store, record, make_executor)
                 INTERRUPT.check()
                 _run_arms(store, runs, run_arm, began)
                 if not record.is_committed(0, ABLATION_TABLE):

@@ -21,7 +21,7 @@ from flows.config import ItergrpoConfig
 from flows.config_files import CONFIG_DIR, load_config, parse_override
 from flows.errors import ConfigError
 from flows.names import POLICY
-from flows.stage_io import ckpt
+from storage.checkpoints import checkpoint_path
 from storage.layout import validate_run_id
 
 SUITE_DIR = CONFIG_DIR / "ablate"
@@ -152,7 +152,7 @@ class AblationPlan:
 
     def policy_0_dir(self) -> Path:
         cfg = self.policy_0_config()
-        return ckpt(cfg, self.ablation_id, POLICY, 0)
+        return checkpoint_path(cfg.store.resolved_root(), self.ablation_id, POLICY, 0)
 
     def arm_runs(self) -> list[ArmRun]:
         """Arm-major: every seed of the first arm, then the next arm (the order they run)."""

@@ -25,10 +25,11 @@ from flows.grpo_presets import GRPO_STAGE_PRESETS, apply_preset
 from grpo_core.algo.config import GRPOConfig
 from grpo_core.algo.estimators import ADVANTAGE_ESTIMATORS, DataSource
 from grpo_core.data.tasks.registry import TaskConfig
-from grpo_core.engines.config import DeepSpeedConfig
+from grpo_core.engines.config import DeepSpeedConfig, VLLMSettings
+from grpo_core.engines.registry import ROLLOUT_ENGINES, TRAIN_ENGINES
 from grpo_core.model.config import EvalConfig, PolicyConfig, WarmStartConfig
-from reward_models.config import LabellingConfig, RewardModelConfig, RewardWeights
-from reward_models.parts import REWARD_PARTS
+from reward_models.config import LabellingConfig, RewardModelConfig
+from reward_models.parts import REWARD_PARTS, RewardWeights
 from storage.store import resolve_store_root
 
 
@@ -174,107 +175,55 @@ class GRPOStageSection(_Section):
         return self
 
 
-class VLLMSection(_Section):
-    """Options of the vLLM rollout engine (engines.rollout = vllm): a worker process running
-    in vLLM's own virtual environment, fed the policy checkpoint of the stage."""
-
-    python: str = Field(
-        "",
-        description="Python of the vLLM environment; empty: $ITERGRPO_VLLM_PYTHON, else "
-        ".venv-vllm/bin/python in the repository (built by `make vllm-env`).",
-    )
-    dtype: Literal["auto", "float32", "bfloat16", "float16"] = Field(
-        "auto",
-        description="vLLM compute dtype: auto (vLLM's choice: 16-bit on GPU), float32 (matches "
-        "the HF engine on CPU), bfloat16 or float16.",
-    )
-    in_grpo: bool = Field(
-        True,
-        description="Also sample the GRPO stage's outputs with vLLM: before each step the "
-        "updated policy goes to the worker (engines.vllm.weight_sync; cost: see README). "
-        "false: the GRPO stage samples with the HF engine from the policy in memory.",
-    )
-    weight_sync: Literal["memory", "disk"] = Field(
-        "memory",
-        description="How the GRPO stage gives the worker each updated policy: memory (the "
-        "tensors broadcast over a trainer-worker process group, gloo on CPU and NCCL on GPU, "
-        "into vLLM's weight loader; no disk) or disk (save a scratch checkpoint, the worker "
-        "reloads it). Both give the same weights; see the README for their cost.",
-    )
-    sync_timeout_s: float = Field(
-        120.0,
-        gt=0.0,
-        le=3600.0,
-        description="Seconds the trainer and the worker wait for each other when they set up "
-        "the weight-sync process group and per transfer (more than 0, at most 3600).",
-    )
-    prefix_caching: bool = Field(
-        True,
-        description="vLLM automatic prefix caching in the rollout, evaluation and GRPO stages. "
-        "Math-Shepherd labelling always enables it (each step prefix is shared by its N "
-        "completions).",
-    )
-    gpu_memory_utilization: float = Field(
-        0.4,
-        gt=0.0,
-        le=1.0,
-        description="Share of GPU memory vLLM takes for weights and KV cache, more than 0, at "
-        "most 1; the rest is left to training (the GRPO stage trains beside the worker).",
-    )
-    max_model_len: int | None = Field(
-        None,
-        ge=16,
-        le=1_048_576,
-        description="Longest prompt + completion vLLM plans for (16 to 1048576); empty: the "
-        "model's own limit.",
-    )
-    enforce_eager: bool = Field(
-        False, description="Run vLLM without CUDA graphs/compilation (faster start, slower steps)."
-    )
-    cpu_kv_cache_gib: int = Field(
-        2,
-        ge=1,
-        le=4096,
-        description="KV-cache GiB on a CPU-only machine (VLLM_CPU_KVCACHE_SPACE), 1 to 4096; "
-        "ignored on GPU.",
-    )
-    llm_kwargs: dict[str, Any] = Field(
-        default_factory=dict,
-        description="Further vllm.LLM arguments, given as they are (e.g. {'tensor_parallel_size': "
-        "2}); they override the fields above.",
-    )
-    env: dict[str, str] = Field(
-        default_factory=dict,
-        description="Environment variables added to the worker's (e.g. {'VLLM_CPU_OMP_THREADS_"
-        "BIND': 'nobind'} on a small shared CPU machine).",
-    )
-
-
 class EnginesSection(_Section):
     """Which engines do the work: training (GRPO update, reward models) and sampling (rollout,
-    labelling, evaluation, GRPO). Defaults: plain torch and HF transformers, in process."""
+    labelling, evaluation, GRPO), by their names in grpo_core/engines/registry.py; an engine's
+    settings are the section of its name. Defaults: plain torch and HF transformers."""
 
-    train: Literal["torch", "deepspeed"] = Field(
+    train: str = Field(
         "torch",
         description="Training engine of the GRPO update and the reward models: torch (one "
         "process, CPU or one GPU) or deepspeed (ZeRO 0-3, bf16; needs the gpu extra: pip "
         "install -e '.[gpu]'). With deepspeed.processes_per_node > 1 or a hostfile each GRPO "
         "update runs on that many processes through the deepspeed launcher. Warm start (SFT) "
         "always uses torch.",
+        json_schema_extra=TRAIN_ENGINES.json_schema,
     )
-    rollout: Literal["hf", "vllm"] = Field(
+    rollout: str = Field(
         "hf",
         description="Sampling engine of the rollout, labelling, evaluation and (see "
         "vllm.in_grpo) GRPO stages: hf (transformers, in process) or vllm (a worker in its own "
         "environment: `make vllm-env`).",
+        json_schema_extra=ROLLOUT_ENGINES.json_schema,
     )
     deepspeed: DeepSpeedConfig = Field(
         default_factory=DeepSpeedConfig,
         description="DeepSpeed settings when train = deepspeed: ZeRO stage, bf16, processes.",
     )
-    vllm: VLLMSection = Field(
-        default_factory=VLLMSection, description="vLLM worker settings when rollout = vllm."
+    vllm: VLLMSettings = Field(
+        default_factory=VLLMSettings, description="vLLM worker settings when rollout = vllm."
     )
+
+    @field_validator("train")
+    @classmethod
+    def _registered_train_engine(cls, name: str) -> str:
+        return TRAIN_ENGINES.check(name)
+
+    @field_validator("rollout")
+    @classmethod
+    def _registered_rollout_engine(cls, name: str) -> str:
+        return ROLLOUT_ENGINES.check(name)
+
+    def settings_of(self, engine: str) -> BaseModel | None:
+        """The settings section of engine `engine` (engines.<name>), None if it has none."""
+        settings = getattr(self, engine, None)
+        return settings if isinstance(settings, BaseModel) else None
+
+    @property
+    def grpo_rollout(self) -> str:
+        """The engine the GRPO stage samples with: engines.rollout, but HF when vLLM is told to
+        stay out of the GRPO stage (vllm.in_grpo: false)."""
+        return "hf" if self.rollout == "vllm" and not self.vllm.in_grpo else self.rollout
 
     @property
     def launched(self) -> bool:

@@ -8,32 +8,21 @@ import logging
 import time
 from collections.abc import Callable
 
-from flows import stages
 from flows.config import ItergrpoConfig
 from flows.config_files import stored_config_as_current
+from flows.context import RunContext
 from flows.engines.availability import check_engines
-from flows.engines.sampling import close_rollout_engines
 from flows.interrupts import INTERRUPT, RunInterrupted, graceful_sigint, with_fault_hook
-from flows.names import EVALUATE, GRPO, ITERATION_STAGES, LABEL, ROLLOUT, TRAIN_RM, WARM_START
+from flows.names import EVALUATE, ITERATION_STAGES, WARM_START
 from flows.progress import ProgressFn, no_progress
-from flows.stage_io import StageResult, apply_threads, set_deepspeed_accelerator
-from storage.run_writer import RunWriter
+from flows.runtime import apply_threads, name_deepspeed_accelerator
+from flows.stages import STAGE_FUNCTIONS, StageFn, StageResult
 from storage.store import RunStore
 
 log = logging.getLogger("itergrpo")
 
-StageFn = Callable[[ItergrpoConfig, RunWriter, int, ProgressFn], StageResult]
 # execute(stage_name, iteration, fn) -> result. The default calls fn directly.
 Executor = Callable[[str, int, StageFn], StageResult]
-
-STAGE_FUNCTIONS: dict[str, StageFn] = {
-    WARM_START: stages.warm_start_stage,
-    ROLLOUT: stages.rollout_stage,
-    LABEL: stages.label_stage,
-    TRAIN_RM: stages.train_rm_stage,
-    GRPO: stages.grpo_stage,
-    EVALUATE: stages.evaluate_stage,
-}
 
 
 def planned_stages(cfg: ItergrpoConfig) -> list[tuple[str, int]]:
@@ -56,22 +45,22 @@ def _minutes(seconds: float) -> str:
     return f"{int(seconds) // 60}m{int(seconds) % 60:02d}s"
 
 
-def call_directly(
-    cfg: ItergrpoConfig, run: RunWriter, progress: ProgressFn = no_progress
-) -> Executor:
+def call_directly(ctx: RunContext, progress: ProgressFn = no_progress) -> Executor:
+    """Stages called in this process, their progress reports passing the fault hook."""
+
     def execute(name: str, iteration: int, fn: StageFn) -> StageResult:
-        return fn(cfg, run, iteration, with_fault_hook(progress, name, iteration))
+        return fn(ctx, iteration, with_fault_hook(progress, name, iteration))
 
     return execute
 
 
 def run_loop(
-    cfg: ItergrpoConfig,
-    run: RunWriter,
+    ctx: RunContext,
     execute: Executor,
     on_stage_done: Callable[[StageResult], None] | None = None,
 ) -> list[StageResult]:
     """Run every planned stage not yet committed; committed ones are skipped (resume)."""
+    cfg, run = ctx.cfg, ctx.run
     results: list[StageResult] = []
     plan = planned_stages(cfg)
     n, began = cfg.run.iterations, time.perf_counter()
@@ -108,7 +97,7 @@ def execute_run(
     cfg: ItergrpoConfig,
     *,
     force_config: bool = False,
-    make_executor: Callable[[ItergrpoConfig, RunWriter], Executor] | None = None,
+    make_executor: Callable[[RunContext], Executor] | None = None,
     on_stage_done: Callable[[StageResult], None] | None = None,
     stop_signals: tuple[type[BaseException], ...] = (),
 ) -> list[StageResult]:
@@ -119,9 +108,9 @@ def execute_run(
     """
     if cfg.run.run_id is None:
         raise ValueError("run.run_id is empty: the caller picks one (see default_run_id)")
-    apply_threads(cfg)
-    set_deepspeed_accelerator(cfg)
-    check_engines(cfg)  # a selected engine that is not installed fails before any stage
+    apply_threads(cfg.run.num_threads)
+    name_deepspeed_accelerator(cfg.run.device)
+    check_engines(cfg.engines)  # a selected engine that is not installed fails before any stage
     store = RunStore(cfg.store.resolved_root())
     with store.open_run(
         cfg.run.run_id,
@@ -130,15 +119,16 @@ def execute_run(
         upgrade_config=functools.partial(stored_config_as_current, current=cfg),
     ) as run:
         run.set_status("running")
-        executor = make_executor(cfg, run) if make_executor else call_directly(cfg, run)
+        ctx = RunContext(cfg, store, run)
+        executor = make_executor(ctx) if make_executor else call_directly(ctx)
         try:
             with graceful_sigint():
-                results = run_loop(cfg, run, executor, on_stage_done)
+                results = run_loop(ctx, executor, on_stage_done)
         except BaseException as exc:
             stopped = isinstance(exc, (RunInterrupted, *stop_signals))
             run.set_status("interrupted" if stopped else "failed")
             raise
         finally:
-            close_rollout_engines()  # the vLLM worker kept between stages, if any
+            ctx.close()  # a rollout engine's worker kept between stages, if any
         run.set_status("completed", iterations_done=cfg.run.iterations)
     return results

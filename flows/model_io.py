@@ -5,16 +5,12 @@ from __future__ import annotations
 from pathlib import Path
 from typing import cast
 
+import torch
 from torch import Tensor, nn
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-from flows.config import ItergrpoConfig
-from flows.names import POLICY
-from flows.stage_io import ckpt, require_checkpoint, resolve_device
-from grpo_core.model.policy import load_policy
 from reward_models.models import RewardModel
 from storage.checkpoints import save_checkpoint
-from storage.run_writer import RunWriter
 
 
 def save_model(
@@ -45,16 +41,7 @@ def save_reward_model(
     save_checkpoint(path, write, overwrite=True)
 
 
-def to_device(model: PreTrainedModel, cfg: ItergrpoConfig) -> PreTrainedModel:
-    """The model moved to the run's device (typed: transformers wraps `.to`)."""
-    cast(nn.Module, model).to(resolve_device(cfg))
+def to_device(model: PreTrainedModel, device: torch.device) -> PreTrainedModel:
+    """The model moved to `device` (typed: transformers wraps `.to`)."""
+    cast(nn.Module, model).to(device)
     return model
-
-
-def policy_at(
-    cfg: ItergrpoConfig, run: RunWriter, k: int
-) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
-    """policy_k (the policy iteration k starts from) on the run's device."""
-    path = require_checkpoint(ckpt(cfg, run.run_id, POLICY, k), f"policy_{k}")
-    model, tokenizer = load_policy(path)
-    return to_device(model, cfg), tokenizer

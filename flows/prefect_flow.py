@@ -29,14 +29,14 @@ from prefect.states import Cancelled, State
 from flows.cli import PACKAGE_LOGGERS
 from flows.config import ItergrpoConfig
 from flows.config_files import validate_config
+from flows.context import RunContext
 from flows.interrupts import RunInterrupted, with_fault_hook
-from flows.loop import Executor, StageFn, execute_run
+from flows.loop import Executor, execute_run
 from flows.names import default_run_id
 from flows.preflight import preflight
 from flows.report import iteration_table, report_with_inline_plots
-from flows.stage_io import StageResult
+from flows.stages import StageFn, StageResult
 from grpo_core.algo.config import merge_trees
-from storage.run_writer import RunWriter
 from storage.store import RunStore
 
 os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
@@ -60,9 +60,7 @@ def artifact_key(run_id: str, what: str) -> str:
     return re.sub(r"[^a-z0-9-]+", "-", f"itergrpo-{what}-{run_id}".lower()).strip("-")
 
 
-def _run_stage_in_task(
-    name: str, iteration: int, fn: StageFn, cfg: ItergrpoConfig, run: RunWriter
-) -> StageResult:
+def _run_stage_in_task(name: str, iteration: int, fn: StageFn, ctx: RunContext) -> StageResult:
     # The store decides skip/commit (resume must not depend on Prefect's cache), so the
     # task has no cache policy; the progress artifact mirrors the terminal progress bar.
     artifact_id = cast(
@@ -74,12 +72,14 @@ def _run_stage_in_task(
             artifact_id, 100.0 * min(max(fraction, 0.0), 1.0), description=message
         )
 
-    result = fn(cfg, run, iteration, with_fault_hook(progress, name, iteration))
+    result = fn(ctx, iteration, with_fault_hook(progress, name, iteration))
     update_progress_artifact(artifact_id, 100.0)
     return result
 
 
-def prefect_executor(cfg: ItergrpoConfig, run: RunWriter) -> Executor:
+def prefect_executor(ctx: RunContext) -> Executor:
+    """Each stage as a Prefect task of the flow run (thin: the stage function does the work)."""
+
     def execute(name: str, iteration: int, fn: StageFn) -> StageResult:
         stage_task = task(
             name=name,
@@ -87,7 +87,7 @@ def prefect_executor(cfg: ItergrpoConfig, run: RunWriter) -> Executor:
             cache_policy=NO_CACHE,
             retries=0,
         )(_run_stage_in_task)
-        return stage_task(name, iteration, fn, cfg, run)
+        return stage_task(name, iteration, fn, ctx)
 
     return execute
 

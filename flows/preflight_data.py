@@ -13,7 +13,6 @@ from flows.config import ItergrpoConfig
 from flows.errors import PreflightError
 from flows.names import EVAL_SPLIT, POLICY, TRAIN_SPLIT
 from flows.progress import log
-from flows.stage_io import ckpt
 from grpo_core.data.tasks.base import Split, Task
 from grpo_core.data.tasks.registry import make_task
 from grpo_core.model.config import PolicyConfig
@@ -24,6 +23,7 @@ from grpo_core.model.policy import (
     format_prompt,
 )
 from grpo_core.model.smollm2 import default_cache_dir
+from storage.checkpoints import checkpoint_path
 
 
 def check_policy_and_data(cfg: ItergrpoConfig) -> None:
@@ -45,7 +45,7 @@ def check_policy_and_data(cfg: ItergrpoConfig) -> None:
 def _policy_tokenizer(cfg: ItergrpoConfig) -> tuple[PreTrainedTokenizerBase, int] | None:
     """The tokenizer and context length of policy_0 (the stored one once warm start ran);
     None for SmolLM2 not yet converted (its conversion is the first stage's work)."""
-    stored = ckpt(cfg, cfg.run.run_id or "", POLICY, 0)
+    stored = checkpoint_path(cfg.store.resolved_root(), cfg.run.run_id or "", POLICY, 0)
     if (stored / "config.json").is_file():
         return _local_tokenizer(stored)
     policy: PolicyConfig = cfg.policy

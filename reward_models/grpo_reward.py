@@ -16,9 +16,9 @@ from grpo_core.algo.rewards import ScoredPart, StepRewards, outcome_reward, proc
 from grpo_core.contracts.rollout import RolloutBatch
 from grpo_core.data.reasoning_steps import step_end_token_indices
 from grpo_core.data.tasks.base import Problem, Task
-from reward_models.config import RewardWeightsBase
+from reward_models.config import RMKind
 from reward_models.models import RewardModel
-from reward_models.parts import REWARD_PARTS, ModelNeed, RewardPart, ScoringContext
+from reward_models.parts import REWARD_PARTS, RewardPart, RewardWeightsBase, ScoringContext
 
 
 def scored_parts(weights: RewardWeightsBase) -> list[RewardPart]:
@@ -26,7 +26,7 @@ def scored_parts(weights: RewardWeightsBase) -> list[RewardPart]:
     return [p for name, p in REWARD_PARTS.items() if p.always or weights.weight(name) > 0]
 
 
-def models_needed(weights: RewardWeightsBase, step_rewards: bool) -> set[ModelNeed]:
+def models_needed(weights: RewardWeightsBase, step_rewards: bool) -> set[RMKind]:
     """The reward models the scored parts read, and the PRM when the estimator reads step
     rewards (process supervision)."""
     needed = {need for part in scored_parts(weights) for need in part.needs}
@@ -45,7 +45,7 @@ class GRPORewarder:
     weights: RewardWeightsBase
     policy_tokenizer: PreTrainedTokenizerBase
     max_new_tokens: int
-    models: Mapping[ModelNeed, RewardModel] = field(default_factory=dict)
+    models: Mapping[RMKind, RewardModel] = field(default_factory=dict)
     process_supervision: bool = False
 
     def __post_init__(self) -> None:

@@ -13,7 +13,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, fields
 from typing import Any, TypeVar
 
-from grpo_core.contracts.rollout import RolloutEngine, SamplingParams
+from grpo_core.contracts.rollout import Sampler, SamplingParams
 from grpo_core.data.reasoning_steps import Decoder, split_steps, step_end_token_indices, step_spans
 from grpo_core.data.tasks.base import Problem, Task
 from reward_models.config import LabellingConfig
@@ -125,7 +125,7 @@ def _exact_labels(task: Task, sample: LabelledSample, n_steps: int) -> list[int 
 
 
 def prm_labels_monte_carlo(
-    engine: RolloutEngine,
+    engine: Sampler,
     tokenizer: Decoder,
     task: Task,
     samples: Sequence[LabelledSample],

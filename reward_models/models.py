@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Literal
 
 import torch
 from torch import nn
@@ -25,8 +24,8 @@ from transformers.utils import logging as hf_logging
 
 from grpo_core.contracts.errors import MissingPathError
 from grpo_core.model.policy import ensure_pad_token, reading_checkpoint
+from reward_models.config import RMKind
 
-RMKind = Literal["orm", "prm"]
 META_FILE = "reward_model.json"
 
 

@@ -26,9 +26,9 @@ from grpo_core.contracts.training import OptimizerSettings, TrainEngine
 from grpo_core.data.reasoning_steps import step_end_token_indices
 from grpo_core.engines.train import TorchEngine
 from grpo_core.model.policy import encode_prompt
-from reward_models.config import RewardModelConfig
+from reward_models.config import RewardModelConfig, RMKind
 from reward_models.labelling import LabelledSample, OrmLabel, PrmLabel
-from reward_models.models import RewardModel, RMKind
+from reward_models.models import RewardModel
 
 log = logging.getLogger(__name__)
 

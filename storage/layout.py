@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from storage.errors import InvalidRunIdError
+from storage.schemas import table_schema
 
 STORE_ENV = "ITERGRPO_STORE"
 DEFAULT_ROOT = "./itergrpo-store"
@@ -58,3 +59,28 @@ class DataFile:
     stage: str
     attempt: int
     part: int = 0
+
+
+class StoreLayout:
+    """Where a store root keeps what: tables, runs, checkpoints (the paths, not the files)."""
+
+    root: Path
+
+    @property
+    def tables_dir(self) -> Path:
+        return self.root / "tables"
+
+    @property
+    def runs_dir(self) -> Path:
+        return self.root / "runs"
+
+    @property
+    def checkpoints_dir(self) -> Path:
+        return self.root / "checkpoints"
+
+    def run_dir(self, run_id: str) -> Path:
+        return self.runs_dir / validate_run_id(run_id)
+
+    def partition_dir(self, table: str, run_id: str, iteration: int) -> Path:
+        table_schema(table)  # an unknown table name is refused
+        return self.tables_dir / table / f"run_id={run_id}" / f"iteration={iteration}"

@@ -9,25 +9,22 @@ import os
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from types import TracebackType
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import pyarrow as pa
 
 from storage.atomic import TMP_PREFIX, atomic_write_parquet, atomic_write_text
 from storage.errors import StageAlreadyCommittedError, StoreError
-from storage.layout import FILE_RE, utc_now, validate_iteration, validate_stage
+from storage.layout import FILE_RE, StoreLayout, utc_now, validate_iteration, validate_stage
 from storage.lock import RunLock
 from storage.schemas import STAGES_TABLE, TABLE_SCHEMAS, conform
-
-if TYPE_CHECKING:
-    from storage.store import RunStore
 
 
 class RunWriter:
     """Write access to one run, holding its lock until `close()` / the end of the with-block."""
 
-    def __init__(self, store: RunStore, run_id: str, lock: RunLock) -> None:
-        self.store = store
+    def __init__(self, layout: StoreLayout, run_id: str, lock: RunLock) -> None:
+        self.layout = layout
         self.run_id = run_id
         self._lock: RunLock | None = lock
 
@@ -55,7 +52,7 @@ class RunWriter:
     def is_committed(self, iteration: int, stage: str) -> bool:
         """Whether stage `stage` of `iteration` has a commit record (the caller then skips it)."""
         prefix = f"{validate_stage(stage)}-"
-        pdir = self.store.partition_dir(STAGES_TABLE, self.run_id, validate_iteration(iteration))
+        pdir = self.layout.partition_dir(STAGES_TABLE, self.run_id, validate_iteration(iteration))
         return pdir.is_dir() and any(
             (m := FILE_RE.match(n)) is not None and m["stage"] == stage
             for n in os.listdir(pdir)
@@ -70,7 +67,7 @@ class RunWriter:
     def set_status(self, status: str, **fields: Any) -> None:
         """Update runs/<run_id>/status.json (merged with the previous fields), atomically."""
         self._check_open()
-        path = self.store.run_dir(self.run_id) / "status.json"
+        path = self.layout.run_dir(self.run_id) / "status.json"
         current = json.loads(path.read_text()) if path.exists() else {}
         current.update(fields, status=status, updated_at=utc_now().isoformat())
         atomic_write_text(path, json.dumps(current, default=str))
@@ -115,10 +112,10 @@ class StageAttempt:
                 f"stage {self.stage!r} of iteration {self.iteration} of run {self.run_id!r} is "
                 "already committed; check writer.is_committed() and skip it"
             )
-        store = self.writer.store
+        layout = self.writer.layout
         last = 0
         for table in TABLE_SCHEMAS:
-            pdir = store.partition_dir(table, self.run_id, self.iteration)
+            pdir = layout.partition_dir(table, self.run_id, self.iteration)
             if not pdir.is_dir():
                 continue
             for name in os.listdir(pdir):
@@ -148,7 +145,7 @@ class StageAttempt:
         part = self._parts.get(table, 0)
         self._parts[table] = part + 1
         suffix = f"-part{part}" if part else ""
-        pdir = self.writer.store.partition_dir(table, self.run_id, self.iteration)
+        pdir = self.writer.layout.partition_dir(table, self.run_id, self.iteration)
         path = pdir / f"{self.stage}-{self.attempt}{suffix}.parquet"
         atomic_write_parquet(path, data)
         self._outputs[table] = self._outputs.get(table, 0) + data.num_rows
@@ -180,6 +177,6 @@ class StageAttempt:
             "info": info_json,
         }
         record = conform(STAGES_TABLE, [row], partition={})
-        pdir = self.writer.store.partition_dir(STAGES_TABLE, self.run_id, self.iteration)
+        pdir = self.writer.layout.partition_dir(STAGES_TABLE, self.run_id, self.iteration)
         atomic_write_parquet(pdir / f"{self.stage}-{self.attempt}.parquet", record)
         self.committed = True

@@ -32,6 +32,7 @@ from storage.layout import (
     STORE_ENTRIES,
     STORE_ENV,
     DataFile,
+    StoreLayout,
     utc_now,
     validate_run_id,
 )
@@ -69,7 +70,7 @@ def resolve_store_root(given: str | Path | None = None, configured: str | None =
     return Path(DEFAULT_ROOT).absolute()
 
 
-class RunStore:
+class RunStore(StoreLayout):
     """A store root. Reading needs no lock; writing goes through `open_run`."""
 
     def __init__(self, root: str | Path | None = None) -> None:
@@ -92,25 +93,6 @@ class RunStore:
 
     def __repr__(self) -> str:
         return f"RunStore({str(self.root)!r})"
-
-    @property
-    def tables_dir(self) -> Path:
-        return self.root / "tables"
-
-    @property
-    def runs_dir(self) -> Path:
-        return self.root / "runs"
-
-    @property
-    def checkpoints_dir(self) -> Path:
-        return self.root / "checkpoints"
-
-    def run_dir(self, run_id: str) -> Path:
-        return self.runs_dir / validate_run_id(run_id)
-
-    def partition_dir(self, table: str, run_id: str, iteration: int) -> Path:
-        table_schema(table)
-        return self.tables_dir / table / f"run_id={run_id}" / f"iteration={iteration}"
 
     # ---- writing -------------------------------------------------------------------------
 

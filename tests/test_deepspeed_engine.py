@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from transformers import AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM
+from transformers import AutoModelForCausalLM, LlamaForCausalLM
 
 from grpo_core.algo.config import GRPOConfig
 from grpo_core.algo.update import grpo_update
@@ -25,6 +25,7 @@ from grpo_core.contracts.policy_batch import PolicyBatch, build_policy_batch
 from grpo_core.contracts.training import OptimizerSettings
 from grpo_core.engines.config import DeepSpeedConfig
 from grpo_core.engines.train import TorchEngine
+from tests.models import tiny_llama
 
 needs_deepspeed = pytest.mark.skipif(
     find_spec("deepspeed") is None,
@@ -44,21 +45,6 @@ CFG = GRPOConfig(
 )
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
-
-
-def tiny_llama(seed: int = 0, tied: bool = False) -> LlamaForCausalLM:
-    torch.manual_seed(seed)
-    cfg = LlamaConfig(
-        vocab_size=12,
-        hidden_size=16,
-        intermediate_size=32,
-        num_hidden_layers=1,
-        num_attention_heads=2,
-        num_key_value_heads=2,
-        max_position_embeddings=64,
-        tie_word_embeddings=tied,
-    )
-    return LlamaForCausalLM(cfg)
 
 
 def ragged_batch(rows: int) -> tuple[PolicyBatch, torch.Tensor]:
@@ -81,7 +67,9 @@ def torch_update(
 ) -> tuple[LlamaForCausalLM, dict[str, float]]:
     model = tiny_llama(tied=tied)
     engine = TorchEngine(model, cfg.optimizer_settings())
-    metrics = grpo_update(engine, tiny_llama(1, tied), batch, advantages, cfg, generator=seeded())
+    metrics = grpo_update(
+        engine, tiny_llama(seed=1, tied=tied), batch, advantages, cfg, generator=seeded()
+    )
     return model, metrics
 
 
@@ -114,7 +102,7 @@ def test_zero_in_process_matches_torch_engine(stage: int) -> None:
     engine = DeepSpeedEngine(
         tiny_llama(), cfg.optimizer_settings(), config=DeepSpeedConfig(zero_stage=stage)
     )
-    ds_metrics = grpo_update(engine, tiny_llama(1), batch, advantages, cfg, generator=seeded())
+    ds_metrics = grpo_update(engine, tiny_llama(seed=1), batch, advantages, cfg, generator=seeded())
     gap = max_param_gap(expected, engine.full_state_dict())
     moved = max_param_gap(expected, tiny_llama().state_dict())
     print(
@@ -137,7 +125,7 @@ def test_state_dict_resumes_exactly_and_loads_weights_only() -> None:
     torch.save(first.state_dict(), buffer)
     buffer.seek(0)
     state = torch.load(buffer, weights_only=True)
-    resumed_model = tiny_llama(5)
+    resumed_model = tiny_llama(seed=5)
     resumed_model.load_state_dict(first.full_state_dict())
     resumed = DeepSpeedEngine(resumed_model, cfg.optimizer_settings(), config=ds)
     resumed.load_state_dict(state)
@@ -168,7 +156,7 @@ def test_optimizer_state_is_a_dict_in_fp32_zero2_and_a_checkpoint_under_zero3(
             torch.save(state, buffer)
             buffer.seek(0)
             state = torch.load(buffer, weights_only=True)
-        resumed_model = tiny_llama(5)
+        resumed_model = tiny_llama(seed=5)
         resumed_model.load_state_dict(first.full_state_dict())  # before the engine, as resumes do
         resumed = DeepSpeedEngine(resumed_model, cfg.optimizer_settings(), config=ds)
         resumed.load_optimizer_state(directory, state)
@@ -225,7 +213,7 @@ def test_zero3_two_processes_through_the_launcher_match_torch_engine(tmp_path: P
     cfg = CFG.model_copy(update={"micro_batch_size": 1})
     expected, torch_metrics = torch_update(cfg, batch, advantages, tied=True)
     tiny_llama(tied=True).save_pretrained(tmp_path / "policy_0")
-    tiny_llama(1, tied=True).save_pretrained(tmp_path / "reference")
+    tiny_llama(seed=1, tied=True).save_pretrained(tmp_path / "reference")
     ds = DeepSpeedConfig(zero_stage=3, processes_per_node=2, master_port=29517)
     job = UpdateJob(
         policy_dir=str(tmp_path / "policy_0"),

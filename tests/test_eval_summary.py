@@ -1,6 +1,6 @@
 """The evaluate stage's one-line summary names K-metrics by the K they were measured at."""
 
-from flows.stages import eval_summary
+from flows.stages.evaluate import eval_summary
 
 
 def test_k_metrics_are_reported_at_the_largest_k_with_k_in_the_name() -> None:

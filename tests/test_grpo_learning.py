@@ -4,7 +4,7 @@ import copy
 
 import pytest
 import torch
-from transformers import LlamaConfig, LlamaForCausalLM
+from transformers import LlamaForCausalLM
 
 from grpo_core.algo.advantages import outcome_advantages, process_advantages
 from grpo_core.algo.config import GRPOConfig
@@ -12,6 +12,7 @@ from grpo_core.algo.update import grpo_update
 from grpo_core.contracts.policy_batch import build_policy_batch
 from grpo_core.contracts.training import OptimizerSettings
 from grpo_core.engines.train import TorchEngine
+from tests.models import tiny_llama
 
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("one_torch_thread")]
 
@@ -20,18 +21,7 @@ GOOD_FIRST, GOOD_SECOND = 3, 5
 
 
 def tiny_policy() -> LlamaForCausalLM:
-    torch.manual_seed(0)
-    cfg = LlamaConfig(
-        vocab_size=VOCAB,
-        hidden_size=8,
-        intermediate_size=16,
-        num_hidden_layers=1,
-        num_attention_heads=2,
-        num_key_value_heads=2,
-        max_position_embeddings=8,
-        tie_word_embeddings=True,
-    )
-    return LlamaForCausalLM(cfg)
+    return tiny_llama(vocab=VOCAB, hidden=8, intermediate=16, positions=8, tied=True)
 
 
 @torch.no_grad()

@@ -4,10 +4,9 @@ from pathlib import Path
 
 import pytest
 
-from flows.config import ItergrpoConfig
+from flows.context import RunContext
 from flows.loop import Executor, StageFn, execute_run, seconds_left
-from flows.stage_io import StageResult
-from storage.run_writer import RunWriter
+from flows.stages import StageResult
 from storage.store import RunStore
 from tests.flow_helpers import micro_config
 
@@ -29,7 +28,7 @@ class EngineStop(BaseException):
 def test_an_engine_stop_records_interrupted_anything_else_failed(
     tmp_path: Path, stop_signals: tuple[type[BaseException], ...], status: str
 ) -> None:
-    def stopping_executor(cfg: ItergrpoConfig, run: RunWriter) -> Executor:
+    def stopping_executor(ctx: RunContext) -> Executor:
         def execute(name: str, iteration: int, fn: StageFn) -> StageResult:
             raise EngineStop
 

@@ -18,9 +18,9 @@ import torch
 
 from flows.cli import main
 from flows.config_files import stored_config_as_current
-from flows.grpo_stage import grpo_stage
+from flows.context import RunContext
 from flows.names import GRPO_PROGRESS
-from flows.stage_io import ckpt
+from flows.stages.grpo import grpo_stage
 from grpo_core.algo.config import GRPOConfig
 from grpo_core.algo.estimators import VERIFIER
 from grpo_core.algo.rewards import StepRewards, check_rewards
@@ -28,6 +28,7 @@ from grpo_core.algo.update import grpo_update
 from grpo_core.contracts.numerics import NonFiniteError, require_finite, require_finite_metrics
 from grpo_core.contracts.training import OptimizerSettings
 from grpo_core.engines.train import TorchEngine
+from storage.checkpoints import checkpoint_path
 from storage.store import RunStore
 from tests.flow_helpers import micro_config
 from tests.test_update import ragged_batch, tiny_llama
@@ -134,15 +135,16 @@ def _rerun_grpo(
     copy = tmp_path / "store"
     shutil.copytree(store.root, copy)
     cfg = micro_config(copy, run_id)
-    shutil.rmtree(ckpt(cfg, run_id, GRPO_PROGRESS, 1))  # start the stage from its step 0
+    shutil.rmtree(checkpoint_path(copy, run_id, GRPO_PROGRESS, 1))  # start from step 0
     tables = sorted((copy / "tables").rglob("*"))
     inject()
     upgrade = functools.partial(stored_config_as_current, current=cfg)
     run = RunStore(copy).open_run(run_id, cfg.model_dump(mode="json"), upgrade_config=upgrade)
+    ctx = RunContext(cfg, RunStore(copy), run)
     with run, pytest.raises(NonFiniteError) as err:
-        grpo_stage(cfg, run, 1, lambda fraction, text: None)
+        grpo_stage(ctx, 1, lambda fraction, text: None)
     assert sorted((copy / "tables").rglob("*")) == tables  # nothing written
-    assert not (ckpt(cfg, run_id, GRPO_PROGRESS, 1) / "config.json").exists()
+    assert not (checkpoint_path(copy, run_id, GRPO_PROGRESS, 1) / "config.json").exists()
     assert all(math.isfinite(v) for v in _float_values(copy))
     return err.value
 
@@ -175,19 +177,17 @@ def test_an_orm_emitting_nan_or_inf_stops_grpo_naming_it(
 def test_diverged_policy_weights_are_named_not_a_key_error(
     micro_run: tuple[RunStore, str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import flows.grpo_stage as stage
+    real = RunContext.policy
 
-    real = stage.policy_at
-
-    def diverged(*args: Any) -> Any:
-        model, tokenizer = real(*args)
+    def diverged(ctx: RunContext, k: int) -> Any:
+        model, tokenizer = real(ctx, k)
         with torch.no_grad():
             for p in model.parameters():
                 p.fill_(math.nan)
         return model, tokenizer
 
     err = _rerun_grpo(
-        micro_run, tmp_path, lambda: monkeypatch.setattr(stage, "policy_at", diverged)
+        micro_run, tmp_path, lambda: monkeypatch.setattr(RunContext, "policy", diverged)
     )
     assert "the policy's sampling log-probs is nan" in str(err)
     assert "weights have diverged" in str(err)

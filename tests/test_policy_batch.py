@@ -5,11 +5,12 @@ from collections.abc import Callable
 
 import pytest
 import torch
-from transformers import GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM
+from transformers import GPT2Config, GPT2LMHeadModel, LlamaForCausalLM
 
 from grpo_core.contracts.policy_batch import PaddingSide, build_policy_batch
 from grpo_core.model import forward
 from grpo_core.model.forward import length_buckets, sequence_logprobs, sequence_logprobs_and_entropy
+from tests.models import tiny_llama as shared_tiny_llama
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
@@ -19,19 +20,9 @@ PAD = 0
 
 
 def tiny_llama(attn: str = "sdpa", layers: int = 2) -> LlamaForCausalLM:
-    torch.manual_seed(0)
-    cfg = LlamaConfig(
-        vocab_size=VOCAB,
-        hidden_size=16,
-        intermediate_size=32,
-        num_hidden_layers=layers,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=128,
-        pad_token_id=PAD,
+    model = shared_tiny_llama(
+        vocab=VOCAB, layers=layers, heads=4, positions=128, pad_token_id=PAD, attn=attn
     )
-    model = LlamaForCausalLM(cfg)
-    model.set_attn_implementation(attn)
     return model.eval()
 
 

@@ -25,7 +25,6 @@ from flows.errors import ConfigError
 from flows.loop import execute_run
 from flows.model_io import save_model
 from flows.names import POLICY
-from flows.stage_io import ckpt
 from grpo_core.contracts.rollout import RolloutBatch, SamplingParams
 from grpo_core.engines.hf_rollout import HFRolloutEngine
 from grpo_core.model.config import PolicyConfig
@@ -35,6 +34,7 @@ from grpo_core.model.policy import (
     format_prompt,
     load_policy,
 )
+from storage.checkpoints import checkpoint_path
 from storage.store import RunStore
 from tests.flow_helpers import micro_config, snapshot
 
@@ -98,7 +98,7 @@ def test_sharded_engine_in_process_equals_the_hf_engine(
 ) -> None:
     model, tok = policy
     cfg = micro_config(tmp_path, "shards", "cluster.ray_address=local", "cluster.shards=3")
-    policy_dir = ckpt(cfg, "shards", POLICY, 0)
+    policy_dir = checkpoint_path(tmp_path, "shards", POLICY, 0)
     save_model(policy_dir, model, tok)
     loaded, _ = load_policy(policy_dir)  # memory-mapped weights: CPU floats round differently
     seen: list[list[ShardJob]] = []
@@ -113,7 +113,9 @@ def test_sharded_engine_in_process_equals_the_hf_engine(
         expected = HFRolloutEngine(stage_model, tok, batch_size=4, show_progress=False).generate(
             prompts, 2, params, seed=5
         )
-        sharded = ShardedRolloutEngine(cfg, policy_dir, 4, runner, copy_weights=copy_weights)
+        sharded = ShardedRolloutEngine(
+            cfg.cluster, "cpu", 1, policy_dir, 4, runner, copy_weights=copy_weights
+        )
         assert sharded.generate(prompts, 2, params, seed=5) == expected
     assert [(j.start, j.stop) for j in seen[0]] == [(0, 4), (4, 8), (8, 10)]
 
@@ -123,7 +125,8 @@ def test_cluster_section_is_validated(
 ) -> None:
     cfg = micro_config(tmp_path, "c", "cluster.ray_address=''")
     assert cfg.cluster.ray_address is None  # a cleared Prefect form field means no Ray
-    assert ray_shards.sharded_engine(cfg, "c", 0, policy[0], 8, "rollout") is None
+    unset = ray_shards.sharded_engine(cfg.cluster, "cpu", 1, tmp_path, 0, policy[0], 8, "rollout")
+    assert unset is None
     for address in ["local", "auto", "10.0.0.5:6379", "ray://head:10001"]:
         assert micro_config(tmp_path, "c", f"cluster.ray_address={address}").cluster.ray_address
     with pytest.raises(ConfigError, match=r"cluster\.ray_address"):

@@ -22,9 +22,9 @@ from grpo_core.data.tasks.arith import ArithTask
 from grpo_core.data.tasks.base import Problem
 from grpo_core.model.config import PolicyConfig
 from grpo_core.model.policy import build_char_tokenizer, create_tiny_policy
+from reward_models.config import RMKind
 from reward_models.grpo_reward import GRPORewarder
 from reward_models.models import RewardModel
-from reward_models.parts import ModelNeed
 from reward_models.scoring import score_steps
 
 CHAR = build_char_tokenizer()
@@ -95,7 +95,7 @@ def reward_with(
     cfg: ItergrpoConfig, tok: PreTrainedTokenizerBase, prm: RewardModel
 ) -> GRPORewarder:
     algo = cfg.grpo.algo
-    models: dict[ModelNeed, RewardModel] = {"prm": prm}
+    models: dict[RMKind, RewardModel] = {"prm": prm}
     return GRPORewarder(
         ArithTask(),
         cfg.grpo.rewards,

@@ -10,11 +10,12 @@ import pytest
 
 from flows.loop import execute_run
 from flows.names import GRPO, POLICY, TRAIN_SPLIT
-from flows.stage_io import ckpt, derive_seed
+from flows.runtime import derive_seed
 from grpo_core.contracts.rollout import SamplingParams
 from grpo_core.data.tasks.registry import make_task
 from grpo_core.engines.hf_rollout import HFRolloutEngine
 from grpo_core.model.policy import format_prompt, load_policy
+from storage.checkpoints import checkpoint_path
 from storage.store import RunStore
 from tests.flow_helpers import micro_config
 
@@ -45,7 +46,7 @@ def test_rft_trains_on_correct_samples_of_policy_0_in_every_iteration(tmp_path: 
     cfg = micro_config(tmp_path, "rft", "grpo.preset=rft", "run.iterations=2")
     execute_run(cfg)
     # iteration 1 (policy_1 is being trained) still samples policy_0, with the step's seed
-    policy_0, tokenizer = load_policy(ckpt(cfg, "rft", POLICY, 0))
+    policy_0, tokenizer = load_policy(checkpoint_path(tmp_path, "rft", POLICY, 0))
     g = cfg.grpo
     pool = make_task(cfg.task).problems(
         TRAIN_SPLIT, g.steps * g.prompts_per_step, seed=derive_seed(cfg.run.seed, GRPO, 1)

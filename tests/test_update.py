@@ -4,32 +4,18 @@ from typing import Any
 
 import pytest
 import torch
-from transformers import LlamaConfig, LlamaForCausalLM
 
 from grpo_core.algo.config import GRPOConfig, LossAgg
 from grpo_core.algo.update import grpo_update, rank_micro_batches
 from grpo_core.contracts.policy_batch import PolicyBatch, build_policy_batch
 from grpo_core.contracts.training import OptimizerSettings
 from grpo_core.engines.train import TorchEngine
+from tests.models import tiny_llama
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 MODES: list[LossAgg] = ["seq-mean-token-mean", "token-mean", "seq-mean-token-sum-norm"]
-
-
-def tiny_llama(seed: int = 0) -> LlamaForCausalLM:
-    torch.manual_seed(seed)
-    cfg = LlamaConfig(
-        vocab_size=12,
-        hidden_size=16,
-        intermediate_size=32,
-        num_hidden_layers=1,
-        num_attention_heads=2,
-        num_key_value_heads=2,
-        max_position_embeddings=64,
-    )
-    return LlamaForCausalLM(cfg)
 
 
 class RecordingEngine(TorchEngine):
@@ -180,7 +166,7 @@ def test_update_changes_the_policy_and_reports_metrics() -> None:
     before = [p.detach().clone() for p in model.parameters()]
     metrics = grpo_update(
         TorchEngine(model, OptimizerSettings(lr=1e-2)),
-        tiny_llama(1),
+        tiny_llama(seed=1),
         batch,
         advantages,
         GRPOConfig(),

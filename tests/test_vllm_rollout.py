@@ -14,9 +14,11 @@ import pytest
 import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
+from grpo_core.contracts.errors import SettingError
 from grpo_core.contracts.rollout import RolloutBatch, SamplingParams
 from grpo_core.engines.hf_rollout import HFRolloutEngine
-from grpo_core.engines.vllm_rollout import WORKER_SCRIPT, VLLMRolloutEngine, vllm_python
+from grpo_core.engines.vllm_env import find_vllm_python
+from grpo_core.engines.vllm_rollout import WORKER_SCRIPT, VLLMRolloutEngine
 from grpo_core.model.config import PolicyConfig
 from grpo_core.model.policy import (
     build_char_tokenizer,
@@ -28,8 +30,8 @@ from grpo_core.model.policy import (
 
 def _vllm_missing() -> str:
     try:
-        vllm_python()
-    except FileNotFoundError as err:
+        find_vllm_python()
+    except SettingError as err:
         return str(err)
     return ""
 
@@ -179,7 +181,7 @@ def test_worker_runs_one_request_file_by_path(
     }
     Path(request["input"]).write_text(json.dumps({"prompts": prompts(tok)}))
     (tmp_path / "request.json").write_text(json.dumps(request))
-    cmd = [str(vllm_python()), "-P", str(WORKER_SCRIPT), "--model", str(checkpoints[0])]
+    cmd = [str(find_vllm_python()), "-P", str(WORKER_SCRIPT), "--model", str(checkpoints[0])]
     cmd += ["--request", str(tmp_path / "request.json"), "--llm-kwargs", json.dumps(LLM_KWARGS)]
     env = {**os.environ, **WORKER_ENV}
     done = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=900)

@@ -17,15 +17,16 @@ from safetensors.torch import load_file
 from torch import Tensor, nn
 from transformers import PreTrainedModel
 
-from flows.config import ItergrpoConfig
-from flows.engines.availability import require_deepspeed
+from flows.config import EnginesSection, GRPOStageSection
 from flows.engines.train_engines import build_policy_engine, grpo_total_steps
 from flows.progress import log
-from flows.stage_io import ckpt
+from grpo_core.algo.config import GRPOConfig
 from grpo_core.algo.update import grpo_update
 from grpo_core.contracts.policy_batch import PolicyBatch
+from grpo_core.contracts.training import TrainEngine
+from grpo_core.engines.config import DeepSpeedConfig
+from grpo_core.engines.registry import require_deepspeed
 from storage.errors import MissingCheckpointError
-from storage.run_writer import RunWriter
 
 # Checkpoint roles (checkpoints/<run_id>/<role>/iter-<k>/) and directories of the updaters.
 LAUNCH_JOBS = "grpo-launch"  # deepspeed launcher jobs of the GRPO stage (one per step)
@@ -64,14 +65,15 @@ class InProcessUpdater:
 
     def __init__(
         self,
-        cfg: ItergrpoConfig,
+        engine: TrainEngine,
+        algo: GRPOConfig,
         model: PreTrainedModel,
         reference: nn.Module | None,
     ) -> None:
-        self.algo = cfg.grpo.algo
+        self.algo = algo
         self.model = model
         self.reference = reference
-        self.engine = build_policy_engine(cfg, model)
+        self.engine = engine
         self.device = self.engine.device  # where the engine put the policy (DeepSpeed may move it)
         if reference is not None:  # the reference computes beside it
             reference.to(self.device)
@@ -145,19 +147,21 @@ class LaunchedUpdater:
 
     def __init__(
         self,
-        cfg: ItergrpoConfig,
-        run: RunWriter,
-        iteration: int,
+        grpo: GRPOStageSection,
+        deepspeed: DeepSpeedConfig,
+        threads: int | None,
         model: PreTrainedModel,
         policy_dir: Path,
+        jobs_dir: Path,
     ) -> None:
-        require_deepspeed()
-        self.cfg = cfg
+        require_deepspeed(deepspeed)
+        self.algo, self.deepspeed, self.threads = grpo.algo, deepspeed, threads
+        self.total_steps = grpo_total_steps(grpo)
         self.model = model
-        self.reference_dir = policy_dir if cfg.grpo.algo.beta > 0 else None
+        self.reference_dir = policy_dir if grpo.algo.beta > 0 else None
         self.current_dir = policy_dir  # HF weights the next job starts from
         self.state_dir: Path | None = None  # DeepSpeed checkpoint the next job resumes
-        self.root = ckpt(cfg, run.run_id, LAUNCH_JOBS, iteration)
+        self.root = jobs_dir
         self.on_line = stage_line_logger()
         self.jobs = 0
         self.last_step_dir: Path | None = None
@@ -173,7 +177,7 @@ class LaunchedUpdater:
             write_update_job,
         )
 
-        ds = self.cfg.engines.deepspeed
+        ds = self.deepspeed
         step_dir = self.root / f"job-{self.jobs}"
         self.jobs += 1
         shutil.rmtree(step_dir, ignore_errors=True)  # a crashed earlier attempt's
@@ -181,15 +185,15 @@ class LaunchedUpdater:
             policy_dir=str(self.current_dir),
             reference_dir=None if self.reference_dir is None else str(self.reference_dir),
             output_dir=str(step_dir / "out"),
-            grpo=self.cfg.grpo.algo,
+            grpo=self.algo,
             deepspeed=ds,
-            total_steps=grpo_total_steps(self.cfg),
+            total_steps=self.total_steps,
             seed=seed,
             resume_from=None if self.state_dir is None else str(self.state_dir),
             save_state=True,
         )
         write_update_job(step_dir / "job", job, batch, advantages, old_logprobs)
-        threads = self.cfg.run.num_threads or torch.get_num_threads()
+        threads = self.threads or torch.get_num_threads()
         start = time.perf_counter()
         metrics = run_update_job(
             step_dir / "job", ds, on_line=self.on_line, env={"OMP_NUM_THREADS": str(threads)}
@@ -231,15 +235,17 @@ class LaunchedUpdater:
 
 
 def build_policy_updater(
-    cfg: ItergrpoConfig,
-    run: RunWriter,
-    iteration: int,
+    engines: EnginesSection,
+    grpo: GRPOStageSection,
+    threads: int | None,
     model: PreTrainedModel,
     reference: nn.Module | None,
     policy_dir: Path,
+    jobs_dir: Path,
 ) -> PolicyUpdater:
     """The GRPO stage's update path for engines.train and engines.deepspeed: in this process,
-    or through the deepspeed launcher when engines.launched."""
-    if cfg.engines.launched:
-        return LaunchedUpdater(cfg, run, iteration, model, policy_dir)
-    return InProcessUpdater(cfg, model, reference)
+    or through the deepspeed launcher (jobs under `jobs_dir`) when engines.launched."""
+    if engines.launched:
+        return LaunchedUpdater(grpo, engines.deepspeed, threads, model, policy_dir, jobs_dir)
+    engine = build_policy_engine(engines, grpo, model)
+    return InProcessUpdater(engine, grpo.algo, model, reference)

@@ -14,11 +14,10 @@ from typing import Any
 import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-from flows.config import ClusterSection, ItergrpoConfig
+from flows.config import ClusterSection
 from flows.model_io import to_device
-from flows.names import POLICY
 from flows.progress import log
-from flows.stage_io import apply_threads, ckpt
+from flows.runtime import apply_threads, resolve_device
 from grpo_core.contracts.rollout import RolloutBatch, SamplingParams
 from grpo_core.engines.hf_rollout import HFRolloutEngine
 from grpo_core.model.policy import load_policy
@@ -39,10 +38,12 @@ __all__ = [
 @dataclass(frozen=True)
 class ShardJob:
     """Rows start..stop-1 of one `generate(prompts, n, params, seed)` call, sampled by the
-    policy checkpoint at policy_dir with `batch_size` rows per forward pass. copy_weights:
-    move the loaded (memory-mapped) weights into torch memory, as the stage's model is."""
+    policy checkpoint at policy_dir with `batch_size` rows per forward pass, on `device`
+    (run.device) with `threads` torch threads. copy_weights: move the loaded (memory-mapped)
+    weights into torch memory, as the stage's model is."""
 
-    cfg: ItergrpoConfig
+    device: str
+    threads: int | None
     policy_dir: str
     batch_size: int
     n: int
@@ -89,7 +90,7 @@ _LOADED: dict[tuple[Any, ...], tuple[PreTrainedModel, PreTrainedTokenizerBase]] 
 def _policy(job: ShardJob) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
     path = Path(job.policy_dir)
     stat = os.stat(path)  # checkpoints are renamed into place: a rewrite changes inode/mtime
-    key = (str(path), stat.st_ino, stat.st_mtime_ns, job.cfg.run.device, job.copy_weights)
+    key = (str(path), stat.st_ino, stat.st_mtime_ns, job.device, job.copy_weights)
     if key not in _LOADED:
         _LOADED.clear()
         model, tokenizer = load_policy(path)
@@ -97,13 +98,13 @@ def _policy(job: ShardJob) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
             with torch.no_grad():
                 for param in model.parameters():  # tied weights are one Parameter: copied once
                     param.data = param.data.clone()
-        _LOADED[key] = (to_device(model, job.cfg), tokenizer)
+        _LOADED[key] = (to_device(model, resolve_device(job.device)), tokenizer)
     return _LOADED[key]
 
 
 def run_shard(prompts: list[str], job: ShardJob) -> RolloutBatch:
     """One shard, where it runs (a Ray worker, or this process for `run_shards_in_process`)."""
-    apply_threads(job.cfg)
+    apply_threads(job.threads)
     model, tokenizer = _policy(job)
     engine = HFRolloutEngine(model, tokenizer, batch_size=job.batch_size, show_progress=False)
     return engine.generate(prompts, job.n, job.params, job.seed, rows=(job.start, job.stop))
@@ -161,14 +162,17 @@ class ShardedRolloutEngine:
 
     def __init__(
         self,
-        cfg: ItergrpoConfig,
+        cluster: ClusterSection,
+        device: str,
+        threads: int | None,
         policy_dir: Path,
         batch_size: int,
         runner: ShardRunner,
         name: str = "generate",
         copy_weights: bool = False,
     ) -> None:
-        self.cfg, self.policy_dir, self.batch_size = cfg, policy_dir, batch_size
+        self.shards, self.device, self.threads = cluster.shards, device, threads
+        self.policy_dir, self.batch_size = policy_dir, batch_size
         self.runner, self.name, self.copy_weights = runner, name, copy_weights
 
     def generate(
@@ -177,10 +181,11 @@ class ShardedRolloutEngine:
         if n < 1:
             raise ValueError(f"n (samples per prompt) must be >= 1 (got {n})")
         total = len(prompts) * n
-        bounds = shard_bounds(total, self.batch_size, self.cfg.cluster.shards)
+        bounds = shard_bounds(total, self.batch_size, self.shards)
         jobs = [
             ShardJob(
-                self.cfg,
+                self.device,
+                self.threads,
                 str(self.policy_dir),
                 self.batch_size,
                 n,
@@ -200,20 +205,23 @@ class ShardedRolloutEngine:
 
 
 def sharded_engine(
-    cfg: ItergrpoConfig,
-    run_id: str,
+    cluster: ClusterSection,
+    device: str,
+    threads: int | None,
+    policy_dir: Path,
     policy_iteration: int,
     model: PreTrainedModel,
     batch_size: int,
     name: str,
 ) -> ShardedRolloutEngine | None:
-    """The Ray-sharded sampling engine of policy_{policy_iteration} (saved in the store; `model`
-    is the stage's copy of it), or None when `cluster.ray_address` is unset: the stage then
-    samples in process, as without Ray."""
-    if cfg.cluster.ray_address is None:
+    """The Ray-sharded sampling engine of policy_{policy_iteration} (saved at policy_dir;
+    `model` is the stage's copy of it), or None when `cluster.ray_address` is unset: the stage
+    then samples in process, as without Ray."""
+    if cluster.ray_address is None:
         return None
-    policy_dir = ckpt(cfg, run_id, POLICY, policy_iteration)
     label = f"{name}-policy{policy_iteration}"
     in_torch_memory = all(p.data_ptr() % 64 == 0 for p in model.parameters())
-    runner = ray_runner(cfg.cluster, label)
-    return ShardedRolloutEngine(cfg, policy_dir, batch_size, runner, label, in_torch_memory)
+    runner = ray_runner(cluster, label)
+    return ShardedRolloutEngine(
+        cluster, device, threads, policy_dir, batch_size, runner, label, in_torch_memory
+    )

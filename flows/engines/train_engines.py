@@ -1,52 +1,45 @@
-"""Training engines from `engines.train`: TorchEngine, or DeepSpeedEngine in this process,
-with the optimizer settings of the GRPO stage or of the reward models."""
+"""Training engines from `engines.train` (grpo_core/engines/registry.py), built with the
+optimizer settings of the GRPO stage or of the reward models."""
 
 from __future__ import annotations
 
 from torch import nn
 
-from flows.config import ItergrpoConfig
-from flows.engines.availability import require_deepspeed
-from flows.stage_io import set_deepspeed_accelerator
+from flows.config import EnginesSection, GRPOStageSection
 from grpo_core.contracts.training import OptimizerSettings, TrainEngine
-from grpo_core.engines.train import TorchEngine
+from grpo_core.engines.registry import TRAIN_ENGINES
+from reward_models.config import RewardModelConfig
 from reward_models.models import RewardModel
 from reward_models.training import rm_optimizer_settings
 
 
 def build_train_engine(
-    cfg: ItergrpoConfig, model: nn.Module, optim: OptimizerSettings
+    engines: EnginesSection, model: nn.Module, optim: OptimizerSettings
 ) -> TrainEngine:
-    """engines.train on `model`: TorchEngine, or DeepSpeedEngine in this process.
-
-    DeepSpeed here always runs one process; the launcher path (several processes) is
-    build_policy_updater's, for the GRPO update only.
-    """
-    if cfg.engines.train == "torch":
-        return TorchEngine(model, optim)
-    require_deepspeed()
-    set_deepspeed_accelerator(cfg)
-    from grpo_core.engines.deepspeed_engine import DeepSpeedEngine
-
-    ds = cfg.engines.deepspeed.model_copy(update={"processes_per_node": 1, "hostfile": None})
-    return DeepSpeedEngine(model, optim, config=ds)
+    """engines.train on `model`, in this process (several DeepSpeed processes are the launched
+    GRPO updater's, flows/engines/policy_updaters.py)."""
+    return TRAIN_ENGINES[engines.train].build(model, optim, engines.settings_of(engines.train))
 
 
-def grpo_total_steps(cfg: ItergrpoConfig) -> int:
+def grpo_total_steps(grpo: GRPOStageSection) -> int:
     """Optimizer steps of one GRPO stage (the cosine schedule's length)."""
-    algo = cfg.grpo.algo
-    return cfg.grpo.steps * algo.mu * algo.mini_batches_per_epoch
+    return grpo.steps * grpo.algo.mu * grpo.algo.mini_batches_per_epoch
 
 
-def build_policy_engine(cfg: ItergrpoConfig, model: nn.Module) -> TrainEngine:
+def build_policy_engine(
+    engines: EnginesSection, grpo: GRPOStageSection, model: nn.Module
+) -> TrainEngine:
     """The GRPO stage's in-process engine, with the optimizer settings of grpo.algo."""
-    return build_train_engine(cfg, model, cfg.grpo.algo.optimizer_settings(grpo_total_steps(cfg)))
+    optim = grpo.algo.optimizer_settings(grpo_total_steps(grpo))
+    return build_train_engine(engines, model, optim)
 
 
-def build_rm_engine(cfg: ItergrpoConfig, model: RewardModel) -> TrainEngine:
+def build_rm_engine(
+    engines: EnginesSection, rm_cfg: RewardModelConfig, model: RewardModel
+) -> TrainEngine:
     """The engine a reward model trains with (same settings as train_reward_model's default).
 
     With several DeepSpeed processes configured, reward models still train in the stage's
     process (one DeepSpeed process, the configured ZeRO stage and bf16).
     """
-    return build_train_engine(cfg, model, rm_optimizer_settings(cfg.reward_models))
+    return build_train_engine(engines, model, rm_optimizer_settings(rm_cfg))

@@ -23,7 +23,7 @@ from grpo_core.contracts.numerics import (
     require_finite_metrics,
 )
 from grpo_core.contracts.policy_batch import PolicyBatch, build_policy_batch
-from grpo_core.contracts.rollout import RolloutBatch, RolloutEngine, SamplingParams
+from grpo_core.contracts.rollout import RolloutBatch, Sampler, SamplingParams
 
 RewardFn = Callable[[RolloutBatch], StepRewards]
 
@@ -50,7 +50,7 @@ class StepOutcome:
 
 def grpo_step(
     prompts: list[str],
-    sampler: RolloutEngine,
+    sampler: Sampler,
     reward: RewardFn,
     policy: PolicyUpdate,
     algo: GRPOConfig,

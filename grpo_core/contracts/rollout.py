@@ -1,9 +1,15 @@
-"""Rollout contract: sampling parameters, the batch of sampled outputs, the engine protocol."""
+"""Rollout contract: sampling parameters, the batch of sampled outputs, the sampler and the
+rollout engine protocols (torch-free: tensors appear in annotations only)."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Literal, Protocol
+from pathlib import Path
+from typing import TYPE_CHECKING, Literal, Protocol
+
+if TYPE_CHECKING:
+    from torch import Tensor
 
 FinishReason = Literal["stop", "length"]
 
@@ -38,11 +44,29 @@ class RolloutBatch:
         return len(self.texts)
 
 
-class RolloutEngine(Protocol):
-    """Samples completions of prompt strings (already formatted for the model)."""
+class Sampler(Protocol):
+    """Samples completions of prompt strings (already formatted for the model): what a
+    consumer that only samples (evaluation, labelling, a GRPO step) needs of an engine."""
 
     def generate(
         self, prompts: list[str], n: int, params: SamplingParams, seed: int
     ) -> RolloutBatch:
         """n samples per prompt; the same (prompts, n, params, seed) give the same batch on CPU."""
+        ...
+
+
+class RolloutEngine(Sampler, Protocol):
+    """A sampler that owns its life: it is given the policy's weights (a checkpoint, or the
+    trained tensors), samples, and releases what it holds (a worker process, a cache)."""
+
+    def load(self, checkpoint_dir: Path) -> None:
+        """Sample from the policy saved at `checkpoint_dir` from now on (same architecture)."""
+        ...
+
+    def receive_weights(self, weights: Mapping[str, Tensor]) -> None:
+        """Sample from these weights (the policy's state_dict names) from now on."""
+        ...
+
+    def close(self) -> None:
+        """Release the engine's resources; it samples no more."""
         ...

@@ -1,4 +1,5 @@
-"""Settings of the training engines (pydantic, shown in the Prefect form)."""
+"""Settings of the engines (pydantic, shown in the Prefect form): DeepSpeed for training,
+vLLM for sampling. Each engine is handed its own settings (`engines.<name>`)."""
 
 from __future__ import annotations
 
@@ -46,4 +47,82 @@ class DeepSpeedConfig(BaseModel):
         default_factory=dict,
         description="Raw DeepSpeed config entries merged over the generated ones, for "
         "tuning (e.g. {'zero_optimization': {'reduce_bucket_size': 50000000}}).",
+    )
+
+
+class VLLMSettings(BaseModel):
+    """Options of the vLLM rollout engine (engines.rollout = vllm): a worker process running
+    in vLLM's own virtual environment, fed the policy checkpoint of the stage."""
+
+    model_config = ConfigDict(extra="forbid", validate_assignment=True, allow_inf_nan=False)
+
+    python: str = Field(
+        "",
+        description="Python of the vLLM environment; empty: $ITERGRPO_VLLM_PYTHON, else "
+        ".venv-vllm/bin/python in the repository (built by `make vllm-env`).",
+    )
+    dtype: Literal["auto", "float32", "bfloat16", "float16"] = Field(
+        "auto",
+        description="vLLM compute dtype: auto (vLLM's choice: 16-bit on GPU), float32 (matches "
+        "the HF engine on CPU), bfloat16 or float16.",
+    )
+    in_grpo: bool = Field(
+        True,
+        description="Also sample the GRPO stage's outputs with vLLM: before each step the "
+        "updated policy goes to the worker (engines.vllm.weight_sync; cost: see README). "
+        "false: the GRPO stage samples with the HF engine from the policy in memory.",
+    )
+    weight_sync: Literal["memory", "disk"] = Field(
+        "memory",
+        description="How the GRPO stage gives the worker each updated policy: memory (the "
+        "tensors broadcast over a trainer-worker process group, gloo on CPU and NCCL on GPU, "
+        "into vLLM's weight loader; no disk) or disk (save a scratch checkpoint, the worker "
+        "reloads it). Both give the same weights; see the README for their cost.",
+    )
+    sync_timeout_s: float = Field(
+        120.0,
+        gt=0.0,
+        le=3600.0,
+        description="Seconds the trainer and the worker wait for each other when they set up "
+        "the weight-sync process group and per transfer (more than 0, at most 3600).",
+    )
+    prefix_caching: bool = Field(
+        True,
+        description="vLLM automatic prefix caching in the rollout, evaluation and GRPO stages. "
+        "Math-Shepherd labelling always enables it (each step prefix is shared by its N "
+        "completions).",
+    )
+    gpu_memory_utilization: float = Field(
+        0.4,
+        gt=0.0,
+        le=1.0,
+        description="Share of GPU memory vLLM takes for weights and KV cache, more than 0, at "
+        "most 1; the rest is left to training (the GRPO stage trains beside the worker).",
+    )
+    max_model_len: int | None = Field(
+        None,
+        ge=16,
+        le=1_048_576,
+        description="Longest prompt + completion vLLM plans for (16 to 1048576); empty: the "
+        "model's own limit.",
+    )
+    enforce_eager: bool = Field(
+        False, description="Run vLLM without CUDA graphs/compilation (faster start, slower steps)."
+    )
+    cpu_kv_cache_gib: int = Field(
+        2,
+        ge=1,
+        le=4096,
+        description="KV-cache GiB on a CPU-only machine (VLLM_CPU_KVCACHE_SPACE), 1 to 4096; "
+        "ignored on GPU.",
+    )
+    llm_kwargs: dict[str, Any] = Field(
+        default_factory=dict,
+        description="Further vllm.LLM arguments, given as they are (e.g. {'tensor_parallel_size': "
+        "2}); they override the fields above.",
+    )
+    env: dict[str, str] = Field(
+        default_factory=dict,
+        description="Environment variables added to the worker's (e.g. {'VLLM_CPU_OMP_THREADS_"
+        "BIND': 'nobind'} on a small shared CPU machine).",
     )

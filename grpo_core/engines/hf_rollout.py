@@ -8,6 +8,8 @@ which other rows share its batch (up to float round-off of padded matmuls).
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -16,7 +18,7 @@ from transformers import GenerationConfig, PreTrainedModel, PreTrainedTokenizerB
 from transformers.cache_utils import DynamicCache, DynamicLayer
 
 from grpo_core.contracts.rollout import FinishReason, RolloutBatch, SamplingParams
-from grpo_core.model.policy import encode_prompt, ensure_pad_token
+from grpo_core.model.policy import encode_prompt, ensure_pad_token, load_weights_into
 
 # Finished rows leave the decode batch (and its KV cache) once they are this share of it.
 FINISHED_DROP_SHARE = 0.125
@@ -148,7 +150,8 @@ def preallocate_cache(cache: Any, rows: torch.Tensor, capacity: int) -> bool:
 
 
 class HFRolloutEngine:
-    """`RolloutEngine` over any HF causal LM; `batch_size` rows (prompt x sample) per forward."""
+    """`RolloutEngine` over any HF causal LM (the model object it is given: the trainer's update
+    in place reaches it); `batch_size` rows (prompt x sample) per forward."""
 
     def __init__(
         self,
@@ -166,6 +169,22 @@ class HFRolloutEngine:
         self.show_progress = show_progress
         self.progress_label = progress_label  # the bar's title: the stage that samples
         self.stop_ids = stop_token_ids(tokenizer, getattr(model, "generation_config", None))
+
+    def load(self, checkpoint_dir: Path) -> None:
+        """Sample the policy saved at `checkpoint_dir`: its weights copied into the model."""
+        load_weights_into(self.model, checkpoint_dir)
+
+    def receive_weights(self, weights: Mapping[str, torch.Tensor]) -> None:
+        """Sample these weights: copied into the model, but for tensors that are the model's
+        own (the trainer updated this very model in place: nothing to copy)."""
+        own = self.model.state_dict()
+        with torch.no_grad():
+            for name, tensor in weights.items():
+                if own[name].data_ptr() != tensor.data_ptr():
+                    own[name].copy_(tensor)
+
+    def close(self) -> None:
+        """Nothing to release: the model belongs to whoever built the engine."""
 
     def generate(
         self,

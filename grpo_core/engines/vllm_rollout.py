@@ -10,19 +10,23 @@ so both engines return the same `RolloutBatch` for the same tokens.
 from __future__ import annotations
 
 import json
+import logging
 import os
+import shutil
 import subprocess
 import tempfile
+import time
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, Any, Literal
 
 from torch import Tensor
 from transformers import AutoConfig, AutoTokenizer, GenerationConfig
 
 from grpo_core.contracts.rollout import FinishReason, RolloutBatch, SamplingParams
 from grpo_core.engines.hf_rollout import completion_texts, stop_token_ids
+from grpo_core.engines.vllm_env import find_vllm_python
 from grpo_core.engines.weight_sync import (
     WeightSender,
     backend_for,
@@ -31,21 +35,18 @@ from grpo_core.engines.weight_sync import (
 )
 from grpo_core.model.policy import encode_prompt, ensure_pad_token
 
+WeightSync = Literal["memory", "disk"]
 WORKER_SCRIPT = Path(__file__).with_name("vllm_worker.py")
-# `make vllm-env` builds the environment in the repository root (next to grpo_core/).
-DEFAULT_VLLM_PYTHON = Path(__file__).resolve().parents[2] / ".venv-vllm" / "bin" / "python"
-PYTHON_ENV_VAR = "ITERGRPO_VLLM_PYTHON"
+# The weight files of a checkpoint: what a disk sync replaces (config and tokenizer are kept).
+_WEIGHT_FILES = ("*.safetensors", "*.safetensors.index.json", "*.bin", "*.bin.index.json")
+
+log = logging.getLogger(__name__)
 
 
-def vllm_python(python: str | Path | None = None) -> Path:
-    """The vLLM interpreter: `python`, else $ITERGRPO_VLLM_PYTHON, else .venv-vllm in the repo."""
-    path = Path(python or os.environ.get(PYTHON_ENV_VAR) or DEFAULT_VLLM_PYTHON)
-    if not path.is_file():
-        raise FileNotFoundError(
-            f"no vLLM environment: {path} does not exist. Build it with `make vllm-env` "
-            f"(in the repository root), or point {PYTHON_ENV_VAR} at a python with vllm installed"
-        )
-    return path
+def _dir_identity(path: Path) -> tuple[str, int, int]:
+    """Checkpoints are renamed into place: a rewrite changes the directory's inode/mtime."""
+    stat = os.stat(path)
+    return (str(path), stat.st_ino, stat.st_mtime_ns)
 
 
 def _generation_config(checkpoint_dir: Path) -> GenerationConfig:
@@ -89,15 +90,28 @@ class VLLMRolloutEngine:
         env: dict[str, str] | None = None,
         log_path: str | Path | None = None,
         show_progress: bool = False,
+        weight_sync: WeightSync = "memory",
+        sync_timeout_s: float = 120.0,
+        scratch_dir: str | Path | None = None,
     ) -> None:
         self.checkpoint_dir = Path(checkpoint_dir)
+        self.weight_sync, self.sync_timeout_s = weight_sync, sync_timeout_s
+        self._loaded: tuple[str, int, int] | None = _dir_identity(self.checkpoint_dir)
         self.tokenizer = AutoTokenizer.from_pretrained(self.checkpoint_dir, local_files_only=True)
         ensure_pad_token(self.tokenizer)
         self.stop_ids = stop_token_ids(self.tokenizer, _generation_config(self.checkpoint_dir))
         self._tmp = tempfile.TemporaryDirectory(prefix="itergrpo-vllm-")
+        # A disk sync writes the trained weights here for the worker to reload.
+        self._scratch = Path(scratch_dir) if scratch_dir else Path(self._tmp.name) / "sync"
         self._log: IO[str] | None = open(log_path, "a") if log_path else None  # noqa: SIM115
         kwargs = {"dtype": dtype, "seed": seed, **(llm_kwargs or {})}
-        cmd = [str(vllm_python(python)), "-P", str(WORKER_SCRIPT), "--model", str(checkpoint_dir)]
+        cmd = [
+            str(find_vllm_python(python)),
+            "-P",
+            str(WORKER_SCRIPT),
+            "--model",
+            str(checkpoint_dir),
+        ]
         cmd += ["--llm-kwargs", json.dumps(kwargs)] + (["--progress"] if show_progress else [])
         self._process = subprocess.Popen(
             cmd,
@@ -116,6 +130,7 @@ class VLLMRolloutEngine:
         self._sender: WeightSender | None = None
         self.start_seconds: float = ready["seconds"]
         self.vllm_version: str = ready["vllm"]
+        log.info("vLLM %s worker ready in %.1f s", self.vllm_version, self.start_seconds)
 
     def generate(
         self, prompts: list[str], n: int, params: SamplingParams, seed: int
@@ -152,6 +167,47 @@ class VLLMRolloutEngine:
             logprobs=[r["logprobs"] for r in rows],
         )
 
+    def load(self, checkpoint_dir: Path) -> None:
+        """Sample the policy at `checkpoint_dir` from now on: reloaded into the running worker
+        unless that directory, as written, is what the worker holds already."""
+        if self._loaded != _dir_identity(Path(checkpoint_dir)):
+            self.reload(checkpoint_dir)
+
+    def receive_weights(self, weights: Mapping[str, Tensor]) -> None:
+        """Sample these weights from now on: broadcast in memory (weight_sync = memory), or
+        saved to the scratch directory for the worker to reload (disk)."""
+        start = time.perf_counter()
+        if self.weight_sync == "memory":
+            sent = self.update_weights(dict(weights), self.sync_timeout_s)
+            log.info(
+                "vLLM weight sync in memory: %.3f s, %.1f MB",
+                time.perf_counter() - start,
+                sent / 1e6,
+            )
+            return
+        self._write_scratch(weights)
+        saved = time.perf_counter()
+        self.reload(self._scratch)
+        log.info(
+            "vLLM weight sync: save %.3f s + reload %.3f s",
+            saved - start,
+            time.perf_counter() - saved,
+        )
+
+    def _write_scratch(self, weights: Mapping[str, Tensor]) -> None:
+        """An HF checkpoint of `weights` with the loaded one's config and tokenizer files."""
+        from safetensors.torch import save_file
+
+        source, scratch = self.checkpoint_dir, self._scratch
+        if source != scratch:  # first sync: the config and tokenizer files of the policy
+            shutil.rmtree(scratch, ignore_errors=True)
+            skip = shutil.ignore_patterns(*_WEIGHT_FILES)
+            shutil.copytree(source, scratch, ignore=skip)
+        tensors = {
+            n: t.detach().cpu().contiguous() for n, t in unique_tensors(dict(weights)).items()
+        }
+        save_file(tensors, str(scratch / "model.safetensors"), metadata={"format": "pt"})
+
     def reload(self, checkpoint_dir: str | Path) -> float:
         """Load new policy weights (same architecture and tokenizer); returns seconds taken.
 
@@ -161,7 +217,10 @@ class VLLMRolloutEngine:
         """
         reply = self._call(op="reload", model=str(checkpoint_dir))
         self.checkpoint_dir = Path(checkpoint_dir)
-        return float(reply["seconds"])
+        self._loaded = _dir_identity(self.checkpoint_dir)
+        seconds = float(reply["seconds"])
+        log.info("vLLM worker reloaded %s in %.3f s", checkpoint_dir, seconds)
+        return seconds
 
     def update_weights(self, weights: dict[str, Tensor], timeout_s: float = 120.0) -> int:
         """Push new policy weights (HF state_dict names) into the worker over a process group,
@@ -184,6 +243,7 @@ class VLLMRolloutEngine:
         weights = unique_tensors(weights)
         self._send(op="update", manifest=manifest(weights))
         sent: int = self._joined(self._sender.send, weights)
+        self._loaded = None  # no checkpoint holds these weights: the next load() reloads
         return sent
 
     def _joined(self, collective: Callable[[Any], Any], arg: Any) -> Any:
@@ -206,8 +266,10 @@ class VLLMRolloutEngine:
             except (RuntimeError, OSError, subprocess.TimeoutExpired):
                 pass
         self._finalizer()
+        log.info("vLLM worker stopped")
         if self._log:
             self._log.close()
+        shutil.rmtree(self._scratch, ignore_errors=True)
         self._tmp.cleanup()
 
     def __enter__(self) -> VLLMRolloutEngine:

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 from transformers import PreTrainedTokenizerBase
 
-from grpo_core.contracts.rollout import RolloutEngine, SamplingParams
+from grpo_core.contracts.rollout import Sampler, SamplingParams
 from grpo_core.data.answers import answers_match, extract_answer, format_reward, normalize_number
 from grpo_core.data.tasks.base import Problem, Task
 from grpo_core.model.config import EvalConfig
@@ -72,7 +72,7 @@ def _mean_se(values: Sequence[float]) -> tuple[float, float]:
 
 
 def evaluate_policy(
-    engine: RolloutEngine,
+    engine: Sampler,
     tokenizer: PreTrainedTokenizerBase,
     task: Task,
     problems: list[Problem],

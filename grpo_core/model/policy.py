@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 import warnings
 from collections.abc import Iterator
@@ -11,6 +12,7 @@ from pathlib import Path
 import torch
 from safetensors import SafetensorError
 from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, processors
+from torch import nn
 from transformers import (
     AutoModelForCausalLM,
     AutoTokenizer,
@@ -127,6 +129,23 @@ def load_policy(
         )
     ensure_pad_token(tokenizer)
     return model, tokenizer
+
+
+def load_weights_into(model: nn.Module, checkpoint_dir: str | Path) -> None:
+    """Copy the weights saved at `checkpoint_dir` (safetensors, one file or sharded) into
+    `model` in place; a tied head saved once is tied in the model already."""
+    from safetensors.torch import load_file
+
+    path = Path(checkpoint_dir)
+    index = path / "model.safetensors.index.json"
+    files = (
+        sorted({path / f for f in json.loads(index.read_text())["weight_map"].values()})
+        if index.is_file()
+        else [path / "model.safetensors"]
+    )
+    with reading_checkpoint(path):
+        for file in files:
+            model.load_state_dict(load_file(str(file)), strict=False)
 
 
 def build_policy(cfg: PolicyConfig) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:

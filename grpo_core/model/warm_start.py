@@ -19,7 +19,7 @@ from tqdm.auto import tqdm
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from grpo_core.contracts.numerics import require_finite
-from grpo_core.contracts.rollout import RolloutEngine, SamplingParams
+from grpo_core.contracts.rollout import Sampler, SamplingParams
 from grpo_core.data.tasks.base import Problem, Task
 from grpo_core.model.config import WarmStartConfig
 from grpo_core.model.policy import encode_prompt, ensure_pad_token, format_prompt
@@ -89,7 +89,7 @@ def warm_start(
     task: Task,
     cfg: WarmStartConfig,
     progress: bool = True,
-    greedy_sampler: RolloutEngine | None = None,
+    greedy_sampler: Sampler | None = None,
 ) -> dict[str, Any]:
     """SFT `model` in place on `task`'s train split; metrics: steps, seconds, loss, and the
     greedy accuracy of `greedy_sampler` (a rollout engine over `model`) when one is given
@@ -151,7 +151,7 @@ def warm_start(
 
 
 def greedy_accuracy(
-    sampler: RolloutEngine,
+    sampler: Sampler,
     tokenizer: PreTrainedTokenizerBase,
     task: Task,
     problems: list[Problem],

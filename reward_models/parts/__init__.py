@@ -4,16 +4,20 @@ A new part is one module defining its RewardPart, plus its line in BUILT_IN belo
 to register_reward_part from the user's own code, before the run starts)."""
 
 from reward_models.parts import answer_format, orm, prm, verifier
-from reward_models.parts.base import (
-    REWARD_PARTS,
-    ModelNeed,
-    RewardPart,
-    ScoringContext,
-    register_reward_part,
-)
+from reward_models.parts.base import REWARD_PARTS, RewardPart, ScoringContext, register_reward_part
 
 BUILT_IN = (verifier.PART, answer_format.PART, orm.PART, prm.PART)
 for _part in BUILT_IN:
     register_reward_part(_part)
 
-__all__ = ["REWARD_PARTS", "ModelNeed", "RewardPart", "ScoringContext", "register_reward_part"]
+# After the built-in parts: the section's fields are read from the registry.
+from reward_models.parts.weights import RewardWeights, RewardWeightsBase  # noqa: E402
+
+__all__ = [
+    "REWARD_PARTS",
+    "RewardPart",
+    "RewardWeights",
+    "RewardWeightsBase",
+    "ScoringContext",
+    "register_reward_part",
+]

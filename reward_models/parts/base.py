@@ -11,19 +11,17 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any
 
 from grpo_core.contracts.registry import Registry
 from grpo_core.contracts.rollout import RolloutBatch
 from grpo_core.data.tasks.base import Problem, Task
+from reward_models.config import RMKind
 
 if TYPE_CHECKING:
     from torch import Tensor
 
     from reward_models.models import RewardModel
-
-# The reward models the RM stage trains and a part may need loaded.
-ModelNeed = Literal["orm", "prm"]
 
 
 @dataclass
@@ -36,20 +34,20 @@ class ScoringContext:
     prompts: list[str]  # the formatted prompt of each output
     batch: RolloutBatch
     max_new_tokens: int  # the completion budget the outputs were sampled with
-    models: Mapping[ModelNeed, RewardModel] = field(default_factory=dict)
+    models: Mapping[RMKind, RewardModel] = field(default_factory=dict)
     _step_scores: list[list[float]] | None = field(default=None, repr=False)
 
     @property
     def texts(self) -> list[str]:
         return self.batch.texts
 
-    def model(self, need: ModelNeed) -> RewardModel:
+    def model(self, need: RMKind) -> RewardModel:
         """A reward model the stage loaded for a part that declared it in `needs`."""
         if need not in self.models:
             raise ValueError(f"no {need} loaded: the reward part using it must declare it needs")
         return self.models[need]
 
-    def outcome_scores(self, need: ModelNeed) -> Tensor:
+    def outcome_scores(self, need: RMKind) -> Tensor:
         """(B,) float32: the probability the `need` reward model gives each output's answer."""
         from reward_models.scoring import score_outcome
 
@@ -84,7 +82,7 @@ class RewardPart:
     score: PartScore
     description: str
     default_weight: float = 0.0
-    needs: frozenset[ModelNeed] = frozenset()
+    needs: frozenset[RMKind] = frozenset()
     learned: bool = False
     always: bool = False
     options: Mapping[str, tuple[Any, Any]] = field(default_factory=dict)

@@ -17,27 +17,19 @@ from typing import Any, Final
 import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-from flows.config import ItergrpoConfig
-from flows.engines.sampling import stage_sampler
+from flows.context import RunContext
 from flows.engines.train_engines import build_rm_engine
-from flows.model_io import policy_at, save_reward_model
+from flows.model_io import save_reward_model
 from flows.names import EVAL_SPLIT, ORM, POLICY, PRM, TRAIN_RM, TRAIN_SPLIT
 from flows.progress import ProgressFn, log
-from flows.stage_io import (
-    StageResult,
-    ckpt,
-    derive_seed,
-    metric_rows,
-    require_checkpoint,
-    resolve_device,
-)
+from flows.stages.results import StageResult, metric_rows
 from grpo_core.contracts.rollout import RolloutBatch, SamplingParams
 from grpo_core.data.tasks.base import Problem, Split, Task
-from grpo_core.data.tasks.registry import make_task
 from grpo_core.model.policy import format_prompt
+from reward_models.config import RewardModelConfig, RMKind
 from reward_models.evaluate import EvalRow, best_of_n_rows, orm_eval_rows, prm_eval_rows
 from reward_models.labelling import LabelledSample, OrmLabel, PrmLabel
-from reward_models.models import RewardModel, RMKind
+from reward_models.models import RewardModel
 from reward_models.scoring import score_outcome, score_steps
 from reward_models.training import (
     RMExample,
@@ -50,22 +42,21 @@ from reward_models.training import (
     train_reward_model,
 )
 from storage.replay import replay_sample
-from storage.run_writer import RunWriter
 
 RM_EVAL = "rm_eval"  # seed namespace of the drift measurement's samples
 STALE: Final = "_stale"  # metric suffix of RM_{k-1}'s rows
 
 
 def labelled_samples(
-    run: RunWriter, iteration: int, tokenizer: PreTrainedTokenizerBase
+    ctx: RunContext, iteration: int, tokenizer: PreTrainedTokenizerBase
 ) -> list[LabelledSample]:
     """The committed rollouts of `iteration` with their problems, in a stable order."""
-    store = run.store
+    store, run_id = ctx.store, ctx.run_id
     problems = {
         r["problem_id"]: Problem(r["problem_id"], r["question"], r["answer"])
-        for r in store.read("prompts", run_id=run.run_id, iterations=[iteration]).to_pylist()
+        for r in store.read("prompts", run_id=run_id, iterations=[iteration]).to_pylist()
     }
-    rows = store.read("rollouts", run_id=run.run_id, iterations=[iteration]).to_pylist()
+    rows = store.read("rollouts", run_id=run_id, iterations=[iteration]).to_pylist()
     rows.sort(key=lambda r: (r["problem_id"], r["sample_index"]))
     return [
         LabelledSample(
@@ -79,31 +70,28 @@ def labelled_samples(
     ]
 
 
-def load_rm(cfg: ItergrpoConfig, run: RunWriter, kind: str, k: int) -> RewardModel:
-    path = require_checkpoint(ckpt(cfg, run.run_id, kind, k), f"{kind}_{k}")
-    return RewardModel.load(path, device=resolve_device(cfg))
+def load_rm(ctx: RunContext, kind: str, k: int) -> RewardModel:
+    """RM_k of `kind` on the run's device."""
+    return RewardModel.load(ctx.require_checkpoint(kind, k), device=ctx.device)
 
 
 def _rm_examples(
-    cfg: ItergrpoConfig,
-    run: RunWriter,
-    kind: str,
-    iteration: int,
-    tokenizer: PreTrainedTokenizerBase,
+    ctx: RunContext, kind: str, iteration: int, tokenizer: PreTrainedTokenizerBase
 ) -> list[RMExample]:
     """New labels of `iteration` plus a replay sample of earlier ones (replay_ratio of the mix)."""
+    rm_cfg = ctx.cfg.reward_models
     table = "orm_labels" if kind == ORM else "prm_labels"
-    new = run.store.read(table, run_id=run.run_id, iterations=[iteration]).to_pylist()
+    new = ctx.store.read(table, run_id=ctx.run_id, iterations=[iteration]).to_pylist()
     replay: list[dict[str, Any]] = []
-    if iteration > 0 and cfg.reward_models.replay_ratio > 0:
+    if iteration > 0 and rm_cfg.replay_ratio > 0:
         replay = replay_sample(
-            run.store,
+            ctx.store,
             table=table,
-            run_id=run.run_id,
+            run_id=ctx.run_id,
             before_iteration=iteration,
             n_new=len(new),
-            ratio=cfg.reward_models.replay_ratio,
-            seed=derive_seed(cfg.run.seed, TRAIN_RM, kind, iteration),
+            ratio=rm_cfg.replay_ratio,
+            seed=ctx.seed(TRAIN_RM, kind, iteration),
         ).to_pylist()
     by_origin: dict[tuple[Source, int], list[Mapping[str, Any]]] = {}
     for source, rows in (("new", new), ("replay", replay)):
@@ -111,82 +99,75 @@ def _rm_examples(
             by_origin.setdefault((source, int(row["iteration"])), []).append(row)  # type: ignore[arg-type]
     examples: list[RMExample] = []
     for (source, origin), rows in sorted(by_origin.items()):
-        texts = sample_texts(labelled_samples(run, origin, tokenizer))
+        texts = sample_texts(labelled_samples(ctx, origin, tokenizer))
         if kind == ORM:
             labels = [OrmLabel.from_row(r) for r in rows]
             examples += orm_examples(labels, texts, tokenizer, source, origin)
         else:
             steps = [PrmLabel.from_row(r) for r in rows]
-            examples += prm_examples(
-                steps, texts, tokenizer, cfg.reward_models.prm_label, source, origin
-            )
+            examples += prm_examples(steps, texts, tokenizer, rm_cfg.prm_label, source, origin)
     check_training_mix(examples, iteration)  # new from k, replay from before k only
     return examples
 
 
 def _train_one(
-    cfg: ItergrpoConfig,
-    run: RunWriter,
+    ctx: RunContext,
     kind: RMKind,
     iteration: int,
     tokenizer: PreTrainedTokenizerBase,
     backbone: str,
 ) -> tuple[dict[str, float], list[dict[str, Any]]]:
     """RM_k = continue-train(RM_{k-1}) (or the backbone at k = 0), saved; metrics and rows."""
-    rm_cfg = cfg.reward_models
-    examples = _rm_examples(cfg, run, kind, iteration, tokenizer)
-    prev = ckpt(cfg, run.run_id, kind, iteration - 1) if iteration > 0 else None
-    seed = derive_seed(cfg.run.seed, rm_cfg.seed, TRAIN_RM, kind, iteration)
+    rm_cfg = ctx.cfg.reward_models
+    examples = _rm_examples(ctx, kind, iteration, tokenizer)
+    prev = ctx.checkpoint(kind, iteration - 1) if iteration > 0 else None
+    seed = ctx.seed(rm_cfg.seed, TRAIN_RM, kind, iteration)
     if kind == PRM and prev is None and rm_cfg.prm_init == "orm":
-        backbone = str(
-            require_checkpoint(ckpt(cfg, run.run_id, ORM, iteration), f"orm_{iteration}")
-        )
+        backbone = str(ctx.require_checkpoint(ORM, iteration))
     model = load_or_init_reward_model(prev, backbone, kind, tokenizer, seed)
-    model.to(resolve_device(cfg))
-    engine = build_rm_engine(cfg, model)
+    model.to(ctx.device)
+    engine = build_rm_engine(ctx.cfg.engines, rm_cfg, model)
     if kind == PRM and rm_cfg.prm_epochs is not None:
         rm_cfg = rm_cfg.model_copy(update={"epochs": rm_cfg.prm_epochs})
     elif prev is not None and rm_cfg.continual_epochs is not None:
         rm_cfg = rm_cfg.model_copy(update={"epochs": rm_cfg.continual_epochs})
     metrics, records = train_reward_model(model, examples, rm_cfg, seed, engine=engine)
-    save_reward_model(ckpt(cfg, run.run_id, kind, iteration), model, engine.full_state_dict())
+    save_reward_model(ctx.checkpoint(kind, iteration), model, engine.full_state_dict())
     log.info("%s_%d: %s", kind, iteration, metrics)
     return metrics, [dataclasses.asdict(r) for r in records]
 
 
-def train_rm_stage(
-    cfg: ItergrpoConfig, run: RunWriter, iteration: int, progress: ProgressFn
-) -> StageResult:
+def train_rm_stage(ctx: RunContext, iteration: int, progress: ProgressFn) -> StageResult:
     """Continual RM training on new + replayed labels (or, with reward_models.retrain false,
     RM_0 carried forward), then RM_k vs RM_{k-1} on fresh held-out outputs of policy_k."""
-    rm_cfg = cfg.reward_models
+    rm_cfg = ctx.cfg.reward_models
     wanted: list[tuple[RMKind, bool]] = [(ORM, rm_cfg.use_orm), (PRM, rm_cfg.use_prm)]
     kinds = [kind for kind, on in wanted if on]
     # policy_k: its tokenizer encodes the RM examples, its samples measure the drift.
-    model, tokenizer = policy_at(cfg, run, iteration)
-    policy_dir = ckpt(cfg, run.run_id, POLICY, iteration)
+    model, tokenizer = ctx.policy(iteration)
+    policy_dir = ctx.checkpoint(POLICY, iteration)
     backbone = str(rm_cfg.init_path) if rm_cfg.init == "path" else str(policy_dir)
     metrics: dict[str, float] = {}
     trained: list[dict[str, Any]] = []
     for n, kind in enumerate(kinds):
         if rm_cfg.retrain or iteration == 0:
             progress(0.8 * n / len(kinds), f"training the {kind.upper()}")
-            kind_metrics, rows = _train_one(cfg, run, kind, iteration, tokenizer, backbone)
+            kind_metrics, rows = _train_one(ctx, kind, iteration, tokenizer, backbone)
             metrics.update({f"{kind}_{name}": value for name, value in kind_metrics.items()})
             trained += rows
         else:  # the control: the iteration-0 RM rewards every iteration
-            frozen = load_rm(cfg, run, kind, 0)
-            save_reward_model(ckpt(cfg, run.run_id, kind, iteration), frozen)
+            frozen = load_rm(ctx, kind, 0)
+            save_reward_model(ctx.checkpoint(kind, iteration), frozen)
             log.info("%s_%d: reward_models.retrain is false, kept %s_0", kind, iteration, kind)
     eval_rows: list[dict[str, Any]] = []
     if kinds:
         progress(0.8, "measuring RM drift on fresh held-out outputs")
-        eval_rows = rm_drift_rows(cfg, run, iteration, model, tokenizer)
+        eval_rows = rm_drift_rows(ctx, iteration, model, tokenizer)
         metrics.update(
             {r["metric"]: float(r["value"]) for r in eval_rows if "auroc" in str(r["metric"])}
         )
     progress(1.0, f"writing {len(trained)} rm_train rows")
-    with run.stage(iteration, TRAIN_RM) as attempt:
+    with ctx.run.stage(iteration, TRAIN_RM) as attempt:
         if trained:
             attempt.write("rm_train", trained)
         if eval_rows:
@@ -196,9 +177,7 @@ def train_rm_stage(
 
 
 def _fresh_outputs(
-    cfg: ItergrpoConfig,
-    run: RunWriter,
-    task: Task,
+    ctx: RunContext,
     model: PreTrainedModel,
     tokenizer: PreTrainedTokenizerBase,
     k: int,
@@ -206,46 +185,43 @@ def _fresh_outputs(
 ) -> tuple[list[Problem], list[str], RolloutBatch]:
     """Prompts of `split` and fresh outputs of policy_k, sampled as the GRPO stage samples them
     (own seeds: never the rollouts the reward models trained on)."""
+    cfg = ctx.cfg
     rm_cfg, g = cfg.reward_models, cfg.grpo
     # The test split keeps the seed namespace it had before the train split was measured too.
     purpose = RM_EVAL if split == EVAL_SPLIT else f"{RM_EVAL}-{split}"
-    seed = derive_seed(cfg.run.seed, purpose, k)
-    problems = task.problems(split, rm_cfg.eval_prompts, seed=cfg.run.seed)
+    seed = ctx.seed(purpose, k)
+    problems = ctx.task.problems(split, rm_cfg.eval_prompts, seed=cfg.run.seed)
     prompts = [format_prompt(tokenizer, p.question) for p in problems]
     batch_size = cfg.rollout.batch_size
-    engine = stage_sampler(cfg, run, k, "evaluate", model, tokenizer, batch_size, purpose)
+    engine = ctx.sampler("evaluate", k, model, tokenizer, batch_size, purpose)
     params = SamplingParams(max_new_tokens=g.max_new_tokens, temperature=g.algo.temperature)
     return problems, prompts, engine.generate(prompts, rm_cfg.eval_samples, params, seed=seed)
 
 
 def rm_drift_rows(
-    cfg: ItergrpoConfig,
-    run: RunWriter,
-    k: int,
-    model: PreTrainedModel,
-    tokenizer: PreTrainedTokenizerBase,
+    ctx: RunContext, k: int, model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase
 ) -> list[dict[str, Any]]:
     """Eval rows (policy_iteration = k) of RM_k and, for k >= 1, RM_{k-1} ('_stale' metrics)
     on fresh outputs of policy_k (`model`), once per split: `train`, the questions GRPO
     draws its prompts from (what the RMs reward), and `test`, questions no stage trains on
     (how far the RMs' checking carries to new questions)."""
-    task = make_task(cfg.task)
     models: dict[tuple[RMKind, int], RewardModel] = {}
 
     def rm(kind: RMKind, iteration: int) -> RewardModel:
         if (kind, iteration) not in models:
-            models[kind, iteration] = load_rm(cfg, run, kind, iteration)
+            models[kind, iteration] = load_rm(ctx, kind, iteration)
         return models[kind, iteration]
 
+    rm_cfg = ctx.cfg.reward_models
     rows: list[EvalRow] = []
     for split in (TRAIN_SPLIT, EVAL_SPLIT):
-        problems, prompts, sampled = _fresh_outputs(cfg, run, task, model, tokenizer, k, split)
-        rows += _split_rows(cfg, task, k, split, problems, prompts, sampled, rm)
+        problems, prompts, sampled = _fresh_outputs(ctx, model, tokenizer, k, split)
+        rows += _split_rows(rm_cfg, ctx.task, k, split, problems, prompts, sampled, rm)
     return [{"policy_iteration": k, **dataclasses.asdict(r)} for r in rows]
 
 
 def _split_rows(
-    cfg: ItergrpoConfig,
+    rm_cfg: RewardModelConfig,
     task: Task,
     k: int,
     split: str,
@@ -259,14 +235,14 @@ def _split_rows(
     owners = [problems[i] for i in sampled.prompt_index]
     row_prompts = [prompts[i] for i in sampled.prompt_index]
     correct = [float(task.is_correct(p, t)) for p, t in zip(owners, sampled.texts, strict=True)]
-    shape = (len(problems), cfg.reward_models.eval_samples)
+    shape = (len(problems), rm_cfg.eval_samples)
     # Exact step labels, on outputs whose steps the task can check (the PRM's yardstick).
     exact = [task.step_labels(p, t) for p, t in zip(owners, sampled.texts, strict=True)]
     rows: list[EvalRow] = []
     measured = [(k, "")] + ([(k - 1, STALE)] if k > 0 else [])
     for rm_iteration, suffix in measured:
         found: list[EvalRow] = []
-        if cfg.reward_models.use_orm:
+        if rm_cfg.use_orm:
             orm = rm(ORM, rm_iteration)
             probs = score_outcome(orm, orm.tokenizer, row_prompts, sampled.texts)
             found += orm_eval_rows(probs.numpy(), correct, split)
@@ -276,7 +252,7 @@ def _split_rows(
                     torch.tensor(correct).reshape(shape).numpy(),
                     split,
                 )
-        if cfg.reward_models.use_prm:
+        if rm_cfg.use_prm:
             prm = rm(PRM, rm_iteration)
             scored = score_steps(prm, prm.tokenizer, row_prompts, sampled.texts)
             pairs = [

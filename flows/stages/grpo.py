@@ -14,33 +14,24 @@ from typing import Any
 
 import pyarrow as pa
 import pyarrow.parquet as pq
-import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-from flows.config import ItergrpoConfig
-from flows.engines.policy_updaters import PolicyUpdater, build_policy_updater
-from flows.engines.sampling import GRPOSampler, build_rollout_engine
+from flows.context import RunContext
+from flows.engines.policy_updaters import LAUNCH_JOBS, PolicyUpdater, build_policy_updater
 from flows.interrupts import INTERRUPT
-from flows.model_io import policy_at, save_model, to_device
+from flows.model_io import save_model, to_device
 from flows.names import GRPO, GRPO_PROGRESS, POLICY, TRAIN_SPLIT
 from flows.progress import ProgressFn, log
-from flows.stage_io import (
-    StageResult,
-    ckpt,
-    derive_seed,
-    metric_rows,
-    require_checkpoint,
-    resolve_device,
-)
+from flows.stages.results import StageResult, metric_rows
 from grpo_core.algo.step import StepOutcome, grpo_step
-from grpo_core.contracts.rollout import RolloutBatch, RolloutEngine, SamplingParams
+from grpo_core.contracts.rollout import RolloutEngine, Sampler
 from grpo_core.data.tasks.base import Problem
-from grpo_core.data.tasks.registry import make_task
 from grpo_core.engines.gold_rollout import GoldSolutionRollout
-from grpo_core.model.policy import format_prompt, load_policy
+from grpo_core.engines.registry import ROLLOUT_ENGINES
+from grpo_core.model.policy import format_prompt, load_policy, load_weights_into
+from reward_models.config import RMKind
 from reward_models.grpo_reward import GRPORewarder, models_needed
 from reward_models.models import RewardModel
-from reward_models.parts import ModelNeed
 from storage.checkpoints import (
     capture_rng_state,
     load_training_state,
@@ -48,21 +39,17 @@ from storage.checkpoints import (
     save_checkpoint,
     save_training_state,
 )
-from storage.run_writer import RunWriter
 
 SAMPLES_FILE = "policy_samples.parquet"
 METRICS_FILE = "metrics.parquet"
 
 
-def _load_reward_models(
-    cfg: ItergrpoConfig, run: RunWriter, k: int, device: torch.device
-) -> dict[ModelNeed, RewardModel]:
+def _load_reward_models(ctx: RunContext, k: int) -> dict[RMKind, RewardModel]:
     """RM_k of each kind the scored reward parts and the estimator read."""
-    needed = models_needed(cfg.grpo.rewards, cfg.grpo.algo.process_supervision)
+    grpo = ctx.cfg.grpo
+    needed = models_needed(grpo.rewards, grpo.algo.process_supervision)
     return {
-        kind: RewardModel.load(
-            require_checkpoint(ckpt(cfg, run.run_id, kind, k), f"{kind}_{k}"), device=device
-        ).eval()
+        kind: RewardModel.load(ctx.require_checkpoint(kind, k), device=ctx.device).eval()
         for kind in sorted(needed)
     }
 
@@ -98,9 +85,7 @@ def _resume_weights(path: Path, model: Any) -> bool:
     """
     if not (path / "config.json").is_file():
         return False
-    from safetensors.torch import load_file
-
-    model.load_state_dict(load_file(str(path / "model.safetensors")), strict=False)
+    load_weights_into(model, path)
     return True
 
 
@@ -116,82 +101,75 @@ def _resume_point(
     return int(state["extra"]["next_step"]), samples, metrics
 
 
-class _FixedData:
-    """A data source that does not follow the policy (gold solutions, policy_0's samples):
-    nothing to resync after an update."""
-
-    def __init__(self, engine: RolloutEngine) -> None:
-        self.engine = engine
-
-    def generate(
-        self, prompts: list[str], n: int, params: SamplingParams, seed: int
-    ) -> RolloutBatch:
-        return self.engine.generate(prompts, n, params, seed=seed)
-
-    def weights_changed(self) -> None:
-        pass
-
-    def close(self) -> None:
-        pass
-
-
 def _training_data(
-    cfg: ItergrpoConfig,
-    run: RunWriter,
+    ctx: RunContext,
     k: int,
     model: PreTrainedModel,
     tokenizer: PreTrainedTokenizerBase,
-    updater: PolicyUpdater,
     pool: list[Problem],
-) -> GRPOSampler | _FixedData:
+) -> tuple[Sampler, RolloutEngine | None]:
     """Where grpo.data_source says the outputs come from: the current policy (online), the
-    warm-started policy_0 (RFT: the same distribution every step), or gold solutions (SFT)."""
+    warm-started policy_0 (RFT: the same distribution every step), or gold solutions (SFT);
+    and the engine that must be given each updated policy (None: none follows the policy, or
+    it samples `model` itself, which the update changes in place)."""
+    cfg = ctx.cfg
+    batch = cfg.rollout.batch_size
     if cfg.grpo.data_source == "online":
-        return GRPOSampler(cfg, run, k, model, tokenizer, updater.weights)
+        name = cfg.engines.grpo_rollout
+        checkpoint = ctx.checkpoint(POLICY, k)
+        engine = ctx.engines.engine(
+            name, "grpo", checkpoint, model, tokenizer, batch, show_progress=False
+        )
+        return engine, None if ROLLOUT_ENGINES[name].shares_model else engine
     if cfg.grpo.data_source == "gold":  # preflight checked every problem has a solution
         solutions = {format_prompt(tokenizer, p.question): p.solution or "" for p in pool}
-        return _FixedData(GoldSolutionRollout(tokenizer, solutions))
-    policy_0 = load_policy(require_checkpoint(ckpt(cfg, run.run_id, POLICY, 0), "policy_0"))[0]
-    policy_0 = to_device(policy_0, cfg).eval().requires_grad_(False)
-    batch = cfg.rollout.batch_size
-    return _FixedData(
-        build_rollout_engine(cfg, run, 0, "grpo", policy_0, tokenizer, batch, show_progress=False)
+        return GoldSolutionRollout(tokenizer, solutions), None
+    policy_0 = load_policy(ctx.require_checkpoint(POLICY, 0))[0]
+    policy_0 = to_device(policy_0, ctx.device).eval().requires_grad_(False)
+    name, checkpoint = cfg.engines.rollout, ctx.checkpoint(POLICY, 0)
+    engine = ctx.engines.engine(
+        name, "grpo", checkpoint, policy_0, tokenizer, batch, show_progress=False
     )
+    return engine, None
 
 
-def grpo_stage(
-    cfg: ItergrpoConfig, run: RunWriter, iteration: int, progress: ProgressFn
-) -> StageResult:
+def grpo_stage(ctx: RunContext, iteration: int, progress: ProgressFn) -> StageResult:
     """M GRPO steps on policy_k against reference policy_k and rm_k -> policy_{k+1}."""
+    cfg = ctx.cfg
     g, algo, k = cfg.grpo, cfg.grpo.algo, iteration
-    device = resolve_device(cfg)
-    task = make_task(cfg.task)
-    policy_dir = require_checkpoint(ckpt(cfg, run.run_id, POLICY, k), f"policy_{k}")
-    model, tokenizer = policy_at(cfg, run, k)
+    policy_dir = ctx.require_checkpoint(POLICY, k)
+    model, tokenizer = ctx.policy(k)
     reference = None
     if algo.beta > 0:  # beta = 0 never loads the reference (no forward pass, no memory)
-        reference = to_device(load_policy(policy_dir)[0], cfg)
+        reference = to_device(load_policy(policy_dir)[0], ctx.device)
         reference.eval().requires_grad_(False)
-    reward_models = _load_reward_models(cfg, run, k, device)
-    progress_dir = ckpt(cfg, run.run_id, GRPO_PROGRESS, k)
+    reward_models = _load_reward_models(ctx, k)
+    progress_dir = ctx.checkpoint(GRPO_PROGRESS, k)
     resumed = _resume_weights(progress_dir, model)
-    updater = build_policy_updater(cfg, run, k, model, reference, policy_dir)
+    jobs_dir = ctx.checkpoint(LAUNCH_JOBS, k)
+    updater = build_policy_updater(
+        cfg.engines, g, ctx.threads, model, reference, policy_dir, jobs_dir
+    )
     start = 0
     sample_rows: list[dict[str, Any]] = []
     metric_log: list[dict[str, Any]] = []
     if resumed:
         start, sample_rows, metric_log = _resume_point(progress_dir, updater)
-    pool = task.problems(
-        TRAIN_SPLIT, g.steps * g.prompts_per_step, seed=derive_seed(cfg.run.seed, GRPO, k)
-    )
-    sampler = _training_data(cfg, run, k, model, tokenizer, updater, pool)
-    if resumed:
-        sampler.weights_changed()
+    pool = ctx.task.problems(TRAIN_SPLIT, g.steps * g.prompts_per_step, seed=ctx.seed(GRPO, k))
+    sampler, follower = _training_data(ctx, k, model, tokenizer, pool)
+    updated = resumed  # the policy differs from what the sampling engine was given
     try:
         rewarder = GRPORewarder(
-            task, g.rewards, tokenizer, g.max_new_tokens, reward_models, algo.process_supervision
+            ctx.task,
+            g.rewards,
+            tokenizer,
+            g.max_new_tokens,
+            reward_models,
+            algo.process_supervision,
         )
         for step in range(start, g.steps):
+            if updated and follower is not None:  # the engine samples the updated policy
+                follower.receive_weights(updater.weights() or model.state_dict())
             problems = pool[step * g.prompts_per_step : (step + 1) * g.prompts_per_step]
             prompts = [format_prompt(tokenizer, p.question) for p in problems]
             out = grpo_step(
@@ -203,10 +181,10 @@ def grpo_stage(
                 group_size=g.group_size,
                 max_new_tokens=g.max_new_tokens,
                 pad_token_id=tokenizer.pad_token_id,
-                seed=derive_seed(cfg.run.seed, GRPO, k, step),
+                seed=ctx.seed(GRPO, k, step),
                 where=f"GRPO iteration {k}, step {step}",
             )
-            sampler.weights_changed()
+            updated = True
             stats = out.stats
             metric_log += metric_rows(GRPO, stats, step)
             sample_rows += _sample_rows(step, problems, out, g.group_size)
@@ -229,11 +207,10 @@ def grpo_stage(
                     progress_dir, model, tokenizer, updater, done, sample_rows, metric_log
                 )
             INTERRUPT.check()
-        save_model(ckpt(cfg, run.run_id, POLICY, k + 1), model, tokenizer, updater.weights())
+        save_model(ctx.checkpoint(POLICY, k + 1), model, tokenizer, updater.weights())
     finally:
-        sampler.close()
         updater.close()
-    with run.stage(k, GRPO) as attempt:
+    with ctx.run.stage(k, GRPO) as attempt:
         attempt.write("policy_samples", sample_rows)
         attempt.write("metrics", metric_log)
     summary = {

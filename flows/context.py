@@ -1,0 +1,126 @@
+"""The run context: what every stage of one run shares besides its own config sections: the
+run (id and store), checkpoint paths by role and iteration, the device, derived seeds, CPU
+threads, and the run's rollout engines. The loop builds one per run and closes it at the end;
+stages read the config sections they use from `ctx.cfg` and hand components typed pieces."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from functools import cached_property
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from flows.config import ItergrpoConfig
+from flows.engines.sampling import Purpose, RolloutEngines
+from flows.names import POLICY
+from flows.runtime import derive_seed, resolve_device
+from storage.checkpoints import checkpoint_path
+from storage.errors import MissingCheckpointError
+from storage.run_writer import RunWriter
+from storage.store import RunStore
+
+if TYPE_CHECKING:
+    import torch
+    from transformers import PreTrainedModel, PreTrainedTokenizerBase
+
+    from grpo_core.contracts.rollout import Sampler
+    from grpo_core.data.tasks.base import Task
+
+
+@dataclass
+class RunContext:
+    """One run as its stages see it."""
+
+    cfg: ItergrpoConfig
+    store: RunStore
+    run: RunWriter  # the run's open writer: stage attempts, status
+    engines: RolloutEngines = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.engines = RolloutEngines(
+            self.cfg.engines,
+            seed=self.cfg.run.seed,
+            log_dir=self.store.run_dir(self.run_id) / "logs",
+            scratch_dir=self.store.checkpoints_dir / self.run_id / "rollout-engine-sync",
+        )
+
+    @property
+    def run_id(self) -> str:
+        return self.run.run_id
+
+    @cached_property
+    def device(self) -> torch.device:
+        return resolve_device(self.cfg.run.device)
+
+    @cached_property
+    def task(self) -> Task:
+        """The run's task (its data validated once per run)."""
+        from grpo_core.data.tasks.registry import make_task
+
+        return make_task(self.cfg.task)
+
+    @property
+    def threads(self) -> int | None:
+        """torch CPU threads of the run's processes (None: torch's default)."""
+        return self.cfg.run.num_threads
+
+    def seed(self, *parts: object) -> int:
+        """The seed of one random thing of the run, derived from run.seed and `parts` (stage
+        name, iteration, step...)."""
+        return derive_seed(self.cfg.run.seed, *parts)
+
+    def checkpoint(self, role: str, iteration: int) -> Path:
+        """checkpoints/<run_id>/<role>/iter-<iteration>/ in the run's store."""
+        return checkpoint_path(self.store.root, self.run_id, role, iteration)
+
+    def require_checkpoint(self, role: str, iteration: int) -> Path:
+        """A checkpoint an earlier committed stage must have written; never silently restart."""
+        path = self.checkpoint(role, iteration)
+        if not (path / "config.json").is_file():
+            raise MissingCheckpointError(
+                f"{role}_{iteration} checkpoint missing at {path}; the stage that writes it is "
+                "committed but its output is gone. Restore the directory or start a new run id."
+            )
+        return path
+
+    def policy(self, k: int) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
+        """policy_k (the policy iteration k starts from) on the run's device."""
+        from flows.model_io import to_device
+        from grpo_core.model.policy import load_policy
+
+        model, tokenizer = load_policy(self.require_checkpoint(POLICY, k))
+        return to_device(model, self.device), tokenizer
+
+    def sampler(
+        self,
+        purpose: Purpose,
+        policy_iteration: int,
+        model: PreTrainedModel,
+        tokenizer: PreTrainedTokenizerBase,
+        batch_size: int,
+        shard_label: str | None = None,
+    ) -> Sampler:
+        """What a stage samples policy_{policy_iteration} with (`model` is the stage's copy of
+        it): Ray shards when cluster.ray_address is set (labelled `shard_label`, default
+        `purpose`), else the run's rollout engine (engines.rollout)."""
+        from flows.engines.ray_shards import sharded_engine
+
+        checkpoint = self.checkpoint(POLICY, policy_iteration)
+        sharded = sharded_engine(
+            self.cfg.cluster,
+            self.cfg.run.device,
+            self.threads,
+            checkpoint,
+            policy_iteration,
+            model,
+            batch_size,
+            shard_label or purpose,
+        )
+        if sharded is not None:
+            return sharded
+        name = self.cfg.engines.rollout
+        return self.engines.engine(name, purpose, checkpoint, model, tokenizer, batch_size)
+
+    def close(self) -> None:
+        """Release what the run kept between stages (a rollout engine's worker process)."""
+        self.engines.close()

@@ -1,0 +1,35 @@
+"""What a stage reports back to the loop (and the Prefect UI), and its rows of `metrics`."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass
+class StageResult:
+    """What a stage reports back to the loop (and to the Prefect UI)."""
+
+    stage: str
+    iteration: int
+    skipped: bool = False
+    metrics: dict[str, float] = field(default_factory=dict)
+    seconds: float = 0.0
+
+
+def metric_rows(
+    stage: str, values: dict[str, float], step: int | None = None
+) -> list[dict[str, Any]]:
+    """Rows of the `metrics` table for one stage (and GRPO step)."""
+    return [
+        {"stage": stage, "step": step, "name": name, "value": float(value)}
+        for name, value in values.items()
+    ]
+
+
+def mean(values: Iterable[Any]) -> float:
+    """The mean of `values`, NaN when there are none (a rate of nothing is undefined)."""
+    vals = [float(v) for v in values]
+    return sum(vals) / len(vals) if vals else math.nan

@@ -1,0 +1,204 @@
+"""Rollout and train engines by name (`engines.rollout`, `engines.train`), each with what it
+needs installed, how it is built, and how it lives (a worker process kept for the run, or
+the trained model sampled in place). An engine's settings are `engines.<name>` when the
+config has that section (DeepSpeedConfig, VLLMSettings), else None.
+
+Torch-free, so the config lists the names without importing torch: an engine's module is
+imported when the engine is built.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from dataclasses import dataclass
+from importlib.util import find_spec
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from grpo_core.contracts.errors import SettingError
+from grpo_core.contracts.registry import Registry
+from grpo_core.engines.vllm_env import find_vllm_python
+
+if TYPE_CHECKING:
+    from torch import nn
+    from transformers import PreTrainedModel, PreTrainedTokenizerBase
+
+    from grpo_core.contracts.rollout import RolloutEngine
+    from grpo_core.contracts.training import OptimizerSettings, TrainEngine
+    from grpo_core.engines.config import DeepSpeedConfig, VLLMSettings
+
+
+@dataclass(frozen=True)
+class RolloutRequest:
+    """What a stage asks of a rollout engine: to sample policy_k, saved at checkpoint_dir
+    (`model`: the same policy in memory, when the stage holds it)."""
+
+    checkpoint_dir: Path
+    tokenizer: PreTrainedTokenizerBase
+    model: PreTrainedModel | None = None
+    batch_size: int = 256
+    purpose: str = "sampling"  # the progress bar's title
+    prefix_caching: bool = True  # share KV entries between samples of a prefix (vLLM)
+    seed: int = 0  # an engine's own seed (vLLM's); each generate call still takes its own
+    log_dir: Path | None = None  # where a worker process writes its log
+    scratch_dir: Path | None = None  # where an engine may write weights it reloads
+    show_progress: bool = True
+
+
+@dataclass(frozen=True)
+class RolloutEngineSpec:
+    """A registered rollout engine.
+
+    build(request, settings): the engine. requires(settings): raises a SettingError naming
+    the fix when the engine cannot run here (checked before any stage). keeps_process: it
+    starts a process worth keeping (seconds to start): one per run, reused by every stage
+    through `load`, closed when the run ends. shares_model: it samples the model object it is
+    given, so the trainer's in-place update reaches it without `receive_weights`.
+    """
+
+    name: str
+    description: str
+    build: Callable[[RolloutRequest, Any], RolloutEngine]
+    requires: Callable[[Any], None] = lambda settings: None
+    keeps_process: bool = False
+    shares_model: bool = False
+
+
+@dataclass(frozen=True)
+class TrainEngineSpec:
+    """A registered train engine: build(model, optimizer settings, settings) and the check
+    that it can run here."""
+
+    name: str
+    description: str
+    build: Callable[[nn.Module, OptimizerSettings, Any], TrainEngine]
+    requires: Callable[[Any], None] = lambda settings: None
+
+
+ROLLOUT_ENGINES: Registry[RolloutEngineSpec] = Registry("rollout engine")
+TRAIN_ENGINES: Registry[TrainEngineSpec] = Registry("train engine")
+
+
+# ---- hf --------------------------------------------------------------------------------------
+
+
+def _build_hf(request: RolloutRequest, settings: None) -> RolloutEngine:
+    from grpo_core.engines.hf_rollout import HFRolloutEngine
+    from grpo_core.model.policy import load_policy
+
+    model = request.model if request.model is not None else load_policy(request.checkpoint_dir)[0]
+    return HFRolloutEngine(
+        model,
+        request.tokenizer,
+        batch_size=request.batch_size,
+        show_progress=request.show_progress,
+        progress_label=request.purpose,
+    )
+
+
+ROLLOUT_ENGINES.add(
+    "hf",
+    RolloutEngineSpec(
+        "hf",
+        "transformers in this process, on the stage's model (CPU or GPU)",
+        _build_hf,
+        shares_model=True,
+    ),
+)
+
+
+# ---- vllm ------------------------------------------------------------------------------------
+
+
+def _require_vllm(settings: VLLMSettings) -> None:
+    find_vllm_python(settings.python)
+
+
+def _build_vllm(request: RolloutRequest, settings: VLLMSettings) -> RolloutEngine:
+    from grpo_core.engines.vllm_rollout import VLLMRolloutEngine
+
+    llm_kwargs: dict[str, Any] = {
+        "enable_prefix_caching": request.prefix_caching,
+        "gpu_memory_utilization": settings.gpu_memory_utilization,
+        "enforce_eager": settings.enforce_eager,
+    }
+    if settings.max_model_len is not None:
+        llm_kwargs["max_model_len"] = settings.max_model_len
+    llm_kwargs.update(settings.llm_kwargs)
+    log_path = None
+    if request.log_dir is not None:
+        request.log_dir.mkdir(parents=True, exist_ok=True)
+        log_path = request.log_dir / "vllm-worker.log"
+    return VLLMRolloutEngine(
+        request.checkpoint_dir,
+        dtype=settings.dtype,
+        seed=request.seed,
+        llm_kwargs=llm_kwargs,
+        python=find_vllm_python(settings.python),
+        env={"VLLM_CPU_KVCACHE_SPACE": str(settings.cpu_kv_cache_gib), **settings.env},
+        log_path=log_path,
+        weight_sync=settings.weight_sync,
+        sync_timeout_s=settings.sync_timeout_s,
+        scratch_dir=request.scratch_dir,
+    )
+
+
+ROLLOUT_ENGINES.add(
+    "vllm",
+    RolloutEngineSpec(
+        "vllm",
+        "a vLLM worker in its own environment (`make vllm-env`), kept for the whole run",
+        _build_vllm,
+        requires=_require_vllm,
+        keeps_process=True,
+    ),
+)
+
+
+# ---- train engines ---------------------------------------------------------------------------
+
+
+def _build_torch(model: nn.Module, optim: OptimizerSettings, settings: None) -> TrainEngine:
+    from grpo_core.engines.train import TorchEngine
+
+    return TorchEngine(model, optim)
+
+
+def require_deepspeed(settings: DeepSpeedConfig | None = None) -> None:
+    """A SettingError naming the extra to install unless deepspeed is importable here."""
+    if find_spec("deepspeed") is None:
+        import sys
+
+        raise SettingError(
+            "engines.train = deepspeed, but deepspeed is not installed in this environment "
+            f"({sys.executable}): install the gpu extra (pip install -e '.[gpu]'; `make venv` "
+            "does), or set engines.train: torch"
+        )
+
+
+def _build_deepspeed(
+    model: nn.Module, optim: OptimizerSettings, settings: DeepSpeedConfig
+) -> TrainEngine:
+    """DeepSpeed in this process (one rank); several ranks are the launched GRPO updater's."""
+    require_deepspeed(settings)
+    # DeepSpeed picks its accelerator once, when first imported: name the model's device.
+    os.environ.setdefault("DS_ACCELERATOR", next(model.parameters()).device.type)
+    from grpo_core.engines.deepspeed_engine import DeepSpeedEngine
+
+    one_process = settings.model_copy(update={"processes_per_node": 1, "hostfile": None})
+    return DeepSpeedEngine(model, optim, config=one_process)
+
+
+TRAIN_ENGINES.add(
+    "torch", TrainEngineSpec("torch", "plain PyTorch, one process, CPU or one GPU", _build_torch)
+)
+TRAIN_ENGINES.add(
+    "deepspeed",
+    TrainEngineSpec(
+        "deepspeed",
+        "DeepSpeed ZeRO 0-3 and bf16 (the gpu extra)",
+        _build_deepspeed,
+        requires=require_deepspeed,
+    ),
+)
