@@ -46,7 +46,7 @@ bench: venv
 # on NCCL, bf16, a micro run on the GPU), then the update's tokens/s and MFU. Without CUDA it
 # says so in one line and exits 0 (CI is CPU-only). GPU_PYTHON: an interpreter whose torch is a
 # CUDA build with this project installed (the venv's torch==2.13.0 is a CPU build here).
-# GPU_TESTS: where pytest collects (tests/test_gpu.py alone where Prefect is not installed).
+# GPU_TESTS: where pytest collects (tests/grpo_core/engines/test_gpu.py alone where Prefect is not installed).
 GPU_PYTHON ?= $(BIN)/python
 GPU_TESTS ?= tests
 gpu-check:

@@ -26,7 +26,6 @@ from prefect.exceptions import TerminationSignal
 from prefect.logging.handlers import APILogHandler
 from prefect.states import Cancelled, State
 
-from flows.cli import PACKAGE_LOGGERS
 from flows.config import ItergrpoConfig
 from flows.config_files import validate_config
 from flows.context import RunContext
@@ -34,6 +33,7 @@ from flows.interrupts import RunInterrupted, with_fault_hook
 from flows.loop import Executor, execute_run
 from flows.names import default_run_id
 from flows.preflight import preflight
+from flows.progress import PACKAGE_LOGGERS
 from flows.report import iteration_table, report_with_inline_plots
 from flows.stages import StageFn, StageResult
 from grpo_core.algo.config import merge_trees

@@ -6,6 +6,8 @@ import logging
 from collections.abc import Callable
 
 log = logging.getLogger("itergrpo")
+# The loggers of itergrpo's own lines (stage starts, GRPO steps, tables): INFO and up.
+PACKAGE_LOGGERS = ("itergrpo", "flows", "grpo_core", "reward_models", "storage")
 
 ProgressFn = Callable[[float, str], None]
 

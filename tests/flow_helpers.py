@@ -61,3 +61,9 @@ def cli(store: Path, *args: str, fault: str | None = None) -> subprocess.Complet
         text=True,
         timeout=600,
     )
+
+
+def commit_a_stage(store: RunStore, run_id: str, config: dict[str, Any]) -> None:
+    """A run `run_id` with `config` and one committed stage (a run that has started)."""
+    with store.open_run(run_id, config) as run, run.stage(0, "s") as attempt:
+        attempt.write("metrics", [{"stage": "s", "name": "x", "value": 1.0}])

@@ -10,7 +10,8 @@ from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parent.parent
+from tests.flow_helpers import REPO
+
 PACKAGES = ("flows", "grpo_core", "reward_models", "storage")
 # What each package may import of ours (DESIGN.md). storage's one import of grpo_core is the
 # user-error base class, in a leaf that imports nothing.

@@ -7,7 +7,6 @@ from __future__ import annotations
 import subprocess
 import sys
 from collections.abc import Iterator, Mapping
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -27,8 +26,7 @@ from grpo_core.data.tasks.base import Problem
 from grpo_core.model.policy import build_char_tokenizer
 from reward_models.grpo_reward import GRPORewarder
 from reward_models.parts import REWARD_PARTS, RewardPart, ScoringContext, register_reward_part
-
-REPO = Path(__file__).resolve().parent.parent
+from tests.flow_helpers import REPO
 
 
 def test_a_registry_names_its_choices_and_refuses_a_second_entry_of_a_name() -> None:

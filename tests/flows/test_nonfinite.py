@@ -31,7 +31,8 @@ from grpo_core.engines.train import TorchEngine
 from storage.checkpoints import checkpoint_path
 from storage.store import RunStore
 from tests.flow_helpers import micro_config
-from tests.test_update import ragged_batch, tiny_llama
+from tests.grpo_core.algo.test_update import ragged_batch
+from tests.models import tiny_llama
 
 BAD = [math.nan, math.inf, -math.inf]
 

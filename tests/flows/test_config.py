@@ -190,7 +190,7 @@ def test_resume_accepts_a_run_started_before_new_sections_and_a_moved_cluster(
 ) -> None:
     from storage.errors import ConfigMismatchError
     from storage.store import RunStore
-    from tests.test_store import commit_a_stage
+    from tests.flow_helpers import commit_a_stage
 
     cfg = load_config("micro", [f"store.root={tmp_path}"])
     # the run as an older version stored it: no `cluster` or `engines` section yet

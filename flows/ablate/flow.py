@@ -14,11 +14,10 @@ from prefect.artifacts import create_markdown_artifact
 from prefect.logging.handlers import APILogHandler
 from prefect.states import Cancelled, State
 
-from flows.ablate import run_ablation
-from flows.ablate_report import report_with_inline_plots
-from flows.ablate_results import Values
-from flows.ablate_suites import AblationPlan, Suite
-from flows.cli import PACKAGE_LOGGERS
+from flows.ablate.report import report_with_inline_plots
+from flows.ablate.results import Values
+from flows.ablate.run import run_ablation
+from flows.ablate.suites import AblationPlan, Suite
 from flows.config import ItergrpoConfig
 from flows.interrupts import RunInterrupted
 from flows.prefect_flow import (
@@ -27,6 +26,7 @@ from flows.prefect_flow import (
     prefect_executor,
     raise_for_flow_state,
 )
+from flows.progress import PACKAGE_LOGGERS
 
 
 class _FlowRunLogs:
@@ -71,7 +71,7 @@ def ablate(
     Args:
         ablation_id: The ablation's run id; its arm-seed runs are `<id>-<arm>-s<seed>`.
         suite_name: The suite's name (configs/ablate/<name>.yaml).
-        suite: The suite itself: base config, overrides, arms (flows/ablate_suites.py).
+        suite: The suite itself: base config, overrides, arms (flows/ablate/suites.py).
         seeds: Seeds per arm.
         store_root: The run store.
     """

@@ -11,7 +11,7 @@ import pytest
 
 from flows.cli import main
 from storage.store import RunStore
-from tests.test_store import commit_a_stage
+from tests.flow_helpers import REPO, commit_a_stage
 
 
 def run_cli(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str]:
@@ -89,7 +89,7 @@ def test_second_run_on_a_locked_run_is_refused_naming_the_holder(
             f"w = RunStore({str(tmp_path)!r}).open_run('r1', {{}}); "
             "print('held', flush=True); time.sleep(60)",
         ],
-        cwd=Path(__file__).resolve().parent.parent,
+        cwd=REPO,
         stdout=subprocess.PIPE,
         text=True,
     )
@@ -144,7 +144,7 @@ def test_help_lists_every_command_without_loading_torch_or_prefect() -> None:
     )
     done = subprocess.run(
         [sys.executable, "-c", code],
-        cwd=Path(__file__).resolve().parent.parent,
+        cwd=REPO,
         capture_output=True,
         text=True,
         timeout=60,

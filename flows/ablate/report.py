@@ -7,7 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from flows.ablate_results import (
+from flows.ablate.results import (
     CLAIMS_NOTE,
     FIG5_LINKS,
     FIG6_LINKS,
@@ -19,7 +19,7 @@ from flows.ablate_results import (
     claims,
     format_results_table,
 )
-from flows.ablate_stats import Interval
+from flows.ablate.stats import Interval
 from flows.report import inline_pngs, save_figure
 
 FIG5_ARMS = ("sft", "rft", "online_rft", "grpo_os", "grpo_ps")

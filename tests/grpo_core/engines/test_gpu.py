@@ -19,7 +19,8 @@ import torch
 from grpo_core.algo.update import grpo_update
 from grpo_core.engines.config import DeepSpeedConfig
 from grpo_core.engines.train import TorchEngine
-from tests.test_deepspeed_engine import CFG, ragged_batch, seeded, tiny_llama
+from tests.grpo_core.engines.test_deepspeed_engine import CFG, ragged_batch, seeded
+from tests.models import tiny_llama
 
 pytestmark = [
     pytest.mark.gpu,

@@ -16,9 +16,9 @@ from pathlib import Path
 import pytest
 
 from storage.store import RunStore
+from tests.flow_helpers import REPO
 
 pytestmark = pytest.mark.slow
-REPO = Path(__file__).resolve().parent.parent
 RUN_ID = "pi"
 
 

@@ -18,7 +18,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from flows.ablate_suites import AblationPlan, ArmRun
+from flows.ablate.suites import AblationPlan, ArmRun
 from flows.config import ItergrpoConfig
 from flows.config_files import stored_config_as_current
 from flows.context import RunContext

@@ -129,7 +129,7 @@ def _write(path: Path, text: str) -> Path:
 
 def _existing_store(store: Path) -> None:
     """A store holding a committed run `r1` (micro config) and a run `held` locked by us."""
-    from tests.test_store import commit_a_stage
+    from tests.flow_helpers import commit_a_stage
 
     cfg = load_config("micro", [f"store.root={store}", "run.run_id=r1"])
     commit_a_stage(RunStore(store), "r1", cfg.model_dump(mode="json"))
@@ -168,7 +168,7 @@ def test_prefect_logs_a_user_error_without_its_traceback() -> None:
     import logging
     import sys
 
-    from flows.run_commands import _NoUserErrorTraceback
+    from flows.cli.run_commands import _NoUserErrorTraceback
 
     def record(exc: Exception) -> logging.LogRecord:
         try:

@@ -7,8 +7,8 @@ import math
 
 import pytest
 
-from flows.ablate_results import Values, claims, format_results_table, results_table
-from flows.ablate_stats import (
+from flows.ablate.results import Values, claims, format_results_table, results_table
+from flows.ablate.stats import (
     Interval,
     combine,
     mean_ci,

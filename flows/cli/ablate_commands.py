@@ -10,8 +10,8 @@ import sys
 import time
 from typing import Any
 
-from flows.ablate_suites import AblationPlan, load_suite, make_plan, suite_from_tree, suite_names
-from flows.cli import nonempty, store_option
+from flows.ablate.suites import AblationPlan, load_suite, make_plan, suite_from_tree, suite_names
+from flows.cli.options import nonempty, store_option
 from flows.config import ItergrpoConfig
 from flows.config_files import load_config
 from flows.interrupts import RunInterrupted
@@ -36,11 +36,11 @@ def _execute(plan: AblationPlan, *, use_prefect: bool) -> list[dict[str, Any]]:
     hf_logging.disable_progress_bar()
     check_policy_and_data(plan.policy_0_config())  # the task and policy every arm shares
     if not use_prefect:
-        from flows.ablate import run_ablation
+        from flows.ablate.run import run_ablation
         from flows.loop import call_directly
 
         return run_ablation(plan, make_executor=call_directly, run_arm=_run_directly)
-    from flows.ablate_flow import ablate
+    from flows.ablate.flow import ablate
     from flows.prefect_flow import raise_for_flow_state
     from flows.prefect_server import prefect_api
 
@@ -59,8 +59,8 @@ def _execute(plan: AblationPlan, *, use_prefect: bool) -> list[dict[str, Any]]:
 
 def run_plan(plan: AblationPlan, *, use_prefect: bool) -> int:
     """Run (or resume) `plan`; print the table, the verdicts and where the report is."""
-    from flows.ablate_report import verdict_lines, write_ablation_report
-    from flows.ablate_results import CLAIMS_NOTE, Values, format_results_table
+    from flows.ablate.report import verdict_lines, write_ablation_report
+    from flows.ablate.results import CLAIMS_NOTE, Values, format_results_table
 
     runs = plan.arm_runs()
     arms = ", ".join(plan.suite.arms)

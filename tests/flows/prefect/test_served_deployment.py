@@ -23,9 +23,9 @@ from prefect.states import Cancelling
 from prefect.testing.utilities import prefect_test_harness
 
 from storage.store import RunStore
+from tests.flow_helpers import REPO
 
 pytestmark = pytest.mark.slow
-REPO = Path(__file__).resolve().parent.parent
 
 
 def _wait_for_deployment(name: str, serve: subprocess.Popen[str], timeout: float) -> None:

@@ -11,7 +11,8 @@ import sys
 import time
 from pathlib import Path
 
-from flows.cli import command_help, nonempty, store_option
+from flows.cli.main import command_help
+from flows.cli.options import nonempty, store_option
 from flows.config import ItergrpoConfig
 from flows.config_files import (
     load_config,
@@ -120,7 +121,7 @@ def cmd_resume(args: argparse.Namespace) -> int:
     store = RunStore(args.store)
     stored = store.run_config(args.run_id)
     if "ablation" in stored:  # an `itergrpo ablate` run: its suite and seeds, all its runs
-        from flows.ablate_commands import resume_ablation
+        from flows.cli.ablate_commands import resume_ablation
 
         return resume_ablation(store, args.run_id, stored, prefect=not args.no_prefect)
     cfg = validate_config(stored_config_migrated(stored))

@@ -10,8 +10,8 @@ from prefect.client.orchestration import get_client
 from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterKey
 from prefect.testing.utilities import prefect_test_harness
 
-from flows.ablate_flow import ablate
-from flows.ablate_suites import Suite
+from flows.ablate.flow import ablate
+from flows.ablate.suites import Suite
 from flows.prefect_flow import artifact_key
 from storage.store import RunStore
 

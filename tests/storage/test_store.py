@@ -6,7 +6,6 @@ import json
 import math
 import os
 from pathlib import Path
-from typing import Any
 
 import pyarrow as pa
 import pytest
@@ -22,6 +21,7 @@ from storage.errors import (
     UnknownTableError,
 )
 from storage.store import RunStore, resolve_store_root
+from tests.flow_helpers import commit_a_stage
 
 
 def orm_rows(n: int, start: int = 0) -> list[dict[str, object]]:
@@ -178,11 +178,6 @@ def test_store_precedence_is_flag_then_env_then_config_then_default(
     assert resolve_store_root(None, "cfg") == tmp_path / "env"
     assert resolve_store_root("flag", "cfg") == tmp_path / "flag"
     assert resolve_store_root("  ", "cfg") == tmp_path / "env"  # blank is not a choice
-
-
-def commit_a_stage(store: RunStore, run_id: str, config: dict[str, Any]) -> None:
-    with store.open_run(run_id, config) as run, run.stage(0, "s") as attempt:
-        attempt.write("metrics", [{"stage": "s", "name": "x", "value": 1.0}])
 
 
 def test_config_mismatch_is_refused_unless_forced(tmp_path: Path) -> None:

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from flows.ablate import check_arm_runs, check_record
-from flows.ablate_suites import load_suite, make_plan, suite_names
+from flows.ablate.run import check_arm_runs, check_record
+from flows.ablate.suites import load_suite, make_plan, suite_names
 from flows.cli import main
 from flows.errors import ConfigError
 from storage.errors import ConfigMismatchError, StoreError

@@ -12,7 +12,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from flows.ablate_stats import Interval, Relation, Verdict, combine, mean_ci, paired_verdict
+from flows.ablate.stats import Interval, Relation, Verdict, combine, mean_ci, paired_verdict
 
 POLICY_0 = "policy_0"  # the results table's row for the shared starting policy
 GREEDY = "greedy_accuracy"

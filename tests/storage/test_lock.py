@@ -14,8 +14,7 @@ import pytest
 
 from storage.errors import RunLockedError
 from storage.store import RunStore
-
-REPO = Path(__file__).resolve().parents[1]
+from tests.flow_helpers import REPO
 
 
 def start_holder(root: Path, body: str = "") -> subprocess.Popen[str]:

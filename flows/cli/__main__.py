@@ -1,0 +1,5 @@
+"""`python -m flows.cli ...`: the `itergrpo` command."""
+
+from flows.cli.main import main
+
+raise SystemExit(main())
