@@ -7,6 +7,7 @@ from __future__ import annotations
 import subprocess
 import sys
 from collections.abc import Iterator, Mapping
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -14,19 +15,22 @@ import torch
 
 from flows.config_files import load_config
 from flows.errors import ConfigError
+from flows.loop import execute_run
 from grpo_core.algo.advantages import AdvantageInputs
 from grpo_core.algo.config import GRPOConfig
 from grpo_core.algo.estimators import ADVANTAGE_ESTIMATORS, register_adv_estimator
 from grpo_core.algo.rewards import token_advantages
 from grpo_core.contracts.errors import SettingError
 from grpo_core.contracts.registry import Registry
-from grpo_core.contracts.rollout import RolloutBatch
+from grpo_core.contracts.rollout import RolloutBatch, SamplingParams
 from grpo_core.data.tasks.arith import ArithTask
 from grpo_core.data.tasks.base import Problem
+from grpo_core.engines.registry import ROLLOUT_ENGINES, RolloutEngineSpec, RolloutRequest
 from grpo_core.model.policy import build_char_tokenizer
 from reward_models.grpo_reward import GRPORewarder
 from reward_models.parts import REWARD_PARTS, RewardPart, ScoringContext, register_reward_part
-from tests.flow_helpers import REPO
+from storage.store import RunStore
+from tests.flow_helpers import REPO, micro_config, snapshot
 
 
 def test_a_registry_names_its_choices_and_refuses_a_second_entry_of_a_name() -> None:
@@ -186,3 +190,71 @@ def test_loading_a_config_imports_neither_torch_nor_prefect() -> None:
         [sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=120
     )
     assert "heavy: []" in done.stdout, done.stdout + done.stderr
+
+
+class RecordingEngine:
+    """A rollout engine registered by a test: the HF engine on its own copy of the policy
+    (loaded from the checkpoint, then given the trained weights, as a vLLM worker is), which
+    records its life."""
+
+    def __init__(self, request: RolloutRequest, settings: None) -> None:
+        from grpo_core.engines.hf_rollout import HFRolloutEngine
+        from grpo_core.model.policy import load_policy
+
+        model = load_policy(request.checkpoint_dir)[0]
+        self.hf = HFRolloutEngine(
+            model, request.tokenizer, batch_size=request.batch_size, show_progress=False
+        )
+        self.events: list[tuple[str, str]] = [("start", request.checkpoint_dir.parent.name)]
+        RECORDED.append(self)
+
+    def load(self, checkpoint_dir: Path) -> None:
+        self.events.append(("load", checkpoint_dir.parent.name + "/" + checkpoint_dir.name))
+        self.hf.load(checkpoint_dir)
+
+    def receive_weights(self, weights: Mapping[str, torch.Tensor]) -> None:
+        self.events.append(("weights", ""))
+        self.hf.receive_weights(weights)
+
+    def generate(
+        self, prompts: list[str], n: int, params: SamplingParams, seed: int
+    ) -> RolloutBatch:
+        return self.hf.generate(prompts, n, params, seed=seed)
+
+    def close(self) -> None:
+        self.events.append(("close", ""))
+
+
+RECORDED: list[RecordingEngine] = []
+
+
+@pytest.fixture
+def recording_engine() -> Iterator[str]:
+    spec = RolloutEngineSpec(
+        "recording", "test: HF on its own weights", RecordingEngine, keeps_process=True
+    )
+    ROLLOUT_ENGINES.add("recording", spec)
+    RECORDED.clear()
+    yield "recording"
+    ROLLOUT_ENGINES.remove("recording")
+
+
+@pytest.mark.slow
+def test_a_registered_rollout_engine_lives_for_the_run_and_samples_what_hf_samples(
+    recording_engine: str, micro_run: tuple[RunStore, str], tmp_path: Path
+) -> None:
+    """Kept for the run: started once, given each stage's policy by `load` and each GRPO
+    update by `receive_weights` (not after the last step), closed at the end. Sampling its own
+    copy of the weights, it gives the rows and evaluations of the HF engine's run, exactly."""
+    store, run_id = micro_run
+    cfg = micro_config(tmp_path, run_id, f"engines.rollout={recording_engine}")
+    execute_run(cfg)
+    assert len(RECORDED) == 1
+    events = RECORDED[0].events
+    assert events[0] == ("start", "policy") and events[-1] == ("close", "")
+    g, iterations = cfg.grpo, cfg.run.iterations
+    assert events.count(("weights", "")) == iterations * (g.steps - 1)
+    loaded = [where for what, where in events if what == "load"]
+    for k in range(iterations):  # the GRPO stage starts from policy_k, evaluation is k + 1
+        assert f"policy/iter-{k}" in loaded and f"policy/iter-{k + 1}" in loaded
+    assert snapshot(RunStore(tmp_path), run_id) == snapshot(store, run_id)
