@@ -118,7 +118,7 @@ def maybe_profile(enabled: bool) -> Iterator[None]:
 
 @dataclass
 class OurSetup:
-    """Everything our step loop runs on, built the way flows/grpo_stage.py builds it."""
+    """Everything our step loop runs on, built the way flows/stages/grpo.py builds it."""
 
     model: nn.Module
     reference: nn.Module
@@ -236,7 +236,7 @@ def run_ours(
     compile_models: bool = False,
     check_only: bool = False,
 ) -> dict[str, Any]:
-    """Our GRPO step loop, as flows/grpo_stage.py runs it, with per-phase timings and the
+    """Our GRPO step loop, as flows/stages/grpo.py runs it, with per-phase timings and the
     effective settings (only those under check_only)."""
     setup = build_ours(cfg, model_dir, compile_models)
     settings = our_settings(setup, cfg)

@@ -1,4 +1,5 @@
-"""Loading and saving the run's models as checkpoints (atomic, HF `save_pretrained` format)."""
+"""Saving the run's models as checkpoints (atomic, HF `save_pretrained` format) and moving a
+model to the run's device."""
 
 from __future__ import annotations
 

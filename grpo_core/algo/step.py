@@ -1,7 +1,7 @@
 """One GRPO step (paper Algorithm 1, one pass of its inner loop): sample G outputs per prompt,
 reward them, turn rewards into token advantages, update the policy, report metrics.
 
-The GRPO stage (flows/grpo_stage.py) and the step benchmark (bench/grpo_step.py) both call
+The GRPO stage (flows/stages/grpo.py) and the step benchmark (bench/grpo_step.py) both call
 `grpo_step`; what differs between them (the engines, the reward, checkpoints and rows) is
 passed in.
 """

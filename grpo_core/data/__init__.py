@@ -1,2 +1,2 @@
 """What the policy is trained on: tasks (problems, gold answers, verifiers), answer parsing,
-reasoning steps of a completion, and padded prompt + completion batches."""
+and the reasoning steps of a completion."""

@@ -20,8 +20,7 @@ from reward_models.parts.base import REWARD_PARTS
 
 
 class RewardWeightsBase(BaseModel):
-    """How the scalar reward of a GRPO sample is assembled: a weight (>= 0) per reward part of
-    reward_models/parts/ and the parts' options. The rules are in grpo_core/algo/rewards.py.
+    """A weight per reward part and the parts' options, read through weight() and options().
 
     RewardWeights, built below from the registry, has a field per part and option registered
     when this module loads (so the Prefect form shows them); a part registered later is given
@@ -72,14 +71,11 @@ class RewardWeightsBase(BaseModel):
         return sum(w for name, w in self.weights().items() if REWARD_PARTS[name].learned)
 
 
-_WEIGHT = Annotated[float, Field(ge=0.0)]
-
-
 def _field_of(key: str) -> tuple[Any, Any]:
     """(annotation, pydantic Field) of grpo.rewards.<key>: a part's weight or option."""
     for name, part in REWARD_PARTS.items():
         if key == name:
-            return _WEIGHT, Field(part.default_weight, ge=0.0, description=part.description)
+            return float, Field(part.default_weight, ge=0.0, description=part.description)
         for option, (annotation, default) in part.options.items():
             if key == part.option_field(option):
                 return annotation, default
