@@ -158,9 +158,9 @@ def test_an_orm_emitting_nan_or_inf_stops_grpo_naming_it(
     monkeypatch: pytest.MonkeyPatch,
     bad: float,
 ) -> None:
-    import reward_models.grpo_reward as grpo_reward
+    import reward_models.scoring as scoring
 
-    real = grpo_reward.score_outcome
+    real = scoring.score_outcome
 
     def broken(*args: Any, **kwargs: Any) -> torch.Tensor:
         scores = real(*args, **kwargs).clone()
@@ -168,7 +168,7 @@ def test_an_orm_emitting_nan_or_inf_stops_grpo_naming_it(
         return scores
 
     err = _rerun_grpo(
-        micro_run, tmp_path, lambda: monkeypatch.setattr(grpo_reward, "score_outcome", broken)
+        micro_run, tmp_path, lambda: monkeypatch.setattr(scoring, "score_outcome", broken)
     )
     assert str(err).startswith(f"the reward models' reward is {bad}")
     assert "at GRPO iteration 1, step 0" in str(err)
