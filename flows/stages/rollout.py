@@ -8,7 +8,6 @@ from flows.names import POLICY, ROLLOUT, TRAIN_SPLIT
 from flows.progress import ProgressFn
 from flows.stages.results import StageResult, mean, metric_rows
 from grpo_core.contracts.rollout import SamplingParams
-from grpo_core.data.answers import extract_answer
 from grpo_core.model.policy import format_prompt
 
 
@@ -46,7 +45,7 @@ def rollout_stage(ctx: RunContext, iteration: int, progress: ProgressFn) -> Stag
                 "seed": seed,
                 "policy_checkpoint": policy_dir,
                 "correct": task.is_correct(problems[i], text),
-                "extracted_answer": extract_answer(text),
+                "extracted_answer": task.answer_format.extract(text),
             }
         )
     accuracy = mean(r["correct"] for r in rollouts)

@@ -14,7 +14,8 @@ from dataclasses import dataclass
 from transformers import PreTrainedTokenizerBase
 
 from grpo_core.contracts.rollout import Sampler, SamplingParams
-from grpo_core.data.answers import answers_match, extract_answer, format_reward, normalize_number
+from grpo_core.data.answer_formats import ANSWER_FORMATS, AnswerFormat
+from grpo_core.data.answers import normalize_number
 from grpo_core.data.tasks.base import Problem, Task
 from grpo_core.model.config import EvalConfig
 from grpo_core.model.policy import format_prompt
@@ -31,6 +32,9 @@ class MetricRow:
     n: int
 
 
+GSM8K = ANSWER_FORMATS["gsm8k"]
+
+
 def pass_at_k(n: int, c: int, k: int) -> float:
     """Unbiased Pass@K from n samples with c correct: 1 - C(n-c, k) / C(n, k), product form."""
     if not 0 <= c <= n or not 1 <= k <= n:
@@ -40,26 +44,29 @@ def pass_at_k(n: int, c: int, k: int) -> float:
     return 1.0 - math.prod(1.0 - k / i for i in range(n - c + 1, n + 1))
 
 
-def majority_answer(answers: Sequence[str | None]) -> str | None:
-    """Most voted normalised answer; ties go to the answer voted first; None if nobody voted."""
-    votes = [normalize_number(a) for a in answers if a is not None]
-    if not votes:
+def majority_answer(
+    answers: Sequence[str | None], canonical: Callable[[str], str] = normalize_number
+) -> str | None:
+    """The most voted answer, votes grouped by `canonical` (answers stating the same value
+    count together); ties go to the group voted first; its first answer as stated; None if
+    nobody voted."""
+    stated = [a for a in answers if a is not None]
+    if not stated:
         return None
-    counts = Counter(votes)
+    keys = [canonical(a) for a in stated]
+    counts = Counter(keys)
     top = max(counts.values())
-    return next(v for v in votes if counts[v] == top)
+    return next(a for a, key in zip(stated, keys, strict=True) if counts[key] == top)
 
 
 def maj_at_k(
-    answers: Sequence[str | None],
-    gold: str,
-    k: int,
-    match: Callable[[str | None, str], bool] = answers_match,
+    answers: Sequence[str | None], gold: str, k: int, answer_format: AnswerFormat = GSM8K
 ) -> float:
-    """1.0 when the majority answer of the first k samples matches `gold`, else 0.0."""
+    """1.0 when the majority answer of the first k samples equals `gold` in `answer_format`."""
     if not 1 <= k <= len(answers):
         raise ValueError(f"maj_at_k needs 1 <= k <= {len(answers)} samples (got k={k})")
-    return float(match(majority_answer(answers[:k]), gold))
+    winner = majority_answer(answers[:k], answer_format.canonical)
+    return float(winner is not None and answer_format.equal(gold, winner))
 
 
 def _mean_se(values: Sequence[float]) -> tuple[float, float]:
@@ -108,14 +115,15 @@ def evaluate_policy(
         1,
         [float(task.is_correct(p, t)) for p, t in zip(problems, greedy.texts, strict=True)],
     )
-    add("greedy_format_rate", 1, [format_reward(t) for t in greedy.texts])
+    fmt = task.answer_format
+    add("greedy_format_rate", 1, [fmt.ends_with_answer(t) for t in greedy.texts])
     add("greedy_mean_length", 1, [float(len(c)) for c in greedy.completion_ids])
     correct = [
         [task.is_correct(p, sampled.texts[i * ns + j]) for j in range(ns)]
         for i, p in enumerate(problems)
     ]
     add("sampled_accuracy", 1, [sum(c) / ns for c in correct])
-    add("format_rate", 1, [format_reward(t) for t in sampled.texts], n * ns)
+    add("format_rate", 1, [fmt.ends_with_answer(t) for t in sampled.texts], n * ns)
     add("mean_length", 1, [float(len(c)) for c in sampled.completion_ids], n * ns)
     add("stop_rate", 1, [float(r == "stop") for r in sampled.finish_reasons], n * ns)
     for k in cfg.k_values():
@@ -123,13 +131,8 @@ def evaluate_policy(
         maj = []
         for i, p in enumerate(problems):
             texts = sampled.texts[i * ns : (i + 1) * ns]
-            answers = [extract_answer(t) for t in texts]
+            answers = [fmt.extract(t) for t in texts]
             blocks = [answers[b : b + k] for b in range(0, ns - k + 1, k)]
-            maj.append(sum(_maj_block(task, p, blk) for blk in blocks) / len(blocks))
+            maj.append(sum(maj_at_k(blk, p.answer, k, fmt) for blk in blocks) / len(blocks))
         add("maj@k", k, maj)
     return rows
-
-
-def _maj_block(task: Task, problem: Problem, answers: Sequence[str | None]) -> float:
-    winner = majority_answer(answers)
-    return float(winner is not None and task.is_correct(problem, f"#### {winner}"))

@@ -11,6 +11,7 @@ import random
 import re
 from dataclasses import dataclass
 
+from grpo_core.data.answer_formats import ANSWER_FORMATS
 from grpo_core.data.answers import answers_match, extract_answer
 from grpo_core.data.reasoning_steps import split_steps
 from grpo_core.data.tasks.base import Problem, Split
@@ -61,6 +62,7 @@ class ArithTask:
     """Chains of `min_steps`..`max_steps` operations on operands 1..`operand_max`."""
 
     name = "arith"
+    answer_format = ANSWER_FORMATS["gsm8k"]
 
     def __init__(
         self,
@@ -128,7 +130,7 @@ class ArithTask:
         return self.solution(chain, wrong, rng.choice([-3, -2, -1, 1, 2, 3]))
 
     def is_correct(self, problem: Problem, completion: str) -> bool:
-        return answers_match(extract_answer(completion), problem.answer)
+        return self.answer_format.is_correct(problem.answer, completion)
 
     def step_labels(self, problem: Problem, completion: str) -> list[bool] | None:
         """Per step of `split_steps(completion)`: True when the step is right w.r.t. the question.

@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 from typing import Literal, Protocol
 
 from grpo_core.contracts.errors import UserError
+from grpo_core.data.answer_formats import AnswerFormat
 
 Split = Literal["train", "test"]
 
@@ -35,13 +36,14 @@ class Task(Protocol):
     """What the pipeline needs from a task (built-in `arith`, reasoning-gym, local files)."""
 
     name: str
+    answer_format: AnswerFormat  # how outputs state their final answer and how it is judged
 
     def problems(self, split: Split, n: int, seed: int) -> list[Problem]:
         """`n` problems of `split`, identical for the same (split, n, seed)."""
         ...
 
     def is_correct(self, problem: Problem, completion: str) -> bool:
-        """True when the completion's final `####` answer equals the gold answer."""
+        """True when the completion's final answer (in answer_format) equals the gold answer."""
         ...
 
     def step_labels(self, problem: Problem, completion: str) -> list[bool] | None:

@@ -33,11 +33,13 @@ from pathlib import Path
 from typing import Literal
 
 from grpo_core.contracts.errors import MissingPathError
-from grpo_core.data.answers import answers_match, extract_answer, normalize_number
+from grpo_core.data.answer_formats import ANSWER_FORMATS, AnswerFormat, last_boxed
+from grpo_core.data.answers import extract_answer, normalize_number
 from grpo_core.data.tasks.base import Problem, Split, TaskDataError
 from grpo_core.data.tasks.splits import split_of
 
 log = logging.getLogger(__name__)
+GSM8K = ANSWER_FORMATS["gsm8k"]
 OnBadRows = Literal["error", "skip"]
 _CALCULATOR = re.compile(r"<<[^>]*>>")
 _CANONICAL_NUMBER = re.compile(r"^-?\d+(\.\d+)?$")  # what normalize_number makes of a number
@@ -103,8 +105,9 @@ def _short(text: str, limit: int = 40) -> str:
     return repr(text if len(text) <= limit else text[:limit] + "...")
 
 
-def check_row(value: object) -> tuple[str, str, str] | str:
-    """(question, answer text, normalised gold) of a usable row, else what is wrong with it."""
+def check_row(value: object, answer_format: AnswerFormat = GSM8K) -> tuple[str, str, str] | str:
+    """(question, answer text, gold answer) of a usable row, else what is wrong with it. With
+    the `boxed` format the gold answer is the answer's last `\\boxed{}`, or the whole answer."""
     if not isinstance(value, dict):
         return f"not a JSON object (got {_json_kind(value)})"
     for key in ("question", "answer"):
@@ -117,6 +120,12 @@ def check_row(value: object) -> tuple[str, str, str] | str:
     question, answer = value["question"], value["answer"]
     if not question.strip():
         return "'question' is empty"
+    if answer_format is not GSM8K:
+        gold = last_boxed(answer) or answer.strip()
+        if not gold:
+            return "'answer' is empty"
+        problem = answer_format.check_gold(gold)
+        return f"gold answer {_short(gold)}: {problem}" if problem else (question, answer, gold)
     if "####" not in answer:
         return "answer has no '#### <answer>' line"
     gold = extract_answer(answer)
@@ -296,8 +305,10 @@ def _report_bad_rows(path: Path, bad: list[BadRow], total: int, on_bad_rows: OnB
     )
 
 
-def load_rows(path: str | Path, on_bad_rows: OnBadRows = "error") -> list[GoldRow]:
-    """Valid, de-duplicated problems of a local GSM8K-format file (see the module docstring)."""
+def load_rows(
+    path: str | Path, on_bad_rows: OnBadRows = "error", answer_format: AnswerFormat = GSM8K
+) -> list[GoldRow]:
+    """Valid, de-duplicated problems of a local file (see the module docstring)."""
     path = Path(path)
     if not path.is_file():
         raise MissingPathError(f"local_files path does not exist: {path}: fix task.path")
@@ -305,7 +316,7 @@ def load_rows(path: str | Path, on_bad_rows: OnBadRows = "error") -> list[GoldRo
     total = len(records) + len(bad)
     rows: list[GoldRow] = []
     for source, value in records:
-        checked = check_row(value)
+        checked = check_row(value, answer_format)
         if isinstance(checked, str):
             bad.append(BadRow(source, checked))
         else:
@@ -331,16 +342,19 @@ class LocalFilesTask:
         test_path: str | Path | None = None,
         test_fraction: float = 0.2,
         on_bad_rows: OnBadRows = "error",
+        answer_format: str = "gsm8k",
     ) -> None:
         self.name = f"local_files/{Path(path).name}"
-        rows = load_rows(path, on_bad_rows)
+        self.answer_format = ANSWER_FORMATS[answer_format]
+        rows = load_rows(path, on_bad_rows, self.answer_format)
         if test_path is None:
             self._rows: dict[Split, list[GoldRow]] = {
                 s: [r for r in rows if split_of(r.question, test_fraction) == s]
                 for s in ("train", "test")
             }
         else:
-            self._rows = {"train": rows, "test": load_rows(test_path, on_bad_rows)}
+            test = load_rows(test_path, on_bad_rows, self.answer_format)
+            self._rows = {"train": rows, "test": test}
 
     def problems(self, split: Split, n: int, seed: int) -> list[Problem]:
         """`n` problems of `split` in a seeded order (all of them, with a warning, if fewer)."""
@@ -360,7 +374,7 @@ class LocalFilesTask:
         ]
 
     def is_correct(self, problem: Problem, completion: str) -> bool:
-        return answers_match(extract_answer(completion), problem.answer)
+        return self.answer_format.is_correct(problem.answer, completion)
 
     def step_labels(self, problem: Problem, completion: str) -> list[bool] | None:
         return None

@@ -10,7 +10,7 @@ import hashlib
 import json
 from typing import Any
 
-from grpo_core.data.answers import answers_match, extract_answer
+from grpo_core.data.answer_formats import ANSWER_FORMATS
 from grpo_core.data.tasks.base import Problem, Split, TaskDataError
 from grpo_core.data.tasks.splits import split_of
 
@@ -47,6 +47,8 @@ def gold_solution(entry: dict[str, Any]) -> str | None:
 
 class ReasoningGymTask:
     """One reasoning-gym dataset; `rg_kwargs` are its generator options (e.g. `max_terms`)."""
+
+    answer_format = ANSWER_FORMATS["gsm8k"]
 
     def __init__(
         self, rg_task: str, rg_kwargs: dict[str, Any] | None = None, test_fraction: float = 0.2
@@ -91,10 +93,10 @@ class ReasoningGymTask:
         )
 
     def is_correct(self, problem: Problem, completion: str) -> bool:
-        pred = extract_answer(completion)
+        pred = self.answer_format.extract(completion)
         if pred is None:
             return False
-        if answers_match(pred, problem.answer):
+        if self.answer_format.equal(problem.answer, pred):
             return True
         entry = {
             "question": problem.question,

@@ -6,6 +6,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from grpo_core.data.answer_formats import ANSWER_FORMATS
 from grpo_core.data.tasks.base import Task
 
 
@@ -57,6 +58,15 @@ class TaskConfig(BaseModel):
         default=None,
         description="local_files: optional separate test file; else a hash split of path.",
     )
+    answer_format: str = Field(
+        default="gsm8k",
+        description="How outputs state their final answer and how it is judged "
+        "(grpo_core/data/answer_formats.py): 'gsm8k' (a last line '#### <answer>', compared as "
+        "numbers) or 'boxed' (the last \\boxed{...}, compared by math-verify: 1/2 = 0.5 = "
+        "\\frac12). arith and reasoning_gym state answers as gsm8k; local_files may be either "
+        "(boxed: the gold answer is the answer column's last \\boxed{}, or the whole answer).",
+        json_schema_extra=ANSWER_FORMATS.json_schema,
+    )
     on_bad_rows: Literal["error", "skip"] = Field(
         default="error",
         description="local_files: rows that fail the load-time check (invalid JSON, missing or "
@@ -74,6 +84,12 @@ class TaskConfig(BaseModel):
             raise ValueError(f"task.operators must be a subset of '+-*' (got {self.operators!r})")
         if self.name == "local_files" and not self.path:
             raise ValueError("task.path is required when task.name is 'local_files'")
+        ANSWER_FORMATS.check(self.answer_format)
+        if self.name != "local_files" and self.answer_format != "gsm8k":
+            raise ValueError(
+                f"task {self.name} states answers as '#### <answer>': set task.answer_format: "
+                f"gsm8k (got {self.answer_format!r}); boxed answers come from local_files"
+            )
         return self
 
 
@@ -92,4 +108,6 @@ def make_task(cfg: TaskConfig) -> Task:
     from grpo_core.data.tasks.local_files import LocalFilesTask
 
     assert cfg.path is not None
-    return LocalFilesTask(cfg.path, cfg.test_path, cfg.test_fraction, cfg.on_bad_rows)
+    return LocalFilesTask(
+        cfg.path, cfg.test_path, cfg.test_fraction, cfg.on_bad_rows, cfg.answer_format
+    )
