@@ -39,6 +39,7 @@ class RunContext:
     def __post_init__(self) -> None:
         self.engines = RolloutEngines(
             self.cfg.engines,
+            policy_dtype=self.cfg.policy.dtype,
             seed=self.cfg.run.seed,
             log_dir=self.store.run_dir(self.run_id) / "logs",
             scratch_dir=self.store.checkpoints_dir / self.run_id / "rollout-engine-sync",
@@ -84,11 +85,11 @@ class RunContext:
         return path
 
     def policy(self, k: int) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
-        """policy_k (the policy iteration k starts from) on the run's device."""
+        """policy_k (the policy iteration k starts from) on the run's device, in policy.dtype."""
         from flows.model_io import to_device
         from grpo_core.model.policy import load_policy
 
-        model, tokenizer = load_policy(self.require_checkpoint(POLICY, k))
+        model, tokenizer = load_policy(self.require_checkpoint(POLICY, k), self.cfg.policy.dtype)
         return to_device(model, self.device), tokenizer
 
     def sampler(
@@ -109,6 +110,7 @@ class RunContext:
         sharded = sharded_engine(
             self.cfg.cluster,
             self.cfg.run.device,
+            self.cfg.policy.dtype,
             self.threads,
             checkpoint,
             policy_iteration,

@@ -153,9 +153,11 @@ class LaunchedUpdater:
         model: PreTrainedModel,
         policy_dir: Path,
         jobs_dir: Path,
+        policy_dtype: str = "float32",
     ) -> None:
         require_deepspeed(deepspeed)
         self.algo, self.deepspeed, self.threads = grpo.algo, deepspeed, threads
+        self.policy_dtype = policy_dtype
         self.total_steps = grpo_total_steps(grpo)
         self.model = model
         self.reference_dir = policy_dir if grpo.algo.beta > 0 else None
@@ -189,6 +191,7 @@ class LaunchedUpdater:
             deepspeed=ds,
             total_steps=self.total_steps,
             seed=seed,
+            policy_dtype=self.policy_dtype,
             resume_from=None if self.state_dir is None else str(self.state_dir),
             save_state=True,
         )
@@ -242,10 +245,13 @@ def build_policy_updater(
     reference: nn.Module | None,
     policy_dir: Path,
     jobs_dir: Path,
+    policy_dtype: str,
 ) -> PolicyUpdater:
     """The GRPO stage's update path for engines.train and engines.deepspeed: in this process,
-    or through the deepspeed launcher (jobs under `jobs_dir`) when engines.launched."""
+    or through the deepspeed launcher (jobs under `jobs_dir`, ranks loading the policy in
+    `policy_dtype`) when engines.launched."""
     if engines.launched:
-        return LaunchedUpdater(grpo, engines.deepspeed, threads, model, policy_dir, jobs_dir)
+        deepspeed = engines.deepspeed
+        return LaunchedUpdater(grpo, deepspeed, threads, model, policy_dir, jobs_dir, policy_dtype)
     engine = build_policy_engine(engines, grpo, model)
     return InProcessUpdater(engine, grpo.algo, model, reference)

@@ -43,6 +43,7 @@ class ShardJob:
     weights into torch memory, as the stage's model is."""
 
     device: str
+    dtype: str  # policy.dtype
     threads: int | None
     policy_dir: str
     batch_size: int
@@ -90,10 +91,10 @@ _LOADED: dict[tuple[Any, ...], tuple[PreTrainedModel, PreTrainedTokenizerBase]] 
 def _policy(job: ShardJob) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
     path = Path(job.policy_dir)
     stat = os.stat(path)  # checkpoints are renamed into place: a rewrite changes inode/mtime
-    key = (str(path), stat.st_ino, stat.st_mtime_ns, job.device, job.copy_weights)
+    key = (str(path), stat.st_ino, stat.st_mtime_ns, job.device, job.dtype, job.copy_weights)
     if key not in _LOADED:
         _LOADED.clear()
-        model, tokenizer = load_policy(path)
+        model, tokenizer = load_policy(path, job.dtype)
         if job.copy_weights:
             with torch.no_grad():
                 for param in model.parameters():  # tied weights are one Parameter: copied once
@@ -164,6 +165,7 @@ class ShardedRolloutEngine:
         self,
         cluster: ClusterSection,
         device: str,
+        dtype: str,
         threads: int | None,
         policy_dir: Path,
         batch_size: int,
@@ -171,7 +173,7 @@ class ShardedRolloutEngine:
         name: str = "generate",
         copy_weights: bool = False,
     ) -> None:
-        self.shards, self.device, self.threads = cluster.shards, device, threads
+        self.shards, self.device, self.dtype, self.threads = cluster.shards, device, dtype, threads
         self.policy_dir, self.batch_size = policy_dir, batch_size
         self.runner, self.name, self.copy_weights = runner, name, copy_weights
 
@@ -185,6 +187,7 @@ class ShardedRolloutEngine:
         jobs = [
             ShardJob(
                 self.device,
+                self.dtype,
                 self.threads,
                 str(self.policy_dir),
                 self.batch_size,
@@ -207,6 +210,7 @@ class ShardedRolloutEngine:
 def sharded_engine(
     cluster: ClusterSection,
     device: str,
+    dtype: str,
     threads: int | None,
     policy_dir: Path,
     policy_iteration: int,
@@ -223,5 +227,5 @@ def sharded_engine(
     in_torch_memory = all(p.data_ptr() % 64 == 0 for p in model.parameters())
     runner = ray_runner(cluster, label)
     return ShardedRolloutEngine(
-        cluster, device, threads, policy_dir, batch_size, runner, label, in_torch_memory
+        cluster, device, dtype, threads, policy_dir, batch_size, runner, label, in_torch_memory
     )

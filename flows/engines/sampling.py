@@ -25,9 +25,15 @@ class RolloutEngines:
     (a second one, e.g. with other vLLM options, replaces it: GPU memory holds one)."""
 
     def __init__(
-        self, section: EnginesSection, *, seed: int, log_dir: Path, scratch_dir: Path
+        self,
+        section: EnginesSection,
+        *,
+        policy_dtype: str,
+        seed: int,
+        log_dir: Path,
+        scratch_dir: Path,
     ) -> None:
-        self.section, self.seed = section, seed
+        self.section, self.policy_dtype, self.seed = section, policy_dtype, seed
         self.log_dir, self.scratch_dir = log_dir, scratch_dir
         self._kept: RolloutEngine | None = None
         self._kept_key: tuple[str, bool] | None = None
@@ -53,6 +59,7 @@ class RolloutEngines:
             model=model,
             batch_size=batch_size,
             purpose=purpose,
+            dtype=self.policy_dtype,
             prefix_caching=caching,
             seed=self.seed,
             log_dir=self.log_dir,

@@ -19,7 +19,7 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 from flows.context import RunContext
 from flows.engines.policy_updaters import LAUNCH_JOBS, PolicyUpdater, build_policy_updater
 from flows.interrupts import INTERRUPT
-from flows.model_io import save_model, to_device
+from flows.model_io import save_model
 from flows.names import GRPO, GRPO_PROGRESS, POLICY, TRAIN_SPLIT
 from flows.progress import ProgressFn, log
 from flows.stages.results import StageResult, metric_rows
@@ -28,7 +28,7 @@ from grpo_core.contracts.rollout import RolloutEngine, Sampler
 from grpo_core.data.tasks.base import Problem
 from grpo_core.engines.gold_rollout import GoldSolutionRollout
 from grpo_core.engines.registry import ROLLOUT_ENGINES
-from grpo_core.model.policy import format_prompt, load_policy, load_weights_into
+from grpo_core.model.policy import format_prompt, load_weights_into
 from reward_models.config import RMKind
 from reward_models.grpo_reward import GRPORewarder, models_needed
 from reward_models.models import RewardModel
@@ -124,8 +124,7 @@ def _training_data(
     if cfg.grpo.data_source == "gold":  # preflight checked every problem has a solution
         solutions = {format_prompt(tokenizer, p.question): p.solution or "" for p in pool}
         return GoldSolutionRollout(tokenizer, solutions), None
-    policy_0 = load_policy(ctx.require_checkpoint(POLICY, 0))[0]
-    policy_0 = to_device(policy_0, ctx.device).eval().requires_grad_(False)
+    policy_0 = ctx.policy(0)[0].eval().requires_grad_(False)
     name, checkpoint = cfg.engines.rollout, ctx.checkpoint(POLICY, 0)
     engine = ctx.engines.engine(
         name, "grpo", checkpoint, policy_0, tokenizer, batch, show_progress=False
@@ -141,14 +140,13 @@ def grpo_stage(ctx: RunContext, iteration: int, progress: ProgressFn) -> StageRe
     model, tokenizer = ctx.policy(k)
     reference = None
     if algo.beta > 0:  # beta = 0 never loads the reference (no forward pass, no memory)
-        reference = to_device(load_policy(policy_dir)[0], ctx.device)
-        reference.eval().requires_grad_(False)
+        reference = ctx.policy(k)[0].eval().requires_grad_(False)
     reward_models = _load_reward_models(ctx, k)
     progress_dir = ctx.checkpoint(GRPO_PROGRESS, k)
     resumed = _resume_weights(progress_dir, model)
     jobs_dir = ctx.checkpoint(LAUNCH_JOBS, k)
     updater = build_policy_updater(
-        cfg.engines, g, ctx.threads, model, reference, policy_dir, jobs_dir
+        cfg.engines, g, ctx.threads, model, reference, policy_dir, jobs_dir, cfg.policy.dtype
     )
     start = 0
     sample_rows: list[dict[str, Any]] = []

@@ -61,10 +61,10 @@ class VLLMSettings(BaseModel):
         description="Python of the vLLM environment; empty: $ITERGRPO_VLLM_PYTHON, else "
         ".venv-vllm/bin/python in the repository (built by `make vllm-env`).",
     )
-    dtype: Literal["auto", "float32", "bfloat16", "float16"] = Field(
-        "auto",
-        description="vLLM compute dtype: auto (vLLM's choice: 16-bit on GPU), float32 (matches "
-        "the HF engine on CPU), bfloat16 or float16.",
+    dtype: Literal["policy", "auto", "float32", "bfloat16", "float16"] = Field(
+        "policy",
+        description="vLLM compute dtype: policy (policy.dtype, as every other copy of the "
+        "policy), auto (vLLM's choice: 16-bit on GPU), float32, bfloat16 or float16.",
     )
     in_grpo: bool = Field(
         True,

@@ -17,6 +17,7 @@ import subprocess
 import sys
 from collections.abc import Callable
 from pathlib import Path
+from typing import Literal
 
 import torch
 from pydantic import BaseModel, ConfigDict, Field
@@ -26,6 +27,7 @@ from torch import Tensor
 from grpo_core.algo.config import GRPOConfig
 from grpo_core.contracts.policy_batch import PolicyBatch
 from grpo_core.engines.config import DeepSpeedConfig
+from grpo_core.model.policy import DTYPES
 
 log = logging.getLogger(__name__)
 
@@ -59,6 +61,9 @@ class UpdateJob(BaseModel):
         default=None, ge=1, description="Optimizer steps of the whole run (cosine schedule)."
     )
     seed: int = Field(default=0, description="Seeds the row shuffling, identically on all ranks.")
+    policy_dtype: Literal["float32", "bfloat16", "float16"] = Field(
+        default="float32", description="The policy's dtype (policy.dtype): the ranks load it so."
+    )
     resume_from: str | None = Field(
         default=None, description="A state/ directory of an earlier job to continue from."
     )
@@ -157,9 +162,10 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("job_dir", type=Path)
     job_dir = parser.parse_args(argv).job_dir
     job = UpdateJob.model_validate_json((job_dir / JOB_FILE).read_text())
-    g, dtype = job.grpo, torch.bfloat16 if job.deepspeed.bf16 else torch.float32
+    g = job.grpo
+    dtype = DTYPES[job.policy_dtype]
     torch.manual_seed(job.seed)
-    model = AutoModelForCausalLM.from_pretrained(job.policy_dir, dtype=torch.float32)
+    model = AutoModelForCausalLM.from_pretrained(job.policy_dir, dtype=dtype)
     engine = DeepSpeedEngine(model, g.optimizer_settings(job.total_steps), job.deepspeed)
     if job.resume_from is not None:
         engine.load_checkpoint(Path(job.resume_from))
@@ -167,7 +173,8 @@ def main(argv: list[str] | None = None) -> None:
     if g.beta > 0:
         if job.reference_dir is None:
             raise ValueError(f"beta = {g.beta} > 0 needs reference_dir in {job_dir / JOB_FILE}")
-        reference = AutoModelForCausalLM.from_pretrained(job.reference_dir, dtype=dtype)
+        ref_dtype = torch.bfloat16 if job.deepspeed.bf16 else dtype  # DeepSpeed computes in it
+        reference = AutoModelForCausalLM.from_pretrained(job.reference_dir, dtype=ref_dtype)
         torch.nn.Module.to(reference, engine.device).eval().requires_grad_(False)
     tensors = {k: v.to(engine.device) for k, v in load_file(job_dir / BATCH_FILE).items()}
     batch = PolicyBatch(

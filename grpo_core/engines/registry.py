@@ -39,6 +39,7 @@ class RolloutRequest:
     model: PreTrainedModel | None = None
     batch_size: int = 256
     purpose: str = "sampling"  # the progress bar's title
+    dtype: str = "float32"  # the policy's dtype (policy.dtype): an engine's own copy holds it
     prefix_caching: bool = True  # share KV entries between samples of a prefix (vLLM)
     seed: int = 0  # an engine's own seed (vLLM's); each generate call still takes its own
     log_dir: Path | None = None  # where a worker process writes its log
@@ -87,7 +88,9 @@ def _build_hf(request: RolloutRequest, settings: None) -> RolloutEngine:
     from grpo_core.engines.hf_rollout import HFRolloutEngine
     from grpo_core.model.policy import load_policy
 
-    model = request.model if request.model is not None else load_policy(request.checkpoint_dir)[0]
+    model = request.model
+    if model is None:
+        model = load_policy(request.checkpoint_dir, request.dtype)[0]
     return HFRolloutEngine(
         model,
         request.tokenizer,
@@ -132,7 +135,7 @@ def _build_vllm(request: RolloutRequest, settings: VLLMSettings) -> RolloutEngin
         log_path = request.log_dir / "vllm-worker.log"
     return VLLMRolloutEngine(
         request.checkpoint_dir,
-        dtype=settings.dtype,
+        dtype=request.dtype if settings.dtype == "policy" else settings.dtype,
         seed=request.seed,
         llm_kwargs=llm_kwargs,
         python=find_vllm_python(settings.python),

@@ -33,7 +33,8 @@ CHAT_INSTRUCTION = (
     "{question}\n\nSolve it step by step, one step per line, and end with a final line "
     "'#### <answer>' giving only the number."
 )
-_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+# policy.dtype names and the torch dtypes they mean
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
 def build_char_tokenizer(alphabet: str = DEFAULT_ALPHABET) -> PreTrainedTokenizerFast:
@@ -91,7 +92,7 @@ def create_tiny_policy(cfg: PolicyConfig, tokenizer: PreTrainedTokenizerBase) ->
         torch.manual_seed(cfg.seed)
         model = LlamaForCausalLM(config)
     for param in model.parameters():
-        param.data = param.data.to(_DTYPES[cfg.dtype])
+        param.data = param.data.to(DTYPES[cfg.dtype])
     return model
 
 
@@ -125,7 +126,7 @@ def load_policy(
     with reading_checkpoint(path):
         tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True)
         model = AutoModelForCausalLM.from_pretrained(
-            path, local_files_only=True, dtype=_DTYPES[dtype]
+            path, local_files_only=True, dtype=DTYPES[dtype]
         )
     ensure_pad_token(tokenizer)
     return model, tokenizer

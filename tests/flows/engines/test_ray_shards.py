@@ -114,7 +114,7 @@ def test_sharded_engine_in_process_equals_the_hf_engine(
             prompts, 2, params, seed=5
         )
         sharded = ShardedRolloutEngine(
-            cfg.cluster, "cpu", 1, policy_dir, 4, runner, copy_weights=copy_weights
+            cfg.cluster, "cpu", "float32", 1, policy_dir, 4, runner, copy_weights=copy_weights
         )
         assert sharded.generate(prompts, 2, params, seed=5) == expected
     assert [(j.start, j.stop) for j in seen[0]] == [(0, 4), (4, 8), (8, 10)]
@@ -125,7 +125,9 @@ def test_cluster_section_is_validated(
 ) -> None:
     cfg = micro_config(tmp_path, "c", "cluster.ray_address=''")
     assert cfg.cluster.ray_address is None  # a cleared Prefect form field means no Ray
-    unset = ray_shards.sharded_engine(cfg.cluster, "cpu", 1, tmp_path, 0, policy[0], 8, "rollout")
+    unset = ray_shards.sharded_engine(
+        cfg.cluster, "cpu", "float32", 1, tmp_path, 0, policy[0], 8, "rollout"
+    )
     assert unset is None
     for address in ["local", "auto", "10.0.0.5:6379", "ray://head:10001"]:
         assert micro_config(tmp_path, "c", f"cluster.ray_address={address}").cluster.ray_address
