@@ -32,7 +32,8 @@ from grpo_core.contracts.rollout import RolloutBatch, Sampler, SamplingParams
 from grpo_core.data.reasoning_steps import split_steps
 from grpo_core.data.tasks.registry import make_task
 from grpo_core.engines.hf_rollout import HFRolloutEngine
-from grpo_core.model.policy import build_policy, format_prompt
+from grpo_core.model.policy import build_policy
+from grpo_core.model.prompts import Prompter
 from grpo_core.model.warm_start import warm_start
 from reward_models.config import LabellingConfig
 from reward_models.labelling import LabelledSample, PrmLabel, prm_labels_monte_carlo
@@ -69,7 +70,7 @@ def sample_outputs(
 ) -> list[LabelledSample]:
     """G outputs per test prompt from the policy, as the rollout stage would store them."""
     problems = task.problems("test", n_prompts, 1)
-    texts = [format_prompt(tokenizer, p.question) for p in problems]
+    texts = [Prompter(tokenizer)(p.question) for p in problems]
     batch = engine.generate(texts, GROUP, SamplingParams(max_new_tokens=max_new_tokens), seed=0)
     return [
         LabelledSample(

@@ -27,7 +27,7 @@ from grpo_core.algo.estimators import ADVANTAGE_ESTIMATORS, DataSource
 from grpo_core.data.tasks.registry import TaskConfig
 from grpo_core.engines.config import DeepSpeedConfig, VLLMSettings
 from grpo_core.engines.registry import ROLLOUT_ENGINES, TRAIN_ENGINES
-from grpo_core.model.config import EvalConfig, PolicyConfig, WarmStartConfig
+from grpo_core.model.config import EvalConfig, PolicyConfig, PromptConfig, WarmStartConfig
 from reward_models.config import LabellingConfig, RewardModelConfig
 from reward_models.parts import REWARD_PARTS, RewardWeights
 from storage.store import resolve_store_root
@@ -286,6 +286,7 @@ class ItergrpoConfig(_Section):
     store: StoreSection = Field(default_factory=StoreSection)
     task: TaskConfig = Field(default_factory=TaskConfig)
     policy: PolicyConfig = Field(default_factory=PolicyConfig)
+    prompt: PromptConfig = Field(default_factory=PromptConfig)
     warm_start: WarmStartConfig = Field(default_factory=WarmStartConfig)
     rollout: RolloutSection = Field(default_factory=RolloutSection)
     labelling: LabellingConfig = Field(default_factory=LabellingConfig)

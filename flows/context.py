@@ -25,6 +25,7 @@ if TYPE_CHECKING:
 
     from grpo_core.contracts.rollout import Sampler
     from grpo_core.data.tasks.base import Task
+    from grpo_core.model.prompts import Prompter
 
 
 @dataclass
@@ -91,6 +92,12 @@ class RunContext:
 
         model, tokenizer = load_policy(self.require_checkpoint(POLICY, k), self.cfg.policy.dtype)
         return to_device(model, self.device), tokenizer
+
+    def prompter(self, tokenizer: PreTrainedTokenizerBase) -> Prompter:
+        """The policy's input for a question: prompt.* and the task's answer instruction."""
+        from grpo_core.model.prompts import Prompter
+
+        return Prompter(tokenizer, self.cfg.prompt, self.task.answer_format.instruction)
 
     def sampler(
         self,

@@ -20,8 +20,8 @@ from grpo_core.model.policy import (
     build_char_tokenizer,
     encode_prompt,
     ensure_pad_token,
-    format_prompt,
 )
+from grpo_core.model.prompts import Prompter
 from grpo_core.model.smollm2 import default_cache_dir
 from storage.checkpoints import checkpoint_path
 
@@ -111,9 +111,9 @@ def _check_prompts(
         if policy is None:
             continue
         tokenizer, context = policy
+        prompter = Prompter(tokenizer, cfg.prompt, task.answer_format.instruction)
         tokens, longest = max(
-            (len(encode_prompt(tokenizer, format_prompt(tokenizer, p.question))), p.problem_id)
-            for p in problems
+            (len(encode_prompt(tokenizer, prompter(p.question))), p.problem_id) for p in problems
         )
         limits = [("the policy's context (max_position_embeddings)", context)]
         if rm_used:

@@ -139,12 +139,11 @@ def test_a_registered_reward_part_is_weighted_scored_and_kept_by_name(toy_part: 
     )
     weights = cfg.grpo.rewards
     assert weights.weights() == {
+        **{name: 0.0 for name in REWARD_PARTS},  # in summing order, the new part last
         "verifier": 1.0,
-        "format": 0.0,
-        "orm": 0.0,
-        "prm": 0.0,
         "brevity": 0.5,
     }
+    assert list(weights.weights())[-1] == "brevity"
     assert weights.options("brevity") == {"scale": 2.0}
     tok = build_char_tokenizer()
     texts = ["1+1=2\n#### 2", "#### 3"]

@@ -29,7 +29,7 @@ def policy_eval_rows(
     engine = ctx.sampler("evaluate", policy_iteration, model, tokenizer, cfg.rollout.batch_size)
     metrics = evaluate_policy(
         engine,
-        tokenizer,
+        ctx.prompter(tokenizer),
         ctx.task,
         problems,
         cfg.evaluation,

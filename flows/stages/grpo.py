@@ -28,7 +28,7 @@ from grpo_core.contracts.rollout import RolloutEngine, Sampler
 from grpo_core.data.tasks.base import Problem
 from grpo_core.engines.gold_rollout import GoldSolutionRollout
 from grpo_core.engines.registry import ROLLOUT_ENGINES
-from grpo_core.model.policy import format_prompt, load_weights_into
+from grpo_core.model.policy import load_weights_into
 from reward_models.config import RMKind
 from reward_models.grpo_reward import GRPORewarder, models_needed
 from reward_models.models import RewardModel
@@ -122,7 +122,8 @@ def _training_data(
         )
         return engine, None if ROLLOUT_ENGINES[name].shares_model else engine
     if cfg.grpo.data_source == "gold":  # preflight checked every problem has a solution
-        solutions = {format_prompt(tokenizer, p.question): p.solution or "" for p in pool}
+        prompter = ctx.prompter(tokenizer)
+        solutions = {prompter(p.question): prompter.gold_output(p.solution or "") for p in pool}
         return GoldSolutionRollout(tokenizer, solutions), None
     policy_0 = ctx.policy(0)[0].eval().requires_grad_(False)
     name, checkpoint = cfg.engines.rollout, ctx.checkpoint(POLICY, 0)
@@ -155,6 +156,7 @@ def grpo_stage(ctx: RunContext, iteration: int, progress: ProgressFn) -> StageRe
         start, sample_rows, metric_log = _resume_point(progress_dir, updater)
     pool = ctx.task.problems(TRAIN_SPLIT, g.steps * g.prompts_per_step, seed=ctx.seed(GRPO, k))
     sampler, follower = _training_data(ctx, k, model, tokenizer, pool)
+    prompter = ctx.prompter(tokenizer)
     updated = resumed  # the policy differs from what the sampling engine was given
     try:
         rewarder = GRPORewarder(
@@ -169,7 +171,7 @@ def grpo_stage(ctx: RunContext, iteration: int, progress: ProgressFn) -> StageRe
             if updated and follower is not None:  # the engine samples the updated policy
                 follower.receive_weights(updater.weights() or model.state_dict())
             problems = pool[step * g.prompts_per_step : (step + 1) * g.prompts_per_step]
-            prompts = [format_prompt(tokenizer, p.question) for p in problems]
+            prompts = [prompter(p.question) for p in problems]
             out = grpo_step(
                 prompts,
                 sampler,

@@ -8,7 +8,6 @@ from flows.names import POLICY, ROLLOUT, TRAIN_SPLIT
 from flows.progress import ProgressFn
 from flows.stages.results import StageResult, mean, metric_rows
 from grpo_core.contracts.rollout import SamplingParams
-from grpo_core.model.policy import format_prompt
 
 
 def rollout_stage(ctx: RunContext, iteration: int, progress: ProgressFn) -> StageResult:
@@ -17,7 +16,8 @@ def rollout_stage(ctx: RunContext, iteration: int, progress: ProgressFn) -> Stag
     model, tokenizer = ctx.policy(iteration)
     seed = ctx.seed(ROLLOUT, iteration)
     problems = task.problems(TRAIN_SPLIT, rollout.prompts, seed=seed)
-    prompts = [format_prompt(tokenizer, p.question) for p in problems]
+    prompter = ctx.prompter(tokenizer)
+    prompts = [prompter(p.question) for p in problems]
     params = SamplingParams(
         max_new_tokens=rollout.max_new_tokens,
         temperature=rollout.temperature,

@@ -25,7 +25,6 @@ from flows.progress import ProgressFn, log
 from flows.stages.results import StageResult, metric_rows
 from grpo_core.contracts.rollout import RolloutBatch, SamplingParams
 from grpo_core.data.tasks.base import Problem, Split, Task
-from grpo_core.model.policy import format_prompt
 from reward_models.config import RewardModelConfig, RMKind
 from reward_models.evaluate import EvalRow, best_of_n_rows, orm_eval_rows, prm_eval_rows
 from reward_models.labelling import LabelledSample, OrmLabel, PrmLabel
@@ -191,7 +190,8 @@ def _fresh_outputs(
     purpose = RM_EVAL if split == EVAL_SPLIT else f"{RM_EVAL}-{split}"
     seed = ctx.seed(purpose, k)
     problems = ctx.task.problems(split, rm_cfg.eval_prompts, seed=cfg.run.seed)
-    prompts = [format_prompt(tokenizer, p.question) for p in problems]
+    prompter = ctx.prompter(tokenizer)
+    prompts = [prompter(p.question) for p in problems]
     batch_size = cfg.rollout.batch_size
     engine = ctx.sampler("evaluate", k, model, tokenizer, batch_size, purpose)
     params = SamplingParams(max_new_tokens=g.max_new_tokens, temperature=g.algo.temperature)

@@ -27,7 +27,9 @@ def warm_start_stage(ctx: RunContext, iteration: int, progress: ProgressFn) -> S
         progress(0.0, "warm start (SFT)")
         ws = cfg.warm_start.model_copy(update={"seed": ctx.seed(WARM_START)})
         greedy = HFRolloutEngine(model, tokenizer, show_progress=False)
-        done = warm_start(model, tokenizer, ctx.task, ws, greedy_sampler=greedy)
+        done = warm_start(
+            model, tokenizer, ctx.task, ws, greedy_sampler=greedy, prompter=ctx.prompter(tokenizer)
+        )
         metrics = {k: float(v) for k, v in done.items()}
     save_model(ctx.checkpoint(POLICY, 0), model, tokenizer)
     progress(0.8, "evaluating policy_0")

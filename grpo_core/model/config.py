@@ -7,11 +7,69 @@ a second.
 from __future__ import annotations
 
 import string
-from typing import Literal
+from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 DEFAULT_ALPHABET = string.digits + string.ascii_letters + string.punctuation + " \n"
+
+
+def _prompt_styles_schema(schema: dict[str, Any]) -> None:
+    from grpo_core.model.prompts import PROMPT_STYLES
+
+    PROMPT_STYLES.json_schema(schema)
+
+
+class PromptConfig(BaseModel):
+    """How a question becomes the policy's input (grpo_core/model/prompts.py)."""
+
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
+
+    style: str = Field(
+        default="steps",
+        description="Named prompt style: 'steps' (solve step by step, one step per line, then "
+        "the answer as the task's answer format asks: '#### x' or \\boxed{x}) or 'r1' "
+        "(DeepSeek-R1-Zero: reasoning inside <think>...</think>, then the answer; reward the "
+        "format with grpo.rewards.think_format).",
+        json_schema_extra=_prompt_styles_schema,
+    )
+    template: str | None = Field(
+        default=None,
+        description="Instead of the style's: the user turn when the chat template is used, else "
+        "the whole prompt; must contain {question}, may contain {answer_instruction} (the task "
+        "format's, e.g. \"put the final answer in \\boxed{}\"). Empty: the style's.",
+    )
+    system: str | None = Field(
+        default=None,
+        description="System prompt (a system turn with the chat template, else a first "
+        "paragraph). Empty: the style's (none for the built-in styles).",
+    )
+    chat_template: Literal["auto", "never"] = Field(
+        default="auto",
+        description="auto: use the tokenizer's chat template when it has one (a chat model); "
+        "never: the plain template, for a base model whose tokenizer ships a chat template.",
+    )
+
+    @field_validator("style")
+    @classmethod
+    def _registered_style(cls, name: str) -> str:
+        from grpo_core.model.prompts import PROMPT_STYLES
+
+        return PROMPT_STYLES.check(name)
+
+    @field_validator("template")
+    @classmethod
+    def _template_fields(cls, template: str | None) -> str | None:
+        if not template:
+            return None
+        fields = {f for _, f, _, _ in string.Formatter().parse(template) if f is not None}
+        if "question" not in fields or fields - {"question", "answer_instruction"}:
+            raise ValueError(
+                "prompt.template must contain {question} and no other {field} than "
+                f"{{answer_instruction}} (got fields {sorted(fields)}); write a literal brace "
+                "as {{ or }}"
+            )
+        return template
 
 
 class PolicyConfig(BaseModel):

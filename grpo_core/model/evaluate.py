@@ -11,14 +11,11 @@ from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from transformers import PreTrainedTokenizerBase
-
 from grpo_core.contracts.rollout import Sampler, SamplingParams
 from grpo_core.data.answer_formats import ANSWER_FORMATS, AnswerFormat
 from grpo_core.data.answers import normalize_number
 from grpo_core.data.tasks.base import Problem, Task
 from grpo_core.model.config import EvalConfig
-from grpo_core.model.policy import format_prompt
 
 
 @dataclass(frozen=True)
@@ -80,7 +77,7 @@ def _mean_se(values: Sequence[float]) -> tuple[float, float]:
 
 def evaluate_policy(
     engine: Sampler,
-    tokenizer: PreTrainedTokenizerBase,
+    prompter: Callable[[str], str],
     task: Task,
     problems: list[Problem],
     cfg: EvalConfig,
@@ -93,7 +90,7 @@ def evaluate_policy(
     Correctness uses `task.is_correct`.
     """
     problems = problems[: cfg.n_prompts]
-    prompts = [format_prompt(tokenizer, p.question) for p in problems]
+    prompts = [prompter(p.question) for p in problems]
     greedy = engine.generate(
         prompts, 1, SamplingParams(cfg.max_new_tokens, temperature=0.0), seed=seed
     )

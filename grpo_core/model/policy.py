@@ -28,11 +28,6 @@ from grpo_core.model.config import DEFAULT_ALPHABET, PolicyConfig
 
 log = logging.getLogger(__name__)
 
-PLAIN_PROMPT = "Q: {question}\nA:\n"
-CHAT_INSTRUCTION = (
-    "{question}\n\nSolve it step by step, one step per line, and end with a final line "
-    "'#### <answer>' giving only the number."
-)
 # policy.dtype names and the torch dtypes they mean
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -161,17 +156,6 @@ def build_policy(cfg: PolicyConfig) -> tuple[PreTrainedModel, PreTrainedTokenize
     from grpo_core.model.smollm2 import smollm2_path
 
     return load_policy(smollm2_path(cfg.cache_dir), cfg.dtype)
-
-
-def format_prompt(tokenizer: PreTrainedTokenizerBase, question: str) -> str:
-    """Model input for `question`: the chat template (user turn asking for `#### <answer>`,
-    generation prompt added) when the tokenizer has one, else `Q: {question}\\nA:\\n`."""
-    if getattr(tokenizer, "chat_template", None):
-        messages = [{"role": "user", "content": CHAT_INSTRUCTION.format(question=question)}]
-        text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
-        assert isinstance(text, str)
-        return text
-    return PLAIN_PROMPT.format(question=question)
 
 
 def encode_prompt(tokenizer: PreTrainedTokenizerBase, prompt: str) -> list[int]:

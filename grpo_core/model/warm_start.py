@@ -12,6 +12,7 @@ import math
 import random
 import re
 import time
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -22,7 +23,8 @@ from grpo_core.contracts.numerics import require_finite
 from grpo_core.contracts.rollout import Sampler, SamplingParams
 from grpo_core.data.tasks.base import Problem, Task
 from grpo_core.model.config import WarmStartConfig
-from grpo_core.model.policy import encode_prompt, ensure_pad_token, format_prompt
+from grpo_core.model.policy import encode_prompt, ensure_pad_token
+from grpo_core.model.prompts import Prompter
 
 log = logging.getLogger(__name__)
 _LAST_NUMBER = re.compile(r"-?\d+(?!.*\d)")
@@ -90,11 +92,13 @@ def warm_start(
     cfg: WarmStartConfig,
     progress: bool = True,
     greedy_sampler: Sampler | None = None,
+    prompter: Prompter | None = None,
 ) -> dict[str, Any]:
     """SFT `model` in place on `task`'s train split; metrics: steps, seconds, loss, and the
     greedy accuracy of `greedy_sampler` (a rollout engine over `model`) when one is given
     and cfg.eval_prompts > 0."""
     ensure_pad_token(tokenizer)
+    prompt = prompter or Prompter(tokenizer)
     rng = random.Random(cfg.seed)
     problems = task.problems("train", cfg.steps * cfg.batch_size, cfg.seed)
     if not problems:
@@ -115,8 +119,8 @@ def warm_start(
         ]
         batch = sft_batch(
             tokenizer,
-            [format_prompt(tokenizer, p.question) for p in chunk],
-            [training_text(task, p, cfg.error_rate, rng) for p in chunk],
+            [prompt(p.question) for p in chunk],
+            [prompt.gold_output(training_text(task, p, cfg.error_rate, rng)) for p in chunk],
         )
         for group in optimizer.param_groups:
             group["lr"] = _lr_at(step, cfg)
@@ -141,7 +145,7 @@ def warm_start(
     if cfg.eval_prompts and greedy_sampler is not None:
         metrics["greedy_accuracy"] = greedy_accuracy(
             greedy_sampler,
-            tokenizer,
+            prompt,
             task,
             task.problems("test", cfg.eval_prompts, cfg.seed),
             cfg.max_new_tokens,
@@ -152,14 +156,14 @@ def warm_start(
 
 def greedy_accuracy(
     sampler: Sampler,
-    tokenizer: PreTrainedTokenizerBase,
+    prompter: Callable[[str], str],
     task: Task,
     problems: list[Problem],
     max_new_tokens: int = 64,
 ) -> float:
     """Share of `problems` whose greedy completion by `sampler` is correct."""
     batch = sampler.generate(
-        [format_prompt(tokenizer, p.question) for p in problems],
+        [prompter(p.question) for p in problems],
         1,
         SamplingParams(max_new_tokens=max_new_tokens, temperature=0.0),
         seed=0,

@@ -14,7 +14,8 @@ from flows.runtime import derive_seed
 from grpo_core.contracts.rollout import SamplingParams
 from grpo_core.data.tasks.registry import make_task
 from grpo_core.engines.hf_rollout import HFRolloutEngine
-from grpo_core.model.policy import format_prompt, load_policy
+from grpo_core.model.policy import load_policy
+from grpo_core.model.prompts import Prompter
 from storage.checkpoints import checkpoint_path
 from storage.store import RunStore
 from tests.flow_helpers import micro_config
@@ -51,7 +52,7 @@ def test_rft_trains_on_correct_samples_of_policy_0_in_every_iteration(tmp_path: 
     pool = make_task(cfg.task).problems(
         TRAIN_SPLIT, g.steps * g.prompts_per_step, seed=derive_seed(cfg.run.seed, GRPO, 1)
     )
-    prompts = [format_prompt(tokenizer, p.question) for p in pool[: g.prompts_per_step]]
+    prompts = [Prompter(tokenizer)(p.question) for p in pool[: g.prompts_per_step]]
     params = SamplingParams(max_new_tokens=g.max_new_tokens, temperature=g.algo.temperature)
     want = HFRolloutEngine(policy_0, tokenizer, batch_size=cfg.rollout.batch_size).generate(
         prompts, g.group_size, params, seed=derive_seed(cfg.run.seed, GRPO, 1, 0)

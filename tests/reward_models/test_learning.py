@@ -27,7 +27,8 @@ from grpo_core.data.tasks.arith import ArithTask
 from grpo_core.data.tasks.base import Split
 from grpo_core.engines.hf_rollout import HFRolloutEngine
 from grpo_core.model.config import PolicyConfig, WarmStartConfig
-from grpo_core.model.policy import build_policy, format_prompt
+from grpo_core.model.policy import build_policy
+from grpo_core.model.prompts import Prompter
 from grpo_core.model.warm_start import warm_start
 from reward_models.config import LabellingConfig, RewardModelConfig
 from reward_models.evaluate import auroc, majority_baseline, prm_eval_rows
@@ -82,7 +83,7 @@ def sample(
     Completion ids are re-tokenized from the text, as the label stage reads rollouts back.
     """
     problems = TASK.problems(split, n_prompts, seed)
-    prompts = [format_prompt(tokenizer, p.question) for p in problems]
+    prompts = [Prompter(tokenizer)(p.question) for p in problems]
     params = SamplingParams(max_new_tokens=MAX_NEW_TOKENS, temperature=1.0)
     batch = engine.generate(prompts, GROUP, params, seed)
     return [

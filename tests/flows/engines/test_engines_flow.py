@@ -342,9 +342,9 @@ def test_worker_reloads_tied_policies_and_samples_many_seeded_prompts(tmp_path: 
     from grpo_core.model.policy import (
         build_char_tokenizer,
         create_tiny_policy,
-        format_prompt,
         load_policy,
     )
+    from grpo_core.model.prompts import Prompter
 
     def save(path: Path, seed: int) -> Path:
         tok = build_char_tokenizer()
@@ -373,7 +373,7 @@ def test_worker_reloads_tied_policies_and_samples_many_seeded_prompts(tmp_path: 
             if worker.checkpoint_dir != checkpoint:
                 worker.reload(checkpoint)
             model, tok = load_policy(checkpoint)
-            prompts = [format_prompt(tok, q) for q in ("3", "3+4-2", "12*7", "What is 9-4?")]
+            prompts = [Prompter(tok)(q) for q in ("3", "3+4-2", "12*7", "What is 9-4?")]
             hf = HFRolloutEngine(model, tok, show_progress=False).generate(prompts, 1, params, 0)
             got = worker.generate(prompts, 1, params, seed=0)
             assert got.completion_ids == hf.completion_ids, checkpoint.name
@@ -382,7 +382,7 @@ def test_worker_reloads_tied_policies_and_samples_many_seeded_prompts(tmp_path: 
         assert len(set(hf.texts)) > 1  # a real comparison: the prompts' outputs differ
         # More prompt tokens than one engine step takes (2048): with chunked prefill vLLM
         # rewinds seeded generators, which fails on CPU; the worker prefills whole prompts.
-        long = [format_prompt(tok, "+".join(str(i + j) for j in range(14))) for i in range(48)]
+        long = [Prompter(tok)("+".join(str(i + j) for j in range(14))) for i in range(48)]
         assert sum(len(tok(p)["input_ids"]) for p in long) > 2048
         batch = worker.generate(long, 2, SamplingParams(max_new_tokens=4), seed=7)
         assert len(batch) == 96 and batch.prompt_index == [i // 2 for i in range(96)]

@@ -31,9 +31,9 @@ from grpo_core.model.config import PolicyConfig
 from grpo_core.model.policy import (
     build_char_tokenizer,
     create_tiny_policy,
-    format_prompt,
     load_policy,
 )
+from grpo_core.model.prompts import Prompter
 from storage.checkpoints import checkpoint_path
 from storage.store import RunStore
 from tests.flow_helpers import micro_config, snapshot
@@ -80,7 +80,7 @@ def test_row_slices_at_batch_boundaries_are_the_rows_of_the_whole_call(
 ) -> None:
     model, tok = policy
     engine = HFRolloutEngine(model, tok, batch_size=4, show_progress=False)
-    prompts = [format_prompt(tok, q) for q in QUESTIONS]
+    prompts = [Prompter(tok)(q) for q in QUESTIONS]
     params = SamplingParams(max_new_tokens=20, temperature=temperature)
     whole = engine.generate(prompts, 3, params, seed=11)
     parts = [
@@ -107,7 +107,7 @@ def test_sharded_engine_in_process_equals_the_hf_engine(
         seen.append(jobs)
         return run_shards_in_process(prompts, jobs)
 
-    prompts = [format_prompt(tok, q) for q in QUESTIONS]
+    prompts = [Prompter(tok)(q) for q in QUESTIONS]
     params = SamplingParams(max_new_tokens=20, temperature=1.0, top_p=0.9)
     for stage_model, copy_weights in [(model, True), (loaded, False)]:
         expected = HFRolloutEngine(stage_model, tok, batch_size=4, show_progress=False).generate(

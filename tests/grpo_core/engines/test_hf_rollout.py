@@ -6,7 +6,8 @@ from grpo_core.contracts.rollout import SamplingParams
 from grpo_core.engines import hf_rollout as rollout
 from grpo_core.engines.hf_rollout import HFRolloutEngine, sample_tokens
 from grpo_core.model.config import PolicyConfig
-from grpo_core.model.policy import build_char_tokenizer, create_tiny_policy, format_prompt
+from grpo_core.model.policy import build_char_tokenizer, create_tiny_policy
+from grpo_core.model.prompts import Prompter
 
 QUESTIONS = ["3", "3+4-2", "1+2-3+4-5+6-7+8-9+1-2+3-4+5-6"]  # very different prompt lengths
 
@@ -22,7 +23,7 @@ def policy() -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
 
 
 def prompts(tok: PreTrainedTokenizerBase) -> list[str]:
-    return [format_prompt(tok, q) for q in QUESTIONS]
+    return [Prompter(tok)(q) for q in QUESTIONS]
 
 
 def recomputed_logprobs(

@@ -23,9 +23,9 @@ from grpo_core.model.config import PolicyConfig
 from grpo_core.model.policy import (
     build_char_tokenizer,
     create_tiny_policy,
-    format_prompt,
     load_policy,
 )
+from grpo_core.model.prompts import Prompter
 
 
 def _vllm_missing() -> str:
@@ -82,7 +82,7 @@ def engine(checkpoints: tuple[Path, Path]) -> Iterator[VLLMRolloutEngine]:
 
 
 def prompts(tok: PreTrainedTokenizerBase) -> list[str]:
-    return [format_prompt(tok, q) for q in QUESTIONS]
+    return [Prompter(tok)(q) for q in QUESTIONS]
 
 
 def full_forward_logprobs(

