@@ -7,17 +7,13 @@ a second.
 from __future__ import annotations
 
 import string
-from typing import Any, Literal
+from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from grpo_core.model.prompt_styles import PROMPT_STYLES
+
 DEFAULT_ALPHABET = string.digits + string.ascii_letters + string.punctuation + " \n"
-
-
-def _prompt_styles_schema(schema: dict[str, Any]) -> None:
-    from grpo_core.model.prompts import PROMPT_STYLES
-
-    PROMPT_STYLES.json_schema(schema)
 
 
 class PromptConfig(BaseModel):
@@ -31,7 +27,7 @@ class PromptConfig(BaseModel):
         "the answer as the task's answer format asks: '#### x' or \\boxed{x}) or 'r1' "
         "(DeepSeek-R1-Zero: reasoning inside <think>...</think>, then the answer; reward the "
         "format with grpo.rewards.think_format).",
-        json_schema_extra=_prompt_styles_schema,
+        json_schema_extra=PROMPT_STYLES.json_schema,
     )
     template: str | None = Field(
         default=None,
@@ -53,8 +49,6 @@ class PromptConfig(BaseModel):
     @field_validator("style")
     @classmethod
     def _registered_style(cls, name: str) -> str:
-        from grpo_core.model.prompts import PROMPT_STYLES
-
         return PROMPT_STYLES.check(name)
 
     @field_validator("template")
