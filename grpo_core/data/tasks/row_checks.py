@@ -87,7 +87,8 @@ def _string(row: dict[str, object], name: str, required: bool, numbers: bool = F
     if numbers and isinstance(value, int | float) and not isinstance(value, bool):
         return str(value)
     if not isinstance(value, str):
-        raise _Bad(f"'{name}' must be a string (got {_json_kind(value)})")
+        kinds = "a string or a number" if numbers else "a string"
+        raise _Bad(f"'{name}' must be {kinds} (got {_json_kind(value)})")
     return value
 
 
