@@ -59,6 +59,7 @@ def layout_of(raw: RawData, data_format: str, columns: ColumnMap, answer_format:
     """The layout of `raw`: the named data format or the one its columns show (`auto`), the
     user's column mapping over the format's columns, and the answer format (`auto`: the data
     format's). A mapped column the data lacks is an error naming the field and its columns."""
+    _check_mapped(raw, columns)
     if data_format == AUTO:
         found = recognise(raw.columns, columns)
         if isinstance(found, str):
@@ -70,17 +71,18 @@ def layout_of(raw: RawData, data_format: str, columns: ColumnMap, answer_format:
     return Layout(chosen, resolve_columns(chosen, columns, raw.columns), ANSWER_FORMATS[name])
 
 
-def _check_columns(raw: RawData, layout: Layout, mapped: ColumnMap) -> None:
-    """A column the user mapped must be in the data; a table must have the columns every row
-    needs (JSON rows name what they lack row by row)."""
-    if not raw.columns:
-        return  # no rows: reported as such
+def _check_mapped(raw: RawData, mapped: ColumnMap) -> None:
+    """Each column the user mapped is in the data (data without rows is reported as such)."""
     for role, name in mapped.items():
-        if name is not None and not has_column(raw.columns, name):
+        if name is not None and raw.columns and not has_column(raw.columns, name):
             raise TaskDataError(
                 f"task.columns.{role} is {name!r}, which is not a column of {raw.origin} "
                 f"(it has {raw.columns}): set it to one of them"
             )
+
+
+def _check_table_columns(raw: RawData, layout: Layout) -> None:
+    """A table has the columns every row needs (JSON rows name what they lack row by row)."""
     cols = layout.columns
     needed = [cols.question, *[c for c in (cols.solution, cols.answer) if c][:1]]
     missing = [c for c in needed if not has_column(raw.columns, c)]
@@ -92,11 +94,9 @@ def _check_columns(raw: RawData, layout: Layout, mapped: ColumnMap) -> None:
         )
 
 
-def check_rows(
-    raw: RawData, layout: Layout, mapped: ColumnMap, on_bad_rows: OnBadRows = "error"
-) -> list[GoldRow]:
+def check_rows(raw: RawData, layout: Layout, on_bad_rows: OnBadRows = "error") -> list[GoldRow]:
     """Valid, de-duplicated problems of one split of the data (see row_checks.py)."""
-    _check_columns(raw, layout, mapped)
+    _check_table_columns(raw, layout)
     wanted = [*layout.columns.named().values(), *layout.data_format.meta]
     selected = list(dict.fromkeys(c.split(".", 1)[0] for c in wanted))
     records, bad = raw.rows([c for c in selected if c in raw.columns])
@@ -135,7 +135,7 @@ def load_rows(
     """Valid problems of one file or single-split dataset (see the module docstring)."""
     raw = _one_split(read_data(Path(path), file_reader, "task.path"), Path(path), "task.path")
     layout = layout_of(raw, data_format, columns or {}, answer_format)
-    return check_rows(raw, layout, columns or {}, on_bad_rows)
+    return check_rows(raw, layout, on_bad_rows)
 
 
 def _one_split(splits: dict[str | None, RawData], path: Path, field: str) -> RawData:
@@ -196,7 +196,7 @@ class LocalFilesTask:
             layout.columns.named(),
             layout.answer_format.name,
         )
-        rows = check_rows(train_raw, layout, mapped, on_bad_rows)
+        rows = check_rows(train_raw, layout, on_bad_rows)
         if test_raw is None:
             self._rows: dict[Split, list[GoldRow]] = {
                 s: [r for r in rows if split_of(r.question, test_fraction) == s]
@@ -204,7 +204,7 @@ class LocalFilesTask:
             }
             return
         test_layout = layout_of(test_raw, layout.data_format.name, mapped, answer_format)
-        test = check_rows(test_raw, test_layout, mapped, on_bad_rows)
+        test = check_rows(test_raw, test_layout, on_bad_rows)
         seen = {r.question.strip() for r in rows}
         shared = sum(r.question.strip() in seen for r in test)
         if shared:
