@@ -259,9 +259,13 @@ def _read_with_datasets(path: Path, builder: str | None) -> dict[str | None, Raw
                 )
     except (datasets.exceptions.DatasetsError, pa.ArrowException, OSError, ValueError) as err:
         cause = err.__cause__ or err
+        fix = (
+            "point it at a save_to_disk folder or a folder of data files"
+            if builder is None
+            else "fix the file (task.file_reader: itergrpo names each bad line of JSON lines)"
+        )
         raise TaskDataError(
-            f"{path}: datasets cannot read it ({type(cause).__name__}: {cause}); point "
-            "task.path at a save_to_disk folder, a folder of data files or a data file"
+            f"{path}: datasets cannot read it ({type(cause).__name__}: {cause}); {fix}"
         ) from err
     if isinstance(loaded, datasets.Dataset):
         return {None: _dataset_split(str(path), loaded)}

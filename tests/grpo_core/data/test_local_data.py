@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
+import pyarrow.csv as pa_csv
 import pyarrow.parquet as pq
 import pytest
 from datasets import Dataset, DatasetDict
@@ -210,21 +211,35 @@ def test_a_folder_of_data_files_is_split_by_file_name(tmp_path: Path) -> None:
     assert len(problems(task, "train")) == 9
 
 
-def test_a_folder_datasets_cannot_read_is_a_task_data_error(tmp_path: Path) -> None:
+def test_data_datasets_cannot_read_is_a_task_data_error_naming_the_fix(tmp_path: Path) -> None:
     (tmp_path / "empty").mkdir()
-    with pytest.raises(TaskDataError, match=r"empty: datasets cannot read it"):
+    with pytest.raises(TaskDataError, match=r"empty: datasets cannot read it .*folder of data"):
         local(tmp_path / "empty")
+    path = tmp_path / "broken.jsonl"
+    path.write_text(json.dumps(MATH_ROWS[0]) + "\n{oops\n")
+    with pytest.raises(
+        TaskDataError, match=r"broken\.jsonl: datasets cannot read it \(ArrowInvalid"
+    ):
+        local(path, file_reader="datasets")
+    with pytest.raises(TaskDataError, match=r"broken\.jsonl:2: invalid JSON"):
+        local(path)  # itergrpo names the line
 
 
-@pytest.mark.parametrize("suffix", ["parquet", "json", "jsonl"])
+@pytest.mark.parametrize("suffix", ["parquet", "json", "jsonl", "csv", "arrow"])
 def test_files_read_with_datasets_name_bad_rows_by_row(tmp_path: Path, suffix: str) -> None:
     rows = [dict(r) for r in MATH_ROWS]
     rows[3]["solution"] = "\\boxed{??}"
     path = tmp_path / f"math.{suffix}"
+    table = pa.Table.from_pylist(rows)
     if suffix == "parquet":
-        pq.write_table(pa.Table.from_pylist(rows), path)
+        pq.write_table(table, path)
     elif suffix == "json":
         path.write_text(json.dumps(rows, indent=2))
+    elif suffix == "csv":
+        pa_csv.write_csv(table, path)
+    elif suffix == "arrow":
+        with pa.OSFile(str(path), "wb") as sink, pa.ipc.new_stream(sink, table.schema) as out:
+            out.write_table(table)
     else:
         write_jsonl(path, rows)
     with pytest.raises(TaskDataError) as err:
