@@ -132,40 +132,41 @@ def load_rows(
     columns: ColumnMap | None = None,
     file_reader: FileReader = "itergrpo",
 ) -> list[GoldRow]:
-    """Valid problems of one file or single-split dataset (see the module docstring)."""
-    raw = _one_split(read_data(Path(path), file_reader, "task.path"), Path(path), "task.path")
+    """Valid problems of one file or dataset (a DatasetDict: its train split)."""
+    splits = read_data(Path(path), file_reader, "task.path")
+    raw = _one_split(splits, Path(path), "task.path", "train")
     layout = layout_of(raw, data_format, columns or {}, answer_format)
     return check_rows(raw, layout, on_bad_rows)
 
 
-def _one_split(splits: dict[str | None, RawData], path: Path, field: str) -> RawData:
-    """The data of a single-split path; of a DatasetDict, its `train` split (`test` for
-    task.test_path)."""
-    name = "test" if field == "task.test_path" else "train"
+def _one_split(splits: dict[str | None, RawData], path: Path, field: str, split: str) -> RawData:
+    """The data of a single-split path; of a DatasetDict, its split `split`."""
     if None in splits:
         return splits[None]
-    if name not in splits:
+    if split not in splits:
         raise TaskDataError(
-            f"{field} {path} has splits {sorted(str(s) for s in splits)} and no '{name}' split: "
-            f"point {field} at the one to use (a save_to_disk DatasetDict keeps each split in "
-            "its own folder, DIR/<split>)"
+            f"{field} {path} has splits {sorted(str(s) for s in splits)} and no '{split}' "
+            f"split: point {field} at the one to use (a save_to_disk DatasetDict keeps each "
+            "split in its own folder, DIR/<split>)"
         )
-    return splits[name]
+    return splits[split]
 
 
 def _train_and_test(
     path: Path, test_path: str | Path | None, file_reader: FileReader
 ) -> tuple[RawData, RawData | None]:
     """The training data, and the test data when there is any: `test_path`'s, else the data's
-    own `test` split (other splits are not used), else None (a hash split)."""
+    own `test` split, else None (a hash split). Other splits are not used (logged)."""
     splits = read_data(path, file_reader, "task.path")
-    train = _one_split(splits, path, "task.path")
-    ignored = sorted(str(s) for s in splits if s not in (None, "train", "test"))
-    if ignored:
-        log.info("%s: splits %s are not used (train and test are)", path, ignored)
+    train = _one_split(splits, path, "task.path", "train")
+    unused = {str(s) for s in splits if s not in (None, "train", "test")}
+    if test_path is not None and "test" in splits:
+        unused.add("test (task.test_path is the test split)")
+    if unused:
+        log.info("%s: splits not used: %s", path, ", ".join(sorted(unused)))
     if test_path is not None:
         test_splits = read_data(Path(test_path), file_reader, "task.test_path")
-        return train, _one_split(test_splits, Path(test_path), "task.test_path")
+        return train, _one_split(test_splits, Path(test_path), "task.test_path", "test")
     return train, splits.get("test")
 
 

@@ -168,6 +168,9 @@ def test_a_saved_dataset_dict_uses_its_own_train_and_test_splits(tmp_path: Path)
     assert task.answer_format.name == "boxed"
     assert set(problems(task, "train")) == {r["problem"] for r in train}
     assert set(problems(task, "test")) == {r["problem"] for r in test}
+    other = write_jsonl(tmp_path / "other.jsonl", extra)  # task.test_path comes first
+    task = local(tmp_path / "d", test_path=str(other))
+    assert set(problems(task, "test")) == {"a validation question"}
 
 
 def test_a_saved_dataset_is_hash_split_and_its_bad_rows_named_by_row(tmp_path: Path) -> None:
