@@ -221,7 +221,7 @@ def _read_parquet(path: Path) -> RawData:
 
 @contextlib.contextmanager
 def _quiet_datasets() -> Iterator[None]:
-    """No progress bars from `datasets` while it reads (a pre-flight check prints one line)."""
+    """No progress bars from `datasets` while it reads: the pre-flight output stays readable."""
     import datasets
 
     shown = not datasets.are_progress_bars_disabled()

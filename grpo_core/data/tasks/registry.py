@@ -149,7 +149,7 @@ class TaskConfig(BaseModel):
         if self.name != "local_files" and self.answer_format not in (AUTO, "gsm8k"):
             raise ValueError(
                 f"task {self.name} states answers as '#### <answer>': set task.answer_format: "
-                f"gsm8k (got {self.answer_format!r}); boxed answers come from local_files"
+                f"auto or gsm8k (got {self.answer_format!r}); boxed answers come from local_files"
             )
         return self
 
