@@ -115,6 +115,20 @@ def test_a_math_answer_column_is_the_gold_answer_where_a_row_has_one(tmp_path: P
     assert got["p5"].solution is None and got["p1"].solution == "so \\boxed{2/4}"
 
 
+def test_bare_answers_in_a_gsm8k_layout_are_read_once_mapped_as_the_answer(
+    tmp_path: Path,
+) -> None:
+    """GSM8K's 'answer' column is a worked solution; bare final answers there are an answer
+    column, and the mapping says so."""
+    rows = [{"question": f"q{i}", "answer": f"\\frac{{{i}}}{{7}}"} for i in range(1, 6)]
+    path = write_jsonl(tmp_path / "bare.jsonl", rows)
+    with pytest.raises(TaskDataError, match=r"(?s)bare\.jsonl: 5 bad rows.*:1: 'answer' states no"):
+        local(path, answer_format="boxed")
+    task = local(path, answer_format="boxed", columns={"answer": "answer"})
+    assert {p.answer for p in everything(task).values()} == {r["answer"] for r in rows}
+    assert task.is_correct(everything(task)["q1"], "\\boxed{1/7}")
+
+
 def test_problems_and_answers_alone_are_a_math_dataset(tmp_path: Path) -> None:
     rows = [{"problem": f"q{i}", "answer": f"{i}^2"} for i in range(6)]
     task = local(write_jsonl(tmp_path / "aime.jsonl", rows))
