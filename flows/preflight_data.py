@@ -11,8 +11,9 @@ from transformers import AutoTokenizer, PreTrainedTokenizerBase
 
 from flows.config import ItergrpoConfig
 from flows.errors import PreflightError
-from flows.names import EVAL_SPLIT, POLICY, TRAIN_SPLIT
+from flows.names import EVAL_SPLIT, POLICY, TRAIN_SPLIT, WARM_START
 from flows.progress import log
+from flows.runtime import derive_seed
 from grpo_core.data.tasks.base import Split, Task
 from grpo_core.data.tasks.registry import make_task
 from grpo_core.model.config import PolicyConfig
@@ -40,6 +41,26 @@ def check_policy_and_data(cfg: ItergrpoConfig) -> None:
                 f"problem {unsolved[0].problem_id!r} has none: use a task with gold solutions, "
                 "or another grpo.data_source"
             )
+    _check_warm_start_solutions(cfg, task)
+
+
+def _check_warm_start_solutions(cfg: ItergrpoConfig, task: Task) -> None:
+    """Warm start trains on the gold solutions of the problems it draws (local data may have
+    final answers only): each must have one, unless policy_0 is stored already."""
+    stored = checkpoint_path(cfg.store.resolved_root(), cfg.run.run_id or "", POLICY, 0)
+    if not cfg.run.warm_start or (stored / "config.json").is_file():
+        return
+    ws = cfg.warm_start
+    drawn = task.problems(
+        TRAIN_SPLIT, ws.steps * ws.batch_size, derive_seed(cfg.run.seed, WARM_START)
+    )
+    unsolved = next((p for p in drawn if not p.solution), None)
+    if unsolved is not None:
+        raise PreflightError(
+            f"run.warm_start trains on gold solutions, but task {task.name} problem "
+            f"{unsolved.problem_id!r} has none: map a solution column (task.columns.solution), "
+            "or set run.warm_start: false"
+        )
 
 
 def _policy_tokenizer(cfg: ItergrpoConfig) -> tuple[PreTrainedTokenizerBase, int] | None:

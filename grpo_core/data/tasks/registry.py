@@ -2,12 +2,45 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from grpo_core.data.answer_formats import ANSWER_FORMATS
 from grpo_core.data.tasks.base import Task
+from grpo_core.data.tasks.data_formats import AUTO, DATA_FORMATS
+
+
+def _with_auto(names: Callable[[], list[str]]) -> Callable[[dict[str, Any]], None]:
+    """Pydantic `json_schema_extra`: `auto` and a registry's names as the field's choices."""
+
+    def extra(schema: dict[str, Any]) -> None:
+        schema["enum"] = [AUTO, *names()]
+
+    return extra
+
+
+class TaskColumns(BaseModel):
+    """Which column of local data holds each part of a problem; unset: the data format's."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    question: str | None = Field(
+        default=None, description="The question (gsm8k: 'question'; math: 'problem')."
+    )
+    solution: str | None = Field(
+        default=None,
+        description="The worked solution, trained on by warm start and read for the gold "
+        "answer when there is no answer column (gsm8k: 'answer', ending '#### <number>'; "
+        "math: 'solution', its last \\boxed{}).",
+    )
+    answer: str | None = Field(
+        default=None,
+        description="The final answer alone, used as the gold answer when a row has it "
+        "(gsm8k: none; math: 'answer' when the data has it). A dotted name "
+        "(reward_model.ground_truth) reads a field of a struct column, for every role.",
+    )
 
 
 class TaskConfig(BaseModel):
@@ -18,7 +51,8 @@ class TaskConfig(BaseModel):
     name: Literal["arith", "reasoning_gym", "local_files"] = Field(
         default="arith",
         description="arith: built-in arithmetic chains; reasoning_gym: a reasoning-gym dataset "
-        "(needs itergrpo[real]); local_files: GSM8K-format jsonl/parquet on local disk.",
+        "(needs itergrpo[real]); local_files: GSM8K- or MATH-format data on local disk "
+        "(jsonl/json/parquet files or a datasets folder; docs/data.md).",
     )
     min_steps: int = Field(
         default=2, ge=1, le=20, description="arith: fewest operations per chain (1-20)."
@@ -52,26 +86,50 @@ class TaskConfig(BaseModel):
         description="reasoning_gym: generator options, e.g. {'min_terms': 2, 'max_terms': 2}.",
     )
     path: str | None = Field(
-        default=None, description="local_files: jsonl/parquet file with question/answer columns."
+        default=None,
+        description="local_files: a .jsonl/.json(.gz)/.parquet file, or a folder written by "
+        "datasets' save_to_disk (a Dataset, or a DatasetDict whose train/test splits are used) "
+        "or holding data files that datasets.load_dataset reads (splits by file name).",
     )
     test_path: str | None = Field(
         default=None,
-        description="local_files: optional separate test file; else a hash split of path.",
+        description="local_files: optional test data (a file or folder); else the data's own "
+        "test split, else a hash split of path by test_fraction.",
+    )
+    data_format: str = Field(
+        default=AUTO,
+        description="local_files: the data's format, which gives its default columns and "
+        "answer format: "
+        + "; ".join(f"{name}: {f.description}" for name, f in DATA_FORMATS.items())
+        + ". auto: the format whose columns the data has.",
+        json_schema_extra=_with_auto(DATA_FORMATS.names),
+    )
+    columns: TaskColumns = Field(
+        default_factory=TaskColumns,
+        description="local_files: the column of each part of a problem, where the data names "
+        "them otherwise than its format (task.columns.question: prompt).",
+    )
+    file_reader: Literal["itergrpo", "datasets"] = Field(
+        default="itergrpo",
+        description="local_files: who reads a file. itergrpo: .jsonl/.json(.gz)/.parquet, bad "
+        "rows named FILE:LINE; datasets: datasets.load_dataset (also .csv, .arrow), rows named "
+        "FILE row N. Folders are always read with datasets.",
     )
     answer_format: str = Field(
-        default="gsm8k",
+        default=AUTO,
         description="How outputs state their final answer and how it is judged "
         "(grpo_core/data/answer_formats.py): 'gsm8k' (a last line '#### <answer>', compared as "
         "numbers) or 'boxed' (the last \\boxed{...}, compared by math-verify: 1/2 = 0.5 = "
-        "\\frac12). arith and reasoning_gym state answers as gsm8k; local_files may be either "
-        "(boxed: the gold answer is the answer column's last \\boxed{}, or the whole answer).",
-        json_schema_extra=ANSWER_FORMATS.json_schema,
+        "\\frac12). auto: the task's own; arith and reasoning_gym state answers as gsm8k; "
+        "local_files as its data format does (gsm8k: gsm8k, math: boxed).",
+        json_schema_extra=_with_auto(ANSWER_FORMATS.names),
     )
     on_bad_rows: Literal["error", "skip"] = Field(
         default="error",
-        description="local_files: rows that fail the load-time check (invalid JSON, missing or "
-        "empty question/answer, no numeric '#### <answer>', one question with two gold answers). "
-        "error: stop before the run and list them by file:line; skip: drop them with a warning.",
+        description="local_files: rows that fail the load-time check (invalid JSON, a missing or "
+        "empty question or solution, no gold answer its answer format can read, one question "
+        "with two gold answers). error: stop before the run and list them by file:line or "
+        "row; skip: drop them with a warning.",
     )
 
     @model_validator(mode="after")
@@ -84,11 +142,14 @@ class TaskConfig(BaseModel):
             raise ValueError(f"task.operators must be a subset of '+-*' (got {self.operators!r})")
         if self.name == "local_files" and not self.path:
             raise ValueError("task.path is required when task.name is 'local_files'")
-        ANSWER_FORMATS.check(self.answer_format)
-        if self.name != "local_files" and self.answer_format != "gsm8k":
+        if self.answer_format != AUTO:
+            ANSWER_FORMATS.check(self.answer_format)
+        if self.data_format != AUTO:
+            DATA_FORMATS.check(self.data_format)
+        if self.name != "local_files" and self.answer_format not in (AUTO, "gsm8k"):
             raise ValueError(
                 f"task {self.name} states answers as '#### <answer>': set task.answer_format: "
-                f"gsm8k (got {self.answer_format!r}); boxed answers come from local_files"
+                f"auto or gsm8k (got {self.answer_format!r}); boxed answers come from local_files"
             )
         return self
 
@@ -109,5 +170,12 @@ def make_task(cfg: TaskConfig) -> Task:
 
     assert cfg.path is not None
     return LocalFilesTask(
-        cfg.path, cfg.test_path, cfg.test_fraction, cfg.on_bad_rows, cfg.answer_format
+        cfg.path,
+        cfg.test_path,
+        cfg.test_fraction,
+        cfg.on_bad_rows,
+        cfg.answer_format,
+        cfg.data_format,
+        cfg.columns.model_dump(),
+        cfg.file_reader,
     )

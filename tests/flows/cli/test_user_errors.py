@@ -52,6 +52,7 @@ def _local_task(path: Path) -> list[str]:
 
 
 GOOD_ROW = json.dumps({"question": "What is 1+1?", "answer": "1+1=2\n#### 2"})
+ANSWERS_ONLY = [json.dumps({"problem": f"What is {i}+1?", "answer": str(i + 1)}) for i in range(20)]
 
 CASES: dict[str, tuple[Case, str]] = {
     "missing policy path": (
@@ -87,6 +88,17 @@ CASES: dict[str, tuple[Case, str]] = {
     "a split with no problems": (
         lambda tmp, store: _local_task(_jsonl(tmp, [GOOD_ROW])),
         "problems: give it more data",
+    ),
+    "local data without solutions, with warm start": (
+        lambda tmp, store: _local_task(_jsonl(tmp, ANSWERS_ONLY)),
+        "run.warm_start trains on gold solutions, but task local_files/data.jsonl problem",
+    ),
+    "a mapped column the data lacks": (
+        lambda tmp, store: [
+            *_local_task(_jsonl(tmp, ANSWERS_ONLY)),
+            *("--set", "task.columns.question=prompt"),
+        ],
+        "task.columns.question is 'prompt', which is not a column of",
     ),
     "store is a file": (
         lambda tmp, store: ["--store", str(tmp / "file")],
