@@ -25,6 +25,9 @@ from typing import Any
 log = logging.getLogger(__name__)
 
 DEFAULT_TIMEOUT_S = 5.0
+# The worker's start-up (Python and math-verify's imports) is not a request: on a loaded
+# machine it takes seconds, and counting it would time out the first comparison.
+STARTUP_TIMEOUT_S = 120.0
 
 
 class MathVerifyTimeout(Exception):
@@ -94,13 +97,22 @@ class MathVerifier:
 
     def _running(self) -> subprocess.Popen[str]:
         if self._process is None or self._process.poll() is not None:
-            self._process = subprocess.Popen(
+            process = subprocess.Popen(
                 [sys.executable, "-m", "grpo_core.data.math_worker"],
                 stdin=subprocess.PIPE,
                 stdout=subprocess.PIPE,
                 text=True,
                 env={**os.environ, "PYTHONPATH": _our_path()},
             )
+            assert process.stdout is not None
+            ready, _, _ = select.select([process.stdout], [], [], STARTUP_TIMEOUT_S)
+            if not ready or json.loads(process.stdout.readline() or "{}").get("ready") is not True:
+                process.kill()
+                raise RuntimeError(
+                    f"the math-verify worker did not start within {STARTUP_TIMEOUT_S:.0f} s "
+                    f"(exit code {process.poll()}): is math-verify installed?"
+                )
+            self._process = process
         return self._process
 
     def _stop(self) -> None:

@@ -70,6 +70,10 @@ def main() -> None:
     import logging
 
     logging.disable(logging.WARNING)  # math-verify warns on every parse without a timeout
+    import math_verify  # noqa: F401  (loaded before "ready": start-up is not a request's time)
+
+    sys.stdout.write(json.dumps({"ready": True}) + "\n")
+    sys.stdout.flush()
     for line in sys.stdin:
         try:
             reply = answer(json.loads(line))
