@@ -61,7 +61,7 @@ def test_missing_previous_checkpoint_is_an_error_naming_the_path(tmp_path: Path)
     policy, tokenizer = tiny_policy()
     missing = tmp_path / "checkpoints" / "rm_orm" / "iter-0"
     with pytest.raises(FileNotFoundError, match=str(missing)):
-        load_or_init_reward_model(missing, policy, "orm", tokenizer)
+        load_or_init_reward_model(missing, policy, "orm", tokenizer=tokenizer)
 
 
 def test_previous_checkpoint_of_the_other_kind_is_rejected(tmp_path: Path) -> None:
@@ -73,8 +73,8 @@ def test_previous_checkpoint_of_the_other_kind_is_rejected(tmp_path: Path) -> No
 
 def test_without_previous_checkpoint_a_fresh_seeded_head_is_made() -> None:
     policy, tokenizer = tiny_policy()
-    a = load_or_init_reward_model(None, policy, "orm", tokenizer, seed=2)
-    b = load_or_init_reward_model(None, policy, "orm", tokenizer, seed=2)
+    a = load_or_init_reward_model(None, policy, "orm", tokenizer=tokenizer, seed=2)
+    b = load_or_init_reward_model(None, policy, "orm", tokenizer=tokenizer, seed=2)
     assert torch.equal(a.net.score.weight, b.net.score.weight)
 
 
