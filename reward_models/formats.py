@@ -21,7 +21,7 @@ from grpo_core.contracts.registry import Registry
 
 # Class-name endings of transformers models, by the head they carry.
 CLASSIFIERS = ("ForSequenceClassification", "ForTokenClassification")
-CAUSAL_LM = ("ForCausalLM",)
+CAUSAL_LM = ("ForCausalLM", "LMHeadModel")
 
 
 @dataclass(frozen=True)

@@ -31,6 +31,7 @@ AUTO_CLASSES: dict[str, Any] = {
     "ForSequenceClassification": AutoModelForSequenceClassification,
     "ForTokenClassification": AutoModelForTokenClassification,
     "ForCausalLM": AutoModelForCausalLM,
+    "LMHeadModel": AutoModelForCausalLM,  # GPT-2's name for a causal LM
 }
 
 
