@@ -39,7 +39,8 @@ def parse_override(text: str) -> tuple[str, Any]:
     if not key:
         raise ConfigError(f"--set {text!r}: empty key")
     value = yaml.safe_load(raw) if raw.strip() else None
-    if isinstance(value, str):
+    quoted = raw.strip()[:1] in ("'", '"')  # '2' is the string 2 (a token, say)
+    if isinstance(value, str) and not quoted:
         # YAML 1.1 reads 1e-5 (no dot) as a string; a number is what was meant.
         with contextlib.suppress(ValueError):
             value = float(value) if value.strip().lower() not in ("nan", "inf", "-inf") else value

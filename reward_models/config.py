@@ -237,11 +237,12 @@ class RewardModelConfig(BaseModel):
         if isinstance(data, dict) and (data.keys() & REPLACED_BY_SOURCES):
             given = [f"reward_models.{k}" for k in REPLACED_BY_SOURCES if k in data]
             now = migrate_replaced_fields(data)
+            orm, prm = (now[k].get("source", POLICY_SOURCE) for k in ("orm", "prm"))
             raise ValueError(
                 f"{', '.join(given)} {'was' if len(given) == 1 else 'were'} replaced by "
                 "reward_models.orm.source and "
-                f"reward_models.prm.source: use orm: {{source: {now['orm']['source']}}}, prm: "
-                f"{{source: {now['prm']['source']}}} (init: path -> the directory; prm_init: "
+                f"reward_models.prm.source: use orm: {{source: {orm}}}, prm: {{source: {prm}}} "
+                "(init: path -> the directory; prm_init: "
                 "orm -> prm.source: orm)"
             )
         return data

@@ -209,7 +209,13 @@ def check_source(
                 f"{where}.source {path} (max_position_embeddings {context}): lower max_length"
             )
         tokenizer = load_tokenizer(path, where)
-        vocab_size = int(config.vocab_size) if hasattr(config, "vocab_size") else None
+        vocab_size = getattr(config, "vocab_size", None)
+        if vocab_size is not None and len(tokenizer) > vocab_size:
+            raise SettingError(
+                f"{where}.source {path}: its tokenizer has {len(tokenizer)} tokens, more than "
+                f"the model's vocabulary of {vocab_size}, so it is not the model's own: save "
+                "the tokenizer the model was trained with beside it"
+            )
     if tokenizer is None:
         return
     try:
