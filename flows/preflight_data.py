@@ -25,6 +25,7 @@ from grpo_core.model.policy import (
 )
 from grpo_core.model.smollm2 import default_cache_dir
 from reward_models.config import RMKind
+from reward_models.models import META_FILE
 from reward_models.sources import check_source
 from storage.checkpoints import checkpoint_path
 
@@ -51,7 +52,10 @@ def _check_reward_models(cfg: ItergrpoConfig, policy: PreTrainedTokenizerBase | 
     (from its config and tokenizer; reward_models/sources.py)."""
     rms = cfg.reward_models
     kinds: tuple[RMKind, ...] = (ORM, PRM)
+    root, run_id = cfg.store.resolved_root(), cfg.run.run_id or ""
     for kind in [k for k in kinds if rms.uses(k)]:
+        if (checkpoint_path(root, run_id, kind, 0) / META_FILE).is_file():
+            continue  # RM_0 is in the store: a resumed run never reads the source again
         check_source(rms.settings(kind), kind, policy, rms.max_length)
 
 

@@ -5,6 +5,7 @@ replay, reward GRPO, resume after kills to the same rows, or stay frozen (micro 
 from __future__ import annotations
 
 import json
+import shutil
 import signal
 from pathlib import Path
 
@@ -94,6 +95,8 @@ def test_pretrained_rms_train_reward_grpo_and_a_killed_run_resumes_to_the_same_r
     )
     assert first.returncode == -signal.SIGKILL, first.stderr[-2000:]
     assert ("train_rm", 1) not in committed(store, "pre")
+    # RM_0 of both kinds is in the store: the sources are never read again, not even checked.
+    shutil.rmtree(tmp_path / "models")
     second = cli(store, "resume", "pre", fault="SIGKILL@grpo:1:2")
     assert second.returncode == -signal.SIGKILL, second.stderr[-2000:]
     final = cli(store, "resume", "pre")
