@@ -113,8 +113,9 @@ class RewardModel(nn.Module):
         tokenizer: PreTrainedTokenizerBase | None = None,
         seed: int = 0,
     ) -> RewardModel:
-        """A fresh scalar_head RM: the backbone of a policy (model or local dir) under a new
-        head drawn from `seed`, with the policy's tokenizer (a directory's own by default)."""
+        """A scalar_head RM: the backbone of a policy (model or local dir) under a new head
+        drawn from `seed`, with the policy's tokenizer (a directory's own by default). A
+        directory holding a scalar_head RM (the ORM a PRM starts from) keeps its head."""
         torch.manual_seed(seed)
         if isinstance(policy, PreTrainedModel):
             if tokenizer is None:

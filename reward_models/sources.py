@@ -67,7 +67,7 @@ def check_architecture(arch: str, labels: int, spec: RMFormat, where: str, sourc
         raise SettingError(
             f"{where}.format is {spec.name}, which puts a new head on a backbone, but "
             f"{where}.source {source} is a {arch} with its own head (num_labels {labels}): "
-            f"{fix} to read that head"
+            f"{fix + ' to read that head' if fitting else 'give its backbone without the head'}"
         )
     if not arch.endswith(spec.architectures):
         wanted = " or ".join(f"*{a}" for a in spec.architectures)

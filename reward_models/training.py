@@ -197,7 +197,7 @@ def check_training_mix(examples: Sequence[RMExample], iteration: int) -> None:
 
 def load_or_init_reward_model(
     prev_dir: str | Path | None,
-    init_source: str | Path | PreTrainedModel,
+    init_source: str | Path | PreTrainedModel | None,
     kind: RMKind,
     settings: RewardModelSettings | None = None,
     tokenizer: PreTrainedTokenizerBase | None = None,
@@ -219,13 +219,16 @@ def load_or_init_reward_model(
                 f"reward model at {prev_dir} is a {model.format}, expected a {settings.format}"
             )
         return model
-    torch.manual_seed(seed)  # a new head is drawn from it
-    if settings.source == ORM_SOURCE:
-        return RewardModel.load(Path(str(init_source))).as_kind(kind)
+    if init_source is None:
+        raise ValueError(f"a new {kind} (no previous checkpoint) needs its source")
     if settings.spec.new_head:
         return RewardModel.from_policy(init_source, kind, tokenizer, seed)
     if isinstance(init_source, PreTrainedModel):
         raise ValueError(f"format {settings.format} starts from a checkpoint directory")
+    # Seeded like a new head: the global generator leaves the stage in the same state.
+    torch.manual_seed(seed)
+    if settings.source == ORM_SOURCE:
+        return RewardModel.load(init_source).as_kind(kind)
     return RewardModel.from_checkpoint(init_source, kind, settings.format, settings.tokens)
 
 

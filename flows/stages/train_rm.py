@@ -141,8 +141,8 @@ def _train_one(
     settings = rm_cfg.settings(kind)
     prev = ctx.checkpoint(kind, iteration - 1) if iteration > 0 else None
     seed = ctx.seed(rm_cfg.seed, TRAIN_RM, kind, iteration)
-    start = None if prev is not None else _initial_source(ctx, kind, iteration)
-    model = load_or_init_reward_model(prev, start or "", kind, settings, seed=seed)
+    start = _initial_source(ctx, kind, iteration) if prev is None else None
+    model = load_or_init_reward_model(prev, start, kind, settings, seed=seed)
     model.to(ctx.device)
     if not settings.train:
         save_reward_model(ctx.checkpoint(kind, iteration), model)
