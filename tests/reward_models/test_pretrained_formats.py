@@ -15,14 +15,19 @@ from transformers import (
     AutoModelForCausalLM,
     AutoModelForSequenceClassification,
     AutoModelForTokenClassification,
+    PreTrainedModel,
 )
 
+from flows.config_files import load_config
 from grpo_core.contracts.errors import SettingError
 from grpo_core.model.policy import build_char_tokenizer
 from reward_models.config import RewardModelConfig, RewardModelSettings, RMKind
+from reward_models.formats import CLASSIFIERS, RM_FORMATS, RMFormat, register_rm_format
+from reward_models.heads import classifier_outputs
 from reward_models.labelling import OrmLabel, PrmLabel
 from reward_models.models import RewardModel
 from reward_models.scoring import score_outcome, score_steps
+from reward_models.sources import check_source
 from reward_models.training import (
     RMExample,
     SampleText,
@@ -210,3 +215,46 @@ def test_tokens_the_model_cannot_read_are_refused_naming_the_field(
     with pytest.raises(SettingError, match=message):
         rm = RewardModel.from_checkpoint(path, "prm", "step_tag", tokens)
         score_steps(rm, PROMPTS, COMPLETIONS)
+
+
+def _negated_scalar(
+    net: PreTrainedModel,
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor,
+    position_ids: torch.Tensor | None,
+    read_ids: tuple[int, ...],
+) -> torch.Tensor:
+    return -classifier_outputs(net, input_ids, attention_mask, position_ids)[..., 0]
+
+
+def test_a_format_registered_from_user_code_is_configured_checked_and_scored(
+    tmp_path: Path,
+) -> None:
+    """docs/reward-models.md's extension: a classifier whose logit means 'wrong'."""
+    fmt = RMFormat(
+        name="wrongness",
+        description="a one-logit classifier scoring how wrong an output is",
+        logits=_negated_scalar,
+        architectures=CLASSIFIERS,
+        num_labels=1,
+    )
+    register_rm_format(fmt)
+    try:
+        path = classifier(tmp_path / "a")
+        cfg = load_config(
+            "micro", [f"reward_models.orm.source={path}", "reward_models.orm.format=wrongness"]
+        )
+        check_source(cfg.reward_models.orm, "orm", None, cfg.reward_models.max_length)
+        with pytest.raises(SettingError, match=r"set reward_models\.prm\.format: two_class"):
+            check_source(
+                RewardModelSettings(source=str(two_class(tmp_path / "c")), format="wrongness"),
+                "prm",
+                None,
+                512,
+            )
+        wrong = RewardModel.from_checkpoint(path, "orm", "wrongness")
+        plain = RewardModel.from_checkpoint(path, "orm", "classifier")
+        got = score_outcome(wrong, PROMPTS, COMPLETIONS)
+        assert torch.allclose(got, 1 - score_outcome(plain, PROMPTS, COMPLETIONS), atol=1e-6)
+    finally:
+        RM_FORMATS.remove("wrongness")
