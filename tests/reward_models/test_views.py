@@ -12,7 +12,6 @@ from grpo_core.contracts.errors import SettingError
 from grpo_core.data.reasoning_steps import step_end_token_indices, step_spans
 from grpo_core.model.policy import build_char_tokenizer
 from reward_models.views import CompletionView, RMEncoder, completion_view, tokens_holding
-from tests.reward_models.test_step_alignment import gpt2_style_bpe
 from tests.rm_checkpoints import rm_tokenizer
 
 CHAR = build_char_tokenizer()
@@ -75,7 +74,7 @@ def _completion(lines: list[tuple[str, str, str]]) -> str:
     return "\n".join(a + b + c for a, b, c in lines)
 
 
-TOKENIZERS = {"char": CHAR, "rm-bpe": rm_tokenizer(), "gpt2-bpe": gpt2_style_bpe()}
+TOKENIZERS = {"char": CHAR, "rm-bpe": rm_tokenizer()}
 
 
 @pytest.mark.parametrize("name", list(TOKENIZERS))
