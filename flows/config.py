@@ -303,10 +303,10 @@ class ItergrpoConfig(_Section):
         rewards, rms = self.grpo.rewards, self.reward_models
         for name, weight in rewards.weights().items():
             for need in sorted(REWARD_PARTS[name].needs) if weight > 0 else []:
-                if not rms.trains(need):
+                if not rms.uses(need):
                     raise ValueError(
-                        f"grpo.rewards.{name} > 0 needs reward_models.use_{need} = true (no "
-                        f"{need.upper()} is trained): set use_{need}: true, or "
+                        f"grpo.rewards.{name} > 0 needs reward_models.use_{need} = true (the "
+                        f"run has no {need.upper()}): set use_{need}: true, or "
                         f"grpo.rewards.{name}: 0"
                     )
         estimator = self.grpo.algo.estimator

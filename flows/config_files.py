@@ -14,6 +14,7 @@ from pydantic import ValidationError
 from flows.config import ItergrpoConfig
 from flows.errors import ConfigError
 from grpo_core.algo.config import merge_trees, migrate_replaced_fields
+from reward_models.config import migrate_replaced_fields as migrate_replaced_rm_fields
 
 CONFIG_DIR = Path(__file__).resolve().parent.parent / "configs"
 
@@ -38,7 +39,8 @@ def parse_override(text: str) -> tuple[str, Any]:
     if not key:
         raise ConfigError(f"--set {text!r}: empty key")
     value = yaml.safe_load(raw) if raw.strip() else None
-    if isinstance(value, str):
+    quoted = raw.strip()[:1] in ("'", '"')  # '2' is the string 2 (a token, say)
+    if isinstance(value, str) and not quoted:
         # YAML 1.1 reads 1e-5 (no dot) as a string; a number is what was meant.
         with contextlib.suppress(ValueError):
             value = float(value) if value.strip().lower() not in ("nan", "inf", "-inf") else value
@@ -84,15 +86,19 @@ def _read_tree(path: str | Path, seen: tuple[Path, ...] = ()) -> dict[str, Any]:
 
 
 def load_config(
-    path: str | Path | None = None, overrides: list[str] | tuple[str, ...] = ()
+    path: str | Path | None = None,
+    overrides: list[str] | tuple[str, ...] = (),
+    *,
+    migrate: bool = False,
 ) -> ItergrpoConfig:
     """Read YAML (a path or a preset name, with its `base` preset), apply `a.b=value`
-    overrides, validate."""
+    overrides, validate. migrate: the overrides are stored ones of an earlier run (an
+    ablation's suite), so fields renamed since are mapped to their new names first."""
     tree = _read_tree(path) if path is not None else {}
     for item in overrides:
         key, value = parse_override(item)
         _set_path(tree, key, value)
-    return validate_config(tree)
+    return validate_config(stored_config_migrated(tree) if migrate else tree)
 
 
 def validate_config(tree: dict[str, Any]) -> ItergrpoConfig:
@@ -139,9 +145,13 @@ def stored_config_as_current(stored: dict[str, Any], current: ItergrpoConfig) ->
 
 def stored_config_migrated(stored: dict[str, Any]) -> dict[str, Any]:
     """A run's stored config with fields renamed since it started mapped to their new names
-    (grpo.algo.supervision / adv_scaling -> adv_estimator), so earlier runs stay resumable."""
+    (grpo.algo.supervision / adv_scaling -> adv_estimator; reward_models.init / init_path /
+    prm_init -> reward_models.orm.source / prm.source), so earlier runs stay resumable."""
+    out = stored
     algo = stored.get("grpo", {}).get("algo")
-    if not isinstance(algo, dict):
-        return stored
-    grpo = {**stored["grpo"], "algo": migrate_replaced_fields(algo)}
-    return {**stored, "grpo": grpo}
+    if isinstance(algo, dict):
+        out = {**out, "grpo": {**stored["grpo"], "algo": migrate_replaced_fields(algo)}}
+    rms = stored.get("reward_models")
+    if isinstance(rms, dict):
+        out = {**out, "reward_models": migrate_replaced_rm_fields(rms)}
+    return out

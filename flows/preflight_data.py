@@ -1,6 +1,7 @@
-"""Pre-flight checks of the policy and the task data (flows/preflight.py runs them after
-the store's): the policy and its tokenizer load with a pad or EOS token, every data row is
-valid, each split has problems, and prompt + completion fits the policy and the RMs."""
+"""Pre-flight checks of the policy, the reward models' sources and the task data
+(flows/preflight.py runs them after the store's): the policy and its tokenizer load with a pad
+or EOS token, each pretrained RM is of its configured format, head and tokens, every data row
+is valid, each split has problems, and prompt + completion fits the policy and the RMs."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ from transformers import AutoTokenizer, PreTrainedTokenizerBase
 
 from flows.config import ItergrpoConfig
 from flows.errors import PreflightError
-from flows.names import EVAL_SPLIT, POLICY, TRAIN_SPLIT, WARM_START
+from flows.names import EVAL_SPLIT, ORM, POLICY, PRM, TRAIN_SPLIT, WARM_START
 from flows.progress import log
 from flows.runtime import derive_seed
 from grpo_core.data.tasks.base import Split, Task
@@ -24,12 +25,16 @@ from grpo_core.model.policy import (
 )
 from grpo_core.model.prompts import Prompter
 from grpo_core.model.smollm2 import default_cache_dir
+from reward_models.config import RMKind
+from reward_models.models import META_FILE
+from reward_models.sources import check_source
 from storage.checkpoints import checkpoint_path
 
 
 def check_policy_and_data(cfg: ItergrpoConfig) -> None:
     """Raise PreflightError / TaskDataError if the policy or the data cannot serve the run."""
     policy = _policy_tokenizer(cfg)
+    _check_reward_models(cfg, policy[0] if policy else None)
     task = make_task(cfg.task)  # validates every data row
     _check_prompts(cfg, task, policy)
     if cfg.grpo.data_source == "gold":
@@ -61,6 +66,18 @@ def _check_warm_start_solutions(cfg: ItergrpoConfig, task: Task) -> None:
             f"{unsolved.problem_id!r} has none: map a solution column (task.columns.solution), "
             "or set run.warm_start: false"
         )
+
+
+def _check_reward_models(cfg: ItergrpoConfig, policy: PreTrainedTokenizerBase | None) -> None:
+    """Each RM's source is a model of its format, with the head and tokens the format reads
+    (from its config and tokenizer; reward_models/sources.py)."""
+    rms = cfg.reward_models
+    kinds: tuple[RMKind, ...] = (ORM, PRM)
+    root, run_id = cfg.store.resolved_root(), cfg.run.run_id or ""
+    for kind in [k for k in kinds if rms.uses(k)]:
+        if (checkpoint_path(root, run_id, kind, 0) / META_FILE).is_file():
+            continue  # RM_0 is in the store: a resumed run never reads the source again
+        check_source(rms.settings(kind), kind, policy, rms.max_length)
 
 
 def _policy_tokenizer(cfg: ItergrpoConfig) -> tuple[PreTrainedTokenizerBase, int] | None:

@@ -1,46 +1,145 @@
-"""Configuration of reward-model training and of Math-Shepherd labelling (torch-free)."""
+"""Configuration of the reward models (their sources, formats, training) and of Math-Shepherd
+labelling (torch-free)."""
 
 from __future__ import annotations
 
-from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from grpo_core.contracts.errors import SettingError
+from reward_models.formats import RM_FORMATS, RMFormat
 
 # The reward models the RM stage trains: outcome (one score per output) and process (per step).
 RMKind = Literal["orm", "prm"]
 
+# Where an RM starts: the policy checkpoint, the ORM just trained (PRM only), or a directory.
+POLICY_SOURCE = "policy"
+ORM_SOURCE = "orm"
+
+# Fields of earlier versions that `orm` / `prm` replaced (refused in new configs, migrated in
+# the stored configs of earlier runs so they stay resumable).
+REPLACED_BY_SOURCES = ("init", "init_path", "prm_init")
+
+
+class RewardModelSettings(BaseModel):
+    """One reward model: where it starts, its format and tokens, and whether it trains."""
+
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
+
+    source: str = Field(
+        POLICY_SOURCE,
+        description=(
+            "Where the iteration-0 reward model comes from: 'policy' (the policy checkpoint, "
+            "as the paper initialises its RM from the base model), 'orm' (PRM only: the ORM "
+            "just trained on the same iteration's outcome labels), or a local model directory "
+            "(save_pretrained layout, with its own tokenizer)."
+        ),
+    )
+    format: str = Field(
+        "scalar_head",
+        description=(
+            "What the checkpoint is and how it scores (docs/reward-models.md): 'scalar_head' "
+            "(a new one-logit head on the source's backbone), 'classifier' (a pretrained "
+            "one-logit sequence/token classifier), 'step_tag' (a causal LM read at a step tag: "
+            "good vs bad next token, Math-Shepherd), 'two_class' (a two-class classifier read "
+            "at a step separator, Qwen's PRMs)."
+        ),
+        json_schema_extra=RM_FORMATS.json_schema,
+    )
+    tokens: dict[str, str] = Field(
+        default_factory=dict,
+        description=(
+            "The format's token strings in the RM's own tokenizer; unset ones take the "
+            "format's defaults. step_tag: tag (' ки'), good ('+'), bad ('-'); two_class: "
+            "separator ('<extra_0>'); the other formats read none."
+        ),
+    )
+    train: bool = Field(
+        True,
+        description=(
+            "Train it: on each iteration's labels plus the replay, continued from the previous "
+            "iteration's model. false: keep the source model frozen for the whole run (its "
+            "checkpoint carried forward); a new head (scalar_head) cannot be frozen."
+        ),
+    )
+
+    @field_validator("source")
+    @classmethod
+    def _source_given(cls, source: str) -> str:
+        if not source.strip():
+            raise ValueError("source is empty: give 'policy', 'orm' or a model directory")
+        return source
+
+    @field_validator("format")
+    @classmethod
+    def _registered_format(cls, name: str) -> str:
+        return RM_FORMATS.check(name)
+
+    @model_validator(mode="after")
+    def _tokens_of_the_format(self) -> RewardModelSettings:
+        # The stored config then names every token, so a later default cannot change a run.
+        self.tokens = self.spec.resolved_tokens(self.tokens)
+        return self
+
+    @property
+    def spec(self) -> RMFormat:
+        """The registered format with what it needs."""
+        return RM_FORMATS[self.format]
+
+    @property
+    def is_path(self) -> bool:
+        """Whether the source is a model directory (not the policy or the ORM)."""
+        return self.source not in (POLICY_SOURCE, ORM_SOURCE)
+
+    def check_for(self, kind: RMKind) -> None:
+        """Raise SettingError when the `kind` RM cannot start or train as set."""
+        where = f"reward_models.{kind}"
+        spec = self.spec
+        if self.source == ORM_SOURCE and kind == "orm":
+            raise SettingError(
+                f"{where}.source is 'orm': the ORM cannot start from itself; give 'policy' or "
+                "a model directory"
+            )
+        if self.source == POLICY_SOURCE and not spec.from_policy:
+            raise SettingError(
+                f"{where}.format {self.format} reads a pretrained checkpoint's own head "
+                f"({', '.join(spec.architectures)}), which the policy has not: set "
+                f"{where}.source to its directory, or format: scalar_head to put a new head on "
+                "the policy"
+            )
+        if not self.train and spec.new_head and self.source != ORM_SOURCE:
+            raise SettingError(
+                f"{where}.train is false, but format scalar_head starts from a new, untrained "
+                f"head: set {where}.train: true, or give a trained checkpoint (format "
+                "classifier, step_tag or two_class)"
+            )
+
 
 class RewardModelConfig(BaseModel):
-    """Which reward models to train, how to initialise them, and their optimiser settings."""
+    """Which reward models the run has, where each starts and in what format, and their
+    training settings."""
 
     model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
     use_orm: bool = Field(
-        True, description="Train an outcome reward model (one score per output): true or false."
+        True,
+        description="Have an outcome reward model (one score per output; trained unless "
+        "orm.train is false): true or false.",
     )
     use_prm: bool = Field(
-        False, description="Train a process reward model (one score per step): true or false."
+        False,
+        description="Have a process reward model (one score per step; trained unless "
+        "prm.train is false): true or false.",
     )
-    init: Literal["policy", "path"] = Field(
-        "policy",
-        description=(
-            "Backbone of the iteration-0 reward model: 'policy' (the current policy checkpoint, "
-            "as the paper initialises its RM from the base model) or 'path' (init_path)."
-        ),
+    orm: RewardModelSettings = Field(
+        default_factory=RewardModelSettings,
+        description="The ORM's source, format, tokens and whether it trains.",
     )
-    init_path: Path | None = Field(
-        None,
-        description="Local model directory used when init is 'path'; must be set then, else unset.",
-    )
-    prm_init: Literal["backbone", "orm"] = Field(
-        "backbone",
-        description=(
-            "Starting point of the iteration-0 PRM: 'backbone' (as init says, like the ORM) or "
-            "'orm' (the ORM just trained on the same iteration's outcome labels: it already "
-            "tells right from wrong outputs on thousands of verifier labels, and the PRM "
-            "refines that on the far fewer Math-Shepherd step labels). 'orm' needs use_orm."
-        ),
+    prm: RewardModelSettings = Field(
+        default_factory=RewardModelSettings,
+        description="The PRM's source ('orm' too: start from the ORM just trained), format, "
+        "tokens and whether it trains.",
     )
     lr: float = Field(
         2e-5,
@@ -123,26 +222,68 @@ class RewardModelConfig(BaseModel):
         description="Outputs sampled per held-out prompt for that measurement, 1 to 1024.",
     )
 
-    def trains(self, kind: RMKind) -> bool:
-        """Whether the RM stage trains the reward model `kind` (use_orm / use_prm)."""
+    def uses(self, kind: RMKind) -> bool:
+        """Whether the run has the reward model `kind` (use_orm / use_prm)."""
         return self.use_orm if kind == "orm" else self.use_prm
 
-    @model_validator(mode="after")
-    def _init_path_matches_init(self) -> RewardModelConfig:
-        if self.init == "path" and self.init_path is None:
-            raise ValueError("reward_model.init is 'path' but init_path is unset: give a model dir")
-        if self.init == "policy" and self.init_path is not None:
+    def settings(self, kind: RMKind) -> RewardModelSettings:
+        """The source, format and tokens of the reward model `kind`."""
+        return self.orm if kind == "orm" else self.prm
+
+    @model_validator(mode="before")
+    @classmethod
+    def _refuse_replaced_fields(cls, data: Any) -> Any:
+        """init / init_path / prm_init set both RMs' start at once; each RM now has its own."""
+        if isinstance(data, dict) and (data.keys() & REPLACED_BY_SOURCES):
+            given = [f"reward_models.{k}" for k in REPLACED_BY_SOURCES if k in data]
+            now = migrate_replaced_fields(data)
+            orm, prm = (now[k].get("source", POLICY_SOURCE) for k in ("orm", "prm"))
             raise ValueError(
-                f"reward_model.init_path is set ({self.init_path}) but init is 'policy': "
-                "set init: path to use it, or drop init_path"
+                f"{', '.join(given)} {'was' if len(given) == 1 else 'were'} replaced by "
+                "reward_models.orm.source and "
+                f"reward_models.prm.source: use orm: {{source: {orm}}}, prm: {{source: {prm}}} "
+                "(init: path -> the directory; prm_init: "
+                "orm -> prm.source: orm)"
             )
-        if self.prm_init == "orm" and not (self.use_orm and self.use_prm):
+        return data
+
+    @model_validator(mode="after")
+    def _sources_fit_formats(self) -> RewardModelConfig:
+        kinds: tuple[RMKind, ...] = ("orm", "prm")
+        for kind in [k for k in kinds if self.uses(k)]:
+            self.settings(kind).check_for(kind)
+        if not (self.use_prm and self.prm.source == ORM_SOURCE):
+            return self
+        if not self.use_orm:
             raise ValueError(
-                "reward_models.prm_init is 'orm' but use_orm/use_prm are "
-                f"{self.use_orm}/{self.use_prm}: it needs both reward models, or set "
-                "prm_init: backbone"
+                "reward_models.prm.source is 'orm' but use_orm is false: the PRM would start "
+                "from an ORM that is not trained; set use_orm: true, or prm.source: policy"
+            )
+        orm, prm = self.orm, self.prm
+        if (prm.format, prm.tokens) != (orm.format, orm.tokens):
+            raise ValueError(
+                f"reward_models.prm.source is 'orm', so the PRM is the ORM's network, a "
+                f"{orm.format} with tokens {orm.tokens}; but prm.format/tokens are "
+                f"{prm.format} / {prm.tokens}: set them as the ORM's, or another prm.source"
             )
         return self
+
+
+def migrate_replaced_fields(rm: dict[str, Any]) -> dict[str, Any]:
+    """An earlier version's reward_models section in this version's form: init / init_path
+    (the iteration-0 backbone of both RMs, a new head on it) and prm_init ('orm': the PRM starts
+    from the ORM) become orm.source and prm.source. Old fields win over new ones: a stored
+    ablation arm sets them after its base config."""
+    if not rm.keys() & REPLACED_BY_SOURCES:
+        return rm
+    out = {k: v for k, v in rm.items() if k not in REPLACED_BY_SOURCES}
+    orm, prm = dict(out.get("orm") or {}), dict(out.get("prm") or {})
+    if "init" in rm or "init_path" in rm:
+        path = rm.get("init_path") if rm.get("init") == "path" else None
+        orm["source"] = str(path) if path else POLICY_SOURCE
+    backbone = orm.get("source", POLICY_SOURCE)
+    prm["source"] = ORM_SOURCE if rm.get("prm_init") == "orm" else backbone
+    return {**out, "orm": orm, "prm": prm}
 
 
 class LabellingConfig(BaseModel):

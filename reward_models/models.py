@@ -1,13 +1,16 @@
-"""Reward models: a causal-LM backbone with a scalar head per token (ORM and PRM).
+"""Reward models (ORM and PRM): a transformers network in one of the registered formats
+(reward_models/formats.py), its own tokenizer, and one binary logit per token.
 
-The network is transformers' `AutoModelForTokenClassification` with `num_labels=1`: the
-backbone of the policy plus a `Linear(hidden, 1)` head, saved and loaded in HF format. An
-ORM reads the score at the last response token, a PRM at each step-end token.
+The built-in format (scalar_head) is `AutoModelForTokenClassification` with `num_labels=1`:
+a backbone (the policy's) plus a new `Linear(hidden, 1)` head. Pretrained checkpoints keep
+their own class and head. Saved and loaded in HF format, with the kind, format and tokens in
+`reward_model.json`. Which tokens are read: reward_models/views.py.
 """
 
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from pathlib import Path
 
 import torch
@@ -25,6 +28,16 @@ from transformers.utils import logging as hf_logging
 from grpo_core.contracts.errors import MissingPathError
 from grpo_core.model.policy import ensure_pad_token, reading_checkpoint
 from reward_models.config import RMKind
+from reward_models.formats import RM_FORMATS, SCALAR_HEAD
+from reward_models.sources import (
+    auto_class,
+    check_network,
+    load_network,
+    load_tokenizer,
+    marker_encoder,
+    read_token_ids,
+)
+from reward_models.views import RMEncoder
 
 META_FILE = "reward_model.json"
 
@@ -39,25 +52,42 @@ def _head_config(config: PretrainedConfig) -> PretrainedConfig:
 
 
 class RewardModel(nn.Module):
-    """Backbone + scalar head; `forward` gives one logit per token, shape (B, L)."""
+    """A network and its own tokenizer in format `format` (with its token strings `tokens`,
+    unset ones at the format's defaults); `forward` gives one binary logit per token, (B, L),
+    the score of a position being its sigmoid."""
 
     def __init__(
-        self, net: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, kind: RMKind
+        self,
+        net: PreTrainedModel,
+        tokenizer: PreTrainedTokenizerBase,
+        kind: RMKind,
+        format: str = SCALAR_HEAD.name,
+        tokens: Mapping[str, str] | None = None,
     ) -> None:
         super().__init__()
         if kind not in ("orm", "prm"):
             raise ValueError(f"reward model kind must be 'orm' or 'prm' (got {kind!r})")
-        if net.config.num_labels != 1:
-            raise ValueError(f"reward model needs num_labels=1 (got {net.config.num_labels})")
+        spec = RM_FORMATS[format]
+        where = f"reward_models.{kind}"
+        self.tokens = spec.resolved_tokens(tokens or {})
+        check_network(net, spec, where)
         ensure_pad_token(tokenizer)
         net.config.pad_token_id = tokenizer.pad_token_id
         self.net = net
         self.tokenizer = tokenizer
         self.kind: RMKind = kind
+        self.format = format
+        self.read_ids = read_token_ids(tokenizer, spec, self.tokens, where)
+        self._logits = spec.logits_function()
 
     @property
     def device(self) -> torch.device:
         return next(self.parameters()).device
+
+    @property
+    def encoder(self) -> RMEncoder:
+        """How this model reads an output: its tokenizer, and its marker after each step."""
+        return marker_encoder(self.tokenizer, RM_FORMATS[self.format], self.tokens, self.kind)
 
     def forward(
         self,
@@ -65,15 +95,15 @@ class RewardModel(nn.Module):
         attention_mask: torch.Tensor,
         position_ids: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        """Per-token logits (B, L); apply a sigmoid for probabilities."""
-        out = self.net(
-            input_ids=input_ids,
-            attention_mask=attention_mask,
-            position_ids=position_ids,
-            use_cache=False,
+        """Per-token binary logits (B, L); apply a sigmoid for probabilities."""
+        logits: torch.Tensor = self._logits(
+            self.net, input_ids, attention_mask, position_ids, self.read_ids
         )
-        logits: torch.Tensor = out.logits[..., 0]
         return logits
+
+    def as_kind(self, kind: RMKind) -> RewardModel:
+        """The same network and tokenizer as a reward model of `kind` (a PRM from an ORM)."""
+        return RewardModel(self.net, self.tokenizer, kind, self.format, self.tokens)
 
     @classmethod
     def from_policy(
@@ -83,7 +113,9 @@ class RewardModel(nn.Module):
         tokenizer: PreTrainedTokenizerBase | None = None,
         seed: int = 0,
     ) -> RewardModel:
-        """A fresh RM whose backbone is copied from a policy (model or local dir); head seeded."""
+        """A scalar_head RM: the backbone of a policy (model or local dir) under a new head
+        drawn from `seed`, with the policy's tokenizer (a directory's own by default). A
+        directory holding a scalar_head RM (the ORM a PRM starts from) keeps its head."""
         torch.manual_seed(seed)
         if isinstance(policy, PreTrainedModel):
             if tokenizer is None:
@@ -106,12 +138,26 @@ class RewardModel(nn.Module):
             net = AutoModelForTokenClassification.from_pretrained(path, config=config)
         finally:
             hf_logging.set_verbosity(verbosity)
-        return cls(net, tokenizer or AutoTokenizer.from_pretrained(path), kind)
+        return cls(net, tokenizer or load_tokenizer(path, f"reward_models.{kind}"), kind)
+
+    @classmethod
+    def from_checkpoint(
+        cls,
+        path: str | Path,
+        kind: RMKind,
+        format: str,
+        tokens: Mapping[str, str] | None = None,
+    ) -> RewardModel:
+        """A pretrained reward model as its format reads it: its own class, head and tokenizer."""
+        where = f"reward_models.{kind}"
+        net = load_network(Path(path), RM_FORMATS[format], where)
+        return cls(net, load_tokenizer(Path(path), where), kind, format, tokens)
 
     def save(
         self, directory: str | Path, state_dict: dict[str, torch.Tensor] | None = None
     ) -> Path:
-        """Write weights (safetensors), config, tokenizer and the RM kind to `directory`.
+        """Write weights (safetensors), config, tokenizer and the RM's kind, format and tokens
+        to `directory`.
 
         state_dict (keys of this module's state_dict) replaces the weights held here, e.g.
         whole weights gathered from a DeepSpeed engine.
@@ -124,22 +170,26 @@ class RewardModel(nn.Module):
             net_weights = {k.removeprefix("net."): v for k, v in state_dict.items()}
             self.net.save_pretrained(path, state_dict=net_weights)
         self.tokenizer.save_pretrained(path)
-        (path / META_FILE).write_text(json.dumps({"kind": self.kind}) + "\n")
+        meta = {"kind": self.kind, "format": self.format, "tokens": self.tokens}
+        (path / META_FILE).write_text(json.dumps(meta) + "\n")
         return path
 
     @classmethod
     def load(cls, directory: str | Path, device: str | torch.device = "cpu") -> RewardModel:
-        """A reward model saved by `save`; clear error naming the path when it is missing."""
+        """A reward model saved by `save`; clear error naming the path when it is missing.
+        (Checkpoints saved before formats existed are scalar_head models.)"""
         path = Path(directory)
-        meta = path / META_FILE
-        if not meta.is_file():
+        meta_file = path / META_FILE
+        if not meta_file.is_file():
             raise MissingPathError(
                 f"no reward-model checkpoint at {path} ({META_FILE} missing): "
                 "was the RM of that iteration saved?"
             )
         with reading_checkpoint(path):
-            kind = json.loads(meta.read_text())["kind"]
-            net = AutoModelForTokenClassification.from_pretrained(path)
+            meta = json.loads(meta_file.read_text())
+            net = auto_class(AutoConfig.from_pretrained(path)).from_pretrained(path)
             tokenizer = AutoTokenizer.from_pretrained(path)
-        model = cls(net, tokenizer, kind)
+        model = cls(
+            net, tokenizer, meta["kind"], meta.get("format", SCALAR_HEAD.name), meta.get("tokens")
+        )
         return model.to(device)

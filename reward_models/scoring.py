@@ -1,24 +1,22 @@
-"""Scoring API of the GRPO stage: outcome scores per output, step scores per reasoning step."""
+"""Scoring API of the GRPO stage: outcome scores per output, step scores per reasoning step,
+each read where the reward model's format reads it, in the RM's own tokens."""
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, cast
 
 import torch
-from transformers import PreTrainedTokenizerBase
 
 from grpo_core.contracts.policy_batch import build_policy_batch
-from grpo_core.data.reasoning_steps import step_end_token_indices
 from reward_models.models import RewardModel
-from reward_models.training import encode_pair
+from reward_models.views import RMInput
 
 
 @dataclass(frozen=True)
 class StepScores:
-    """Per output: the PRM probability of each step and the index (into the completion's
-    token ids) of the token where that step ends."""
+    """Per output: the PRM probability of each step and the index (into the RM's tokens of
+    the completion) of the token it was read at: the step's last token, or its marker."""
 
     scores: list[list[float]]
     step_end_tokens: list[list[int]]
@@ -26,19 +24,19 @@ class StepScores:
 
 def _read_scores(
     model: RewardModel,
-    tokenizer: PreTrainedTokenizerBase,
     prompts: Sequence[str],
     completions: Sequence[str],
     batch_size: int,
-    positions: Callable[[list[int]], list[int]],
+    positions: Callable[[RMInput], list[int]],
 ) -> tuple[list[list[float]], list[list[int]]]:
-    """Sigmoid of the RM logits at `positions(completion_ids)` of each output."""
+    """Sigmoid of the RM's logits at `positions(input)` of each output's completion."""
     if len(prompts) != len(completions):
         raise ValueError(f"{len(prompts)} prompts but {len(completions)} completions")
     if batch_size < 1:
         raise ValueError(f"batch_size must be >= 1 (got {batch_size})")
-    encoded = [encode_pair(tokenizer, p, c) for p, c in zip(prompts, completions, strict=True)]
-    reads = [positions(c) for _, c in encoded]
+    encoder = model.encoder
+    encoded = [encoder.encode(p, c) for p, c in zip(prompts, completions, strict=True)]
+    reads = [positions(e) for e in encoded]
     scores: list[list[float]] = []
     was_training = model.training
     model.eval()
@@ -47,13 +45,16 @@ def _read_scores(
             for start in range(0, len(encoded), batch_size):
                 chunk = encoded[start : start + batch_size]
                 batch = build_policy_batch(
-                    [p for p, _ in chunk], [c for _, c in chunk], tokenizer.pad_token_id, "right"
+                    [e.prompt_ids for e in chunk],
+                    [e.completion_ids for e in chunk],
+                    model.tokenizer.pad_token_id,
+                    "right",
                 ).to(model.device)
                 probs = torch.sigmoid(
                     model(batch.input_ids, batch.attention_mask, batch.position_ids).float()
                 ).cpu()
-                for row, (prompt_ids, _) in enumerate(chunk):
-                    cols = [len(prompt_ids) + p for p in reads[start + row]]
+                for row, e in enumerate(chunk):
+                    cols = [len(e.prompt_ids) + p for p in reads[start + row]]
                     scores.append(probs[row, cols].tolist())
     finally:
         model.train(was_training)
@@ -62,35 +63,25 @@ def _read_scores(
 
 def score_outcome(
     model: RewardModel,
-    tokenizer: PreTrainedTokenizerBase,
     prompts: Sequence[str],
     completions: Sequence[str],
     batch_size: int = 64,
 ) -> torch.Tensor:
-    """ORM probability that each output is correct, read at its last token; (N,) float32, CPU.
-
-    An empty completion is read at the last prompt token.
-    """
+    """RM probability that each output is correct, read at its outcome position (the last
+    token, or the last step's marker); (N,) float32, CPU. An empty completion of a format
+    without a marker is read at the last prompt token."""
     scores, _ = _read_scores(
-        model, tokenizer, prompts, completions, batch_size, lambda ids: [len(ids) - 1]
+        model, prompts, completions, batch_size, lambda e: [e.outcome_position]
     )
     return torch.tensor([s[0] for s in scores], dtype=torch.float32)
 
 
 def score_steps(
     model: RewardModel,
-    tokenizer: PreTrainedTokenizerBase,
     prompts: Sequence[str],
     completions: Sequence[str],
     batch_size: int = 64,
 ) -> StepScores:
-    """PRM probability at each step-end token of each output (no steps: empty lists)."""
-    scores, ends = _read_scores(
-        model,
-        tokenizer,
-        prompts,
-        completions,
-        batch_size,
-        lambda ids: step_end_token_indices(ids, cast(Any, tokenizer)),
-    )
+    """PRM probability at each step of each output (no steps: empty lists)."""
+    scores, ends = _read_scores(model, prompts, completions, batch_size, lambda e: e.step_positions)
     return StepScores(scores, ends)

@@ -1,9 +1,9 @@
 """Reward-model training: examples from label rows, BCE updates, and the record of what was seen.
 
-Continual training (GRPO_SPEC section 7): iteration 0 starts from the backbone, iteration
+Continual training (GRPO_SPEC section 7): iteration 0 starts from the RM's source, iteration
 k > 0 from the k-1 reward model, on new labels plus a replay sample of earlier ones. Every
-example is re-tokenized from (prompt text, completion text), so replayed rows read back from
-the store train exactly like new ones.
+example is re-tokenized from (prompt text, completion text) by the RM's own encoder, so
+replayed rows read back from the store train exactly like new ones, whatever the RM's tokenizer.
 """
 
 from __future__ import annotations
@@ -13,22 +13,22 @@ import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal, NamedTuple, cast
+from typing import Literal, NamedTuple
 
 import torch
 import torch.nn.functional as F
 from tqdm.auto import tqdm
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
+from grpo_core.contracts.errors import SettingError
 from grpo_core.contracts.numerics import require_finite
 from grpo_core.contracts.policy_batch import build_policy_batch
 from grpo_core.contracts.training import OptimizerSettings, TrainEngine
-from grpo_core.data.reasoning_steps import step_end_token_indices
 from grpo_core.engines.train import TorchEngine
-from grpo_core.model.policy import encode_prompt
-from reward_models.config import RewardModelConfig, RMKind
+from reward_models.config import ORM_SOURCE, RewardModelConfig, RewardModelSettings, RMKind
 from reward_models.labelling import LabelledSample, OrmLabel, PrmLabel
 from reward_models.models import RewardModel
+from reward_models.views import RMEncoder
 
 log = logging.getLogger(__name__)
 
@@ -104,15 +104,6 @@ def sample_texts(samples: Sequence[LabelledSample]) -> dict[tuple[str, int], Sam
     }
 
 
-def encode_pair(
-    tokenizer: PreTrainedTokenizerBase, prompt_text: str, completion: str
-) -> tuple[list[int], list[int]]:
-    """(prompt ids, completion ids): the prompt as the rollout engine encodes it, the
-    completion without special tokens."""
-    completion_ids = tokenizer(completion, add_special_tokens=False)["input_ids"]
-    return encode_prompt(tokenizer, prompt_text), list(completion_ids)
-
-
 def _text(texts: Mapping[tuple[str, int], SampleText], key: tuple[str, int]) -> SampleText:
     if key not in texts:
         raise KeyError(f"no prompt/completion text for label row {key[0]}#{key[1]}")
@@ -122,23 +113,21 @@ def _text(texts: Mapping[tuple[str, int], SampleText], key: tuple[str, int]) -> 
 def orm_examples(
     rows: Sequence[OrmLabel],
     texts: Mapping[tuple[str, int], SampleText],
-    tokenizer: PreTrainedTokenizerBase,
+    encoder: RMEncoder,
     source: Source,
     origin_iteration: int,
     source_table: str = "orm_labels",
 ) -> list[RMExample]:
-    """One example per ORM label, read at the last completion token."""
+    """One example per ORM label, read where the RM's format reads the outcome."""
     out = []
     for row in rows:
-        prompt_ids, completion_ids = encode_pair(
-            tokenizer, *_text(texts, (row.problem_id, row.sample_index))
-        )
+        read = encoder.encode(*_text(texts, (row.problem_id, row.sample_index)))
         out.append(
             RMExample(
                 "orm",
-                prompt_ids,
-                completion_ids,
-                [len(completion_ids) - 1],
+                read.prompt_ids,
+                read.completion_ids,
+                [read.outcome_position],
                 [float(row.label)],
                 row.problem_id,
                 row.sample_index,
@@ -154,20 +143,21 @@ def orm_examples(
 def prm_examples(
     rows: Sequence[PrmLabel],
     texts: Mapping[tuple[str, int], SampleText],
-    tokenizer: PreTrainedTokenizerBase,
+    encoder: RMEncoder,
     label: Literal["hard", "soft"],
     source: Source,
     origin_iteration: int,
     source_table: str = "prm_labels",
 ) -> list[RMExample]:
-    """One example per output holding its labelled steps, read at recomputed step-end tokens."""
+    """One example per output holding its labelled steps, read where the RM's format reads
+    each step (recomputed from the text in the RM's own tokens)."""
     grouped: dict[tuple[str, int], list[PrmLabel]] = {}
     for row in rows:
         grouped.setdefault((row.problem_id, row.sample_index), []).append(row)
     out = []
     for key, steps in grouped.items():
-        prompt_ids, completion_ids = encode_pair(tokenizer, *_text(texts, key))
-        ends = step_end_token_indices(completion_ids, cast(Any, tokenizer))
+        read = encoder.encode(*_text(texts, key))
+        ends = read.step_positions
         steps = sorted(steps, key=lambda r: r.step_index)
         if steps[-1].step_index >= len(ends):
             raise ValueError(
@@ -177,8 +167,8 @@ def prm_examples(
         out.append(
             RMExample(
                 "prm",
-                prompt_ids,
-                completion_ids,
+                read.prompt_ids,
+                read.completion_ids,
                 [ends[r.step_index] for r in steps],
                 [float(r.hard_label if label == "hard" else r.soft_label) for r in steps],
                 key[0],
@@ -207,21 +197,39 @@ def check_training_mix(examples: Sequence[RMExample], iteration: int) -> None:
 
 def load_or_init_reward_model(
     prev_dir: str | Path | None,
-    init_source: str | Path | PreTrainedModel,
+    init_source: str | Path | PreTrainedModel | None,
     kind: RMKind,
+    settings: RewardModelSettings | None = None,
     tokenizer: PreTrainedTokenizerBase | None = None,
     seed: int = 0,
 ) -> RewardModel:
-    """The k-1 reward model from prev_dir (continual training), or a fresh one when None.
+    """The k-1 reward model from prev_dir (continual training), or, when None, the iteration-0
+    model of `settings` (default: scalar_head from the policy) from `init_source`: the policy
+    (a model or its directory), the ORM's checkpoint (settings.source 'orm') or a directory.
 
     A prev_dir that holds no checkpoint is an error naming the path, never a silent restart.
     """
-    if prev_dir is None:
+    settings = settings or RewardModelSettings()
+    if prev_dir is not None:
+        model = RewardModel.load(prev_dir)
+        if model.kind != kind:
+            raise ValueError(f"reward model at {prev_dir} is a {model.kind}, expected a {kind}")
+        if model.format != settings.format:
+            raise ValueError(
+                f"reward model at {prev_dir} is a {model.format}, expected a {settings.format}"
+            )
+        return model
+    if init_source is None:
+        raise ValueError(f"a new {kind} (no previous checkpoint) needs its source")
+    if settings.spec.new_head:
         return RewardModel.from_policy(init_source, kind, tokenizer, seed)
-    model = RewardModel.load(prev_dir)
-    if model.kind != kind:
-        raise ValueError(f"reward model at {prev_dir} is a {model.kind}, expected a {kind}")
-    return model
+    if isinstance(init_source, PreTrainedModel):
+        raise ValueError(f"format {settings.format} starts from a checkpoint directory")
+    # Seeded like a new head: the global generator leaves the stage in the same state.
+    torch.manual_seed(seed)
+    if settings.source == ORM_SOURCE:
+        return RewardModel.load(init_source).as_kind(kind)
+    return RewardModel.from_checkpoint(init_source, kind, settings.format, settings.tokens)
 
 
 def _check_examples(model: RewardModel, examples: Sequence[RMExample], max_length: int) -> None:
@@ -232,9 +240,10 @@ def _check_examples(model: RewardModel, examples: Sequence[RMExample], max_lengt
             raise ValueError(f"{e.rm_kind} example {e.problem_id} given to a {model.kind} model")
         length = len(e.prompt_ids) + len(e.completion_ids)
         if length > max_length:
-            raise ValueError(
-                f"example {e.problem_id}#{e.sample_index} has {length} tokens > "
-                f"reward_model.max_length {max_length}: raise max_length"
+            raise SettingError(
+                f"example {e.problem_id}#{e.sample_index} has {length} tokens in the "
+                f"{model.kind.upper()}'s tokenizer > reward_models.max_length {max_length}: "
+                "raise max_length"
             )
 
 

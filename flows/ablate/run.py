@@ -88,6 +88,9 @@ def check_record(store: RunStore, plan: AblationPlan) -> None:
     if not (store.run_dir(plan.ablation_id) / "config.yaml").exists():
         return
     stored = store.run_config(plan.ablation_id)
+    if "policy_0" in stored:  # as this version writes it, so renamed fields compare equal
+        policy_0 = stored_config_as_current(stored["policy_0"], plan.policy_0_config())
+        stored = {**stored, "policy_0": policy_0}
     if "ablation" not in stored:
         raise StoreError(
             f"run {plan.ablation_id!r} in {store.root} is not an ablation: pass another "

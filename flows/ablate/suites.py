@@ -124,6 +124,7 @@ class AblationPlan:
     suite: Suite
     seeds: int
     store_root: Path
+    stored: bool = False  # the suite was read back from the store: migrate renamed fields
 
     def record(self) -> dict[str, Any]:
         """What the ablation's own run stores as its config (and resume rebuilds it from)."""
@@ -138,7 +139,9 @@ class AblationPlan:
 
     def _load(self, overrides: list[str]) -> ItergrpoConfig:
         return load_config(
-            self.suite.config, [*self.suite.overrides, *overrides, f"store.root={self.store_root}"]
+            self.suite.config,
+            [*self.suite.overrides, *overrides, f"store.root={self.store_root}"],
+            migrate=self.stored,
         )
 
     def policy_0_config(self) -> ItergrpoConfig:

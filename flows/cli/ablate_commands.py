@@ -114,7 +114,9 @@ def resume_ablation(
     """`itergrpo resume ABLATION_ID`: the suite and seeds the ablation was started with."""
     record = stored["ablation"]
     suite = suite_from_tree(record["spec"], f"the stored suite of {ablation_id}")
-    plan = AblationPlan(ablation_id, record["suite"], suite, int(record["seeds"]), store.root)
+    plan = AblationPlan(
+        ablation_id, record["suite"], suite, int(record["seeds"]), store.root, stored=True
+    )
     return run_plan(plan, use_prefect=prefect)
 
 

@@ -25,19 +25,19 @@ from flows.progress import ProgressFn, log
 from flows.stages.results import StageResult, metric_rows
 from grpo_core.contracts.rollout import RolloutBatch, SamplingParams
 from grpo_core.data.tasks.base import Problem, Split, Task
-from reward_models.config import RewardModelConfig, RMKind
+from reward_models.config import ORM_SOURCE, POLICY_SOURCE, RewardModelConfig, RMKind
 from reward_models.evaluate import EvalRow, best_of_n_rows, orm_eval_rows, prm_eval_rows
 from reward_models.labelling import LabelledSample, OrmLabel, PrmLabel
 from reward_models.models import RewardModel
 from reward_models.scoring import score_outcome, score_steps
 from reward_models.training import (
     RMExample,
+    SampleText,
     Source,
     check_training_mix,
     load_or_init_reward_model,
     orm_examples,
     prm_examples,
-    sample_texts,
     train_reward_model,
 )
 from storage.replay import replay_sample
@@ -74,10 +74,21 @@ def load_rm(ctx: RunContext, kind: str, k: int) -> RewardModel:
     return RewardModel.load(ctx.require_checkpoint(kind, k), device=ctx.device)
 
 
+def sample_texts_of(ctx: RunContext, iteration: int) -> dict[tuple[str, int], SampleText]:
+    """The prompt and completion text of each committed rollout of `iteration`, by
+    (problem_id, sample_index): what every reward model re-reads in its own tokens."""
+    rows = ctx.store.read("rollouts", run_id=ctx.run_id, iterations=[iteration]).to_pylist()
+    return {
+        (r["problem_id"], r["sample_index"]): SampleText(r["prompt_text"], r["completion"])
+        for r in rows
+    }
+
+
 def _rm_examples(
-    ctx: RunContext, kind: str, iteration: int, tokenizer: PreTrainedTokenizerBase
+    ctx: RunContext, kind: RMKind, iteration: int, model: RewardModel
 ) -> list[RMExample]:
-    """New labels of `iteration` plus a replay sample of earlier ones (replay_ratio of the mix)."""
+    """New labels of `iteration` plus a replay sample of earlier ones (replay_ratio of the mix),
+    encoded as `model` reads them."""
     rm_cfg = ctx.cfg.reward_models
     table = "orm_labels" if kind == ORM else "prm_labels"
     new = ctx.store.read(table, run_id=ctx.run_id, iterations=[iteration]).to_pylist()
@@ -96,35 +107,47 @@ def _rm_examples(
     for source, rows in (("new", new), ("replay", replay)):
         for row in rows:
             by_origin.setdefault((source, int(row["iteration"])), []).append(row)  # type: ignore[arg-type]
+    encoder = model.encoder
     examples: list[RMExample] = []
     for (source, origin), rows in sorted(by_origin.items()):
-        texts = sample_texts(labelled_samples(ctx, origin, tokenizer))
+        texts = sample_texts_of(ctx, origin)
         if kind == ORM:
             labels = [OrmLabel.from_row(r) for r in rows]
-            examples += orm_examples(labels, texts, tokenizer, source, origin)
+            examples += orm_examples(labels, texts, encoder, source, origin)
         else:
             steps = [PrmLabel.from_row(r) for r in rows]
-            examples += prm_examples(steps, texts, tokenizer, rm_cfg.prm_label, source, origin)
+            examples += prm_examples(steps, texts, encoder, rm_cfg.prm_label, source, origin)
     check_training_mix(examples, iteration)  # new from k, replay from before k only
     return examples
 
 
+def _initial_source(ctx: RunContext, kind: RMKind, iteration: int) -> str:
+    """The directory RM_0 of `kind` starts from: the policy's, the ORM's or its own."""
+    source = ctx.cfg.reward_models.settings(kind).source
+    if source == POLICY_SOURCE:
+        return str(ctx.checkpoint(POLICY, iteration))
+    if source == ORM_SOURCE:
+        return str(ctx.require_checkpoint(ORM, iteration))
+    return source
+
+
 def _train_one(
-    ctx: RunContext,
-    kind: RMKind,
-    iteration: int,
-    tokenizer: PreTrainedTokenizerBase,
-    backbone: str,
+    ctx: RunContext, kind: RMKind, iteration: int
 ) -> tuple[dict[str, float], list[dict[str, Any]]]:
-    """RM_k = continue-train(RM_{k-1}) (or the backbone at k = 0), saved; metrics and rows."""
+    """RM_k = continue-train(RM_{k-1}) (or its source at k = 0), saved; metrics and rows.
+    A frozen RM (train: false) is its source, saved untrained."""
     rm_cfg = ctx.cfg.reward_models
-    examples = _rm_examples(ctx, kind, iteration, tokenizer)
+    settings = rm_cfg.settings(kind)
     prev = ctx.checkpoint(kind, iteration - 1) if iteration > 0 else None
     seed = ctx.seed(rm_cfg.seed, TRAIN_RM, kind, iteration)
-    if kind == PRM and prev is None and rm_cfg.prm_init == "orm":
-        backbone = str(ctx.require_checkpoint(ORM, iteration))
-    model = load_or_init_reward_model(prev, backbone, kind, tokenizer, seed)
+    start = _initial_source(ctx, kind, iteration) if prev is None else None
+    model = load_or_init_reward_model(prev, start, kind, settings, seed=seed)
     model.to(ctx.device)
+    if not settings.train:
+        save_reward_model(ctx.checkpoint(kind, iteration), model)
+        log.info("%s_%d: reward_models.%s.train is false, kept its source", kind, iteration, kind)
+        return {}, []
+    examples = _rm_examples(ctx, kind, iteration, model)
     engine = build_rm_engine(ctx.cfg.engines, rm_cfg, model)
     if kind == PRM and rm_cfg.prm_epochs is not None:
         rm_cfg = rm_cfg.model_copy(update={"epochs": rm_cfg.prm_epochs})
@@ -138,26 +161,25 @@ def _train_one(
 
 def train_rm_stage(ctx: RunContext, iteration: int, progress: ProgressFn) -> StageResult:
     """Continual RM training on new + replayed labels (or, with reward_models.retrain false,
-    RM_0 carried forward), then RM_k vs RM_{k-1} on fresh held-out outputs of policy_k."""
+    RM_0 carried forward; a frozen RM is its source at every iteration), then RM_k vs RM_{k-1}
+    on fresh held-out outputs of policy_k."""
     rm_cfg = ctx.cfg.reward_models
-    wanted: list[tuple[RMKind, bool]] = [(ORM, rm_cfg.use_orm), (PRM, rm_cfg.use_prm)]
-    kinds = [kind for kind, on in wanted if on]
-    # policy_k: its tokenizer encodes the RM examples, its samples measure the drift.
+    both: tuple[RMKind, ...] = (ORM, PRM)
+    kinds = [kind for kind in both if rm_cfg.uses(kind)]
+    # policy_k: its samples measure the drift.
     model, tokenizer = ctx.policy(iteration)
-    policy_dir = ctx.checkpoint(POLICY, iteration)
-    backbone = str(rm_cfg.init_path) if rm_cfg.init == "path" else str(policy_dir)
     metrics: dict[str, float] = {}
     trained: list[dict[str, Any]] = []
     for n, kind in enumerate(kinds):
-        if rm_cfg.retrain or iteration == 0:
+        if iteration == 0 or (rm_cfg.retrain and rm_cfg.settings(kind).train):
             progress(0.8 * n / len(kinds), f"training the {kind.upper()}")
-            kind_metrics, rows = _train_one(ctx, kind, iteration, tokenizer, backbone)
+            kind_metrics, rows = _train_one(ctx, kind, iteration)
             metrics.update({f"{kind}_{name}": value for name, value in kind_metrics.items()})
             trained += rows
-        else:  # the control: the iteration-0 RM rewards every iteration
-            frozen = load_rm(ctx, kind, 0)
-            save_reward_model(ctx.checkpoint(kind, iteration), frozen)
-            log.info("%s_%d: reward_models.retrain is false, kept %s_0", kind, iteration, kind)
+        else:  # retrain false (the control) or a frozen RM: RM_0 rewards every iteration
+            kept = load_rm(ctx, kind, 0)
+            save_reward_model(ctx.checkpoint(kind, iteration), kept)
+            log.info("%s_%d: not retrained, kept %s_0", kind, iteration, kind)
     eval_rows: list[dict[str, Any]] = []
     if kinds:
         progress(0.8, "measuring RM drift on fresh held-out outputs")
@@ -244,7 +266,7 @@ def _split_rows(
         found: list[EvalRow] = []
         if rm_cfg.use_orm:
             orm = rm(ORM, rm_iteration)
-            probs = score_outcome(orm, orm.tokenizer, row_prompts, sampled.texts)
+            probs = score_outcome(orm, row_prompts, sampled.texts)
             found += orm_eval_rows(probs.numpy(), correct, split)
             if not suffix:
                 found += best_of_n_rows(
@@ -254,7 +276,7 @@ def _split_rows(
                 )
         if rm_cfg.use_prm:
             prm = rm(PRM, rm_iteration)
-            scored = score_steps(prm, prm.tokenizer, row_prompts, sampled.texts)
+            scored = score_steps(prm, row_prompts, sampled.texts)
             pairs = [
                 (s, [float(x) for x in y])
                 for s, y in zip(scored.scores, exact, strict=True)

@@ -52,15 +52,14 @@ class ScoringContext:
         from reward_models.scoring import score_outcome
 
         rm = self.model(need)
-        return score_outcome(rm, rm.tokenizer, self.prompts, self.texts).float().cpu()
+        return score_outcome(rm, self.prompts, self.texts).float().cpu()
 
     def step_scores(self) -> list[list[float]]:
         """The PRM's probability at each step end of each output (computed once per step)."""
         if self._step_scores is None:
             from reward_models.scoring import score_steps
 
-            prm = self.model("prm")
-            self._step_scores = score_steps(prm, prm.tokenizer, self.prompts, self.texts).scores
+            self._step_scores = score_steps(self.model("prm"), self.prompts, self.texts).scores
         return self._step_scores
 
 

@@ -40,6 +40,12 @@ def test_overrides_keep_yaml_types() -> None:
     assert parse_override("grpo.algo.lr=1e-5") == ("grpo.algo.lr", 1e-5)
     assert parse_override("run.warm_start=false") == ("run.warm_start", False)
     assert parse_override("evaluation.ks=[1, 4]") == ("evaluation.ks", [1, 4])
+    # A quoted number stays a string (a token string); unquoted YAML 1.1 '1e-5' is a number.
+    assert parse_override("reward_models.prm.tokens.tag='2'") == (
+        "reward_models.prm.tokens.tag",
+        "2",
+    )
+    assert parse_override('x="1e-5"') == ("x", "1e-5")
     cfg = load_config("micro", ["grpo.steps=7", "grpo.algo.beta=0"])
     assert cfg.grpo.steps == 7 and cfg.grpo.algo.beta == 0.0
 
@@ -277,3 +283,44 @@ def test_a_data_source_the_estimator_cannot_use_is_refused(
         load_config("micro", overrides)
     for name in names:
         assert name in str(err.value)
+
+
+@pytest.mark.parametrize(
+    ("old", "new"),
+    [
+        (["reward_models.prm_init=orm"], "orm: {source: policy}, prm: {source: orm}"),
+        (
+            ["reward_models.init=path", "reward_models.init_path=/models/rm"],
+            "orm: {source: /models/rm}, prm: {source: /models/rm}",
+        ),
+    ],
+)
+def test_replaced_rm_init_fields_are_refused_naming_the_sources(old: list[str], new: str) -> None:
+    with pytest.raises(ConfigError, match=r"replaced by reward_models\.orm\.source") as err:
+        load_config("micro", old)
+    assert new in str(err.value)
+
+
+def test_a_stored_config_with_rm_init_fields_is_migrated_for_resume() -> None:
+    current = load_config(
+        "micro",
+        ["reward_models.orm.source=/models/rm", "reward_models.prm.source=orm"],
+    )
+    stored = current.model_dump(mode="json")
+    rms = {k: v for k, v in stored["reward_models"].items() if k not in ("orm", "prm")}
+    stored["reward_models"] = {**rms, "init": "path", "init_path": "/models/rm", "prm_init": "orm"}
+    assert stored_config_as_current(stored, current) == current.model_dump(mode="json")
+    stored["reward_models"] = {**rms, "init": "policy", "init_path": None, "prm_init": "backbone"}
+    migrated = stored_config_migrated(stored)["reward_models"]
+    assert (migrated["orm"], migrated["prm"]) == ({"source": "policy"}, {"source": "policy"})
+
+
+def test_a_stored_ablation_arm_that_set_prm_init_loads_migrated() -> None:
+    # The default suite's arms said reward_models.prm_init=backbone before the RMs had sources;
+    # its base (the demo) now says prm.source: orm, which the old override must replace.
+    old_arm = ["reward_models.use_prm=false", "reward_models.prm_init=backbone"]
+    with pytest.raises(ConfigError, match="prm_init"):
+        load_config("demo-ablate", old_arm)
+    cfg = load_config("demo-ablate", old_arm, migrate=True)
+    assert cfg.reward_models.prm.source == "policy" and not cfg.reward_models.use_prm
+    assert load_config("demo-ablate").reward_models.prm.source == "orm"

@@ -1,4 +1,4 @@
-"""Where the iteration-0 PRM starts (reward_models.prm_init) and how long each RM trains."""
+"""Where the iteration-0 PRM starts (reward_models.prm.source) and how long each RM trains."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ from flows.config_files import load_config
 from flows.errors import ConfigError
 from flows.loop import execute_run
 from grpo_core.model.policy import build_policy
+from reward_models.config import RewardModelSettings
 from reward_models.models import RewardModel
 from reward_models.training import load_or_init_reward_model
 from storage.sql import run_query
@@ -24,7 +25,8 @@ def test_prm_from_an_orm_directory_starts_as_that_orm(tmp_path: Path) -> None:
     policy, tokenizer = build_policy(cfg.policy)
     orm = RewardModel.from_policy(policy, "orm", tokenizer, seed=1)
     orm.save(tmp_path / "orm")
-    prm = load_or_init_reward_model(None, tmp_path / "orm", "prm", tokenizer, seed=2)
+    settings = RewardModelSettings(source="orm")
+    prm = load_or_init_reward_model(None, tmp_path / "orm", "prm", settings, seed=2)
     assert prm.kind == "prm"
     want = orm.state_dict()
     got = prm.state_dict()
@@ -32,9 +34,9 @@ def test_prm_from_an_orm_directory_starts_as_that_orm(tmp_path: Path) -> None:
     assert all(torch.equal(want[k], got[k]) for k in want)  # head included, not re-seeded
 
 
-def test_prm_init_orm_needs_both_reward_models() -> None:
-    with pytest.raises(ConfigError, match=r"prm_init"):
-        load_config("micro", ["reward_models.prm_init=orm", "reward_models.use_orm=false"])
+def test_a_prm_from_the_orm_needs_the_orm() -> None:
+    with pytest.raises(ConfigError, match=r"prm.source is 'orm' but use_orm is false"):
+        load_config("micro", ["reward_models.prm.source=orm", "reward_models.use_orm=false"])
 
 
 def _head(root: Path, run: str, kind: str) -> torch.Tensor:
@@ -43,7 +45,7 @@ def _head(root: Path, run: str, kind: str) -> torch.Tensor:
 
 
 @pytest.mark.slow
-def test_prm_init_orm_starts_prm_0_from_orm_0_and_prm_epochs_sets_its_passes(
+def test_a_prm_from_the_orm_starts_as_orm_0_and_prm_epochs_sets_its_passes(
     tmp_path: Path,
 ) -> None:
     # A learning rate so small that training leaves the weights where they started: the
@@ -54,7 +56,7 @@ def test_prm_init_orm_starts_prm_0_from_orm_0_and_prm_epochs_sets_its_passes(
             tmp_path,
             "from-orm",
             *common,
-            "reward_models.prm_init=orm",
+            "reward_models.prm.source=orm",
             "reward_models.prm_epochs=3",
         )
     )

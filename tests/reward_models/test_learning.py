@@ -128,7 +128,7 @@ def labelled() -> Iterator[Labelled]:
 
 def outcome_auroc(rm: RewardModel, data: Labelled) -> float:
     scores = score_outcome(
-        rm, data.tokenizer, [s.prompt_text for s in data.test], [s.completion for s in data.test]
+        rm, [s.prompt_text for s in data.test], [s.completion for s in data.test]
     )
     return auroc(scores, [r.label for r in data.test_orm])
 
@@ -141,7 +141,7 @@ def test_orm_ranks_held_out_samples(labelled: Labelled) -> None:
     rm = RewardModel.from_policy(data.model, "orm", data.tokenizer, seed=0)
     untrained = outcome_auroc(rm, data)
     examples = orm_examples(
-        data.train_orm, sample_texts(data.train), data.tokenizer, "new", origin_iteration=0
+        data.train_orm, sample_texts(data.train), rm.encoder, "new", origin_iteration=0
     )
     metrics, _ = train_reward_model(rm, examples, ORM_CFG, seed=0, progress=False)
     trained = outcome_auroc(rm, data)
@@ -182,7 +182,7 @@ def test_prm_beats_the_majority_class_on_held_out_steps(labelled: Labelled) -> N
     exact = [[int(x) for x in TASK.step_labels(s.problem, s.completion) or []] for s in data.test]
 
     def step_accuracy(rm: RewardModel) -> tuple[float, float, int]:
-        scores = score_steps(rm, data.tokenizer, prompts, completions).scores
+        scores = score_steps(rm, prompts, completions).scores
         rows = {r.metric: r for r in prm_eval_rows(scores, exact, split="test")}
         acc, base = rows["prm_step_accuracy"], rows["prm_step_majority_baseline"]
         return acc.value, base.value, acc.n
@@ -190,7 +190,7 @@ def test_prm_beats_the_majority_class_on_held_out_steps(labelled: Labelled) -> N
     rm = RewardModel.from_policy(data.model, "prm", data.tokenizer, seed=0)
     untrained, _, _ = step_accuracy(rm)
     examples = prm_examples(
-        data.prm_rows, sample_texts(data.mc_samples), data.tokenizer, "hard", "new", 0
+        data.prm_rows, sample_texts(data.mc_samples), rm.encoder, "hard", "new", 0
     )
     metrics, _ = train_reward_model(rm, examples, PRM_CFG, seed=0, progress=False)
     accuracy, baseline, n_steps = step_accuracy(rm)

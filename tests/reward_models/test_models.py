@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -10,7 +11,7 @@ from transformers import LlamaForCausalLM, PreTrainedTokenizerFast
 
 from grpo_core.model.config import PolicyConfig
 from grpo_core.model.policy import build_char_tokenizer, create_tiny_policy
-from reward_models.models import RewardModel
+from reward_models.models import META_FILE, RewardModel
 from reward_models.training import load_or_init_reward_model
 
 SMALL = PolicyConfig(n_layers=1, hidden_size=32, n_heads=2, intermediate_size=64, seed=1)
@@ -61,7 +62,7 @@ def test_missing_previous_checkpoint_is_an_error_naming_the_path(tmp_path: Path)
     policy, tokenizer = tiny_policy()
     missing = tmp_path / "checkpoints" / "rm_orm" / "iter-0"
     with pytest.raises(FileNotFoundError, match=str(missing)):
-        load_or_init_reward_model(missing, policy, "orm", tokenizer)
+        load_or_init_reward_model(missing, policy, "orm", tokenizer=tokenizer)
 
 
 def test_previous_checkpoint_of_the_other_kind_is_rejected(tmp_path: Path) -> None:
@@ -73,8 +74,8 @@ def test_previous_checkpoint_of_the_other_kind_is_rejected(tmp_path: Path) -> No
 
 def test_without_previous_checkpoint_a_fresh_seeded_head_is_made() -> None:
     policy, tokenizer = tiny_policy()
-    a = load_or_init_reward_model(None, policy, "orm", tokenizer, seed=2)
-    b = load_or_init_reward_model(None, policy, "orm", tokenizer, seed=2)
+    a = load_or_init_reward_model(None, policy, "orm", tokenizer=tokenizer, seed=2)
+    b = load_or_init_reward_model(None, policy, "orm", tokenizer=tokenizer, seed=2)
     assert torch.equal(a.net.score.weight, b.net.score.weight)
 
 
@@ -85,3 +86,15 @@ def test_tokenizer_without_pad_token_pads_with_eos_and_warns() -> None:
         rm = RewardModel.from_policy(policy, "orm", tokenizer)
     assert rm.tokenizer.pad_token == rm.tokenizer.eos_token == "<eos>"
     assert rm.net.config.pad_token_id == tokenizer.eos_token_id
+
+
+def test_a_checkpoint_saved_before_formats_existed_loads_as_scalar_head(tmp_path: Path) -> None:
+    policy, tokenizer = tiny_policy()
+    rm = RewardModel.from_policy(policy, "orm", tokenizer, seed=5)
+    rm.save(tmp_path / "rm")
+    assert json.loads((tmp_path / "rm" / META_FILE).read_text())["format"] == "scalar_head"
+    (tmp_path / "rm" / META_FILE).write_text('{"kind": "orm"}\n')  # as earlier versions wrote
+    loaded = RewardModel.load(tmp_path / "rm")
+    assert (loaded.kind, loaded.format, loaded.tokens) == ("orm", "scalar_head", {})
+    ids = torch.tensor([tokenizer("Q: 1+1\nA:\n1+1=2")["input_ids"]])
+    assert torch.equal(loaded(ids, torch.ones_like(ids)), rm(ids, torch.ones_like(ids)))

@@ -35,8 +35,8 @@ def single_forward(model: RewardModel, prompt: str, completion: str) -> torch.Te
 def test_outcome_scores_are_last_token_probabilities_independent_of_batching() -> None:
     model = rm()
     model.train()
-    one = score_outcome(model, TOKENIZER, PROMPTS, COMPLETIONS, batch_size=1)
-    three = score_outcome(model, TOKENIZER, PROMPTS, COMPLETIONS, batch_size=3)
+    one = score_outcome(model, PROMPTS, COMPLETIONS, batch_size=1)
+    three = score_outcome(model, PROMPTS, COMPLETIONS, batch_size=3)
     assert one.shape == (3,) and torch.allclose(one, three, atol=1e-5)
     expected = [
         float(single_forward(model, p, c)[-1]) for p, c in zip(PROMPTS, COMPLETIONS, strict=True)
@@ -47,7 +47,7 @@ def test_outcome_scores_are_last_token_probabilities_independent_of_batching() -
 
 def test_step_scores_are_read_at_step_end_tokens() -> None:
     model = rm()
-    out = score_steps(model, TOKENIZER, PROMPTS, COMPLETIONS, batch_size=2)
+    out = score_steps(model, PROMPTS, COMPLETIONS, batch_size=2)
     assert out.step_end_tokens == [[4, 10, 17], [4, 11], []]
     ids = TOKENIZER(COMPLETIONS[1], add_special_tokens=False)["input_ids"]
     assert out.step_end_tokens[1] == step_end_token_indices(ids, TOKENIZER)

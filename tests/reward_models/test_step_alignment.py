@@ -112,7 +112,7 @@ def check_alignment(policy_tok: PreTrainedTokenizerBase) -> None:
     want = [expected_step_ends(policy_tok, c) for c in COMPLETIONS]
     assert rewards.step_ends == want
     # The PRM reads the same steps in its own (character) tokens: same scores, other positions.
-    by_prm = score_steps(prm, CHAR, PROMPTS, COMPLETIONS)
+    by_prm = score_steps(prm, PROMPTS, COMPLETIONS)
     assert by_prm.step_end_tokens != want  # the positions the old code wrongly reused
     for got, prm_scores, outcome in zip(
         rewards.step_scores, by_prm.scores, rewards.total.tolist(), strict=True
@@ -179,7 +179,7 @@ def test_prm_outcome_reward_is_weighted_in_and_reported_beside_the_verifier() ->
     )
     prm = char_prm()
     rewards = reward_with(cfg, tok, prm)(problems, PROMPTS, batch)
-    worst = torch.tensor([min(s) for s in score_steps(prm, CHAR, PROMPTS, COMPLETIONS).scores])
+    worst = torch.tensor([min(s) for s in score_steps(prm, PROMPTS, COMPLETIONS).scores])
     verifier = torch.tensor([1.0, 1.0, 0.0])  # 9-8+7 is 8, not 9
     assert torch.equal(rewards.verifier, verifier)
     assert rewards.step_scores is None  # outcome supervision: one reward per output

@@ -22,6 +22,7 @@ from reward_models.training import (
     prm_examples,
     train_reward_model,
 )
+from reward_models.views import RMEncoder
 
 TOKENIZER = build_char_tokenizer()
 SMALL = PolicyConfig(n_layers=1, hidden_size=32, n_heads=2, intermediate_size=64, seed=1)
@@ -38,7 +39,7 @@ def orm_set(n: int, source: str, iteration: int, start: int = 0) -> list[RMExamp
     indices = range(start, start + n)
     texts = {("p", i): SampleText(PROMPT, f"3+4=7\n7-2={i}\n#### {i}") for i in indices}
     rows = [OrmLabel("p", i, i % 2) for i in indices]
-    return orm_examples(rows, texts, TOKENIZER, source, iteration)  # type: ignore[arg-type]
+    return orm_examples(rows, texts, RMEncoder(TOKENIZER), source, iteration)  # type: ignore[arg-type]
 
 
 def test_orm_example_reads_the_last_completion_token() -> None:
@@ -54,13 +55,18 @@ def test_prm_example_recomputes_step_ends_from_the_text() -> None:
 
     texts = {("p", 3): SampleText(PROMPT, "3+4=7\n7-2=5\n#### 5")}
     rows = [row(2, 0.5), row(0, 0.75)]  # a replay sample may hold only some steps
-    (hard,) = prm_examples(rows, texts, TOKENIZER, "hard", "replay", 1)
-    (soft,) = prm_examples(rows, texts, TOKENIZER, "soft", "replay", 1)
+    (hard,) = prm_examples(rows, texts, RMEncoder(TOKENIZER), "hard", "replay", 1)
+    (soft,) = prm_examples(rows, texts, RMEncoder(TOKENIZER), "soft", "replay", 1)
     assert hard.read_positions == [4, 17]
     assert (hard.step_indices, hard.targets, soft.targets) == ([0, 2], [1.0, 1.0], [0.75, 0.5])
     with pytest.raises(KeyError, match="p#9"):
         prm_examples(
-            [PrmLabel("p", 9, 0, "?", 0, 0, 0, 0, 0.0)], texts, TOKENIZER, "hard", "new", 1
+            [PrmLabel("p", 9, 0, "?", 0, 0, 0, 0, 0.0)],
+            texts,
+            RMEncoder(TOKENIZER),
+            "hard",
+            "new",
+            1,
         )
 
 
@@ -101,7 +107,7 @@ def test_prm_records_list_every_step_target() -> None:
     rm = fresh_rm("prm")
     texts = {("p", 0): SampleText(PROMPT, "3+4=7\n7-2=5\n#### 5")}
     rows = [PrmLabel("p", 0, j, "?", 0, 4, 4, 1, 1.0, 1) for j in range(3)]
-    examples = prm_examples(rows, texts, TOKENIZER, "soft", "new", 0)
+    examples = prm_examples(rows, texts, RMEncoder(TOKENIZER), "soft", "new", 0)
     _, records = train_reward_model(rm, examples, RewardModelConfig(), seed=0, progress=False)
     assert [(r.rm_kind, r.step_index, r.label, r.epoch) for r in records] == [
         ("prm", 0, 1.0, 0),

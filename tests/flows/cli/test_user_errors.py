@@ -16,6 +16,7 @@ from grpo_core.contracts.errors import MissingPathError
 from grpo_core.model.config import PolicyConfig
 from grpo_core.model.policy import build_char_tokenizer, create_tiny_policy
 from storage.store import RunStore
+from tests import rm_checkpoints
 
 Case = Callable[[Path, Path], list[str]]  # (tmp dir, store) -> extra CLI arguments
 
@@ -53,6 +54,23 @@ def _local_task(path: Path) -> list[str]:
 
 GOOD_ROW = json.dumps({"question": "What is 1+1?", "answer": "1+1=2\n#### 2"})
 ANSWERS_ONLY = [json.dumps({"problem": f"What is {i}+1?", "answer": str(i + 1)}) for i in range(20)]
+
+
+def _rm(kind: str, path: Path, fmt: str | None = None, **tokens: str) -> list[str]:
+    """--set arguments: the `kind` RM from the checkpoint at `path`, in format `fmt`."""
+    args = ["--set", f"reward_models.{kind}.source={path}"]
+    args += ["--set", f"reward_models.{kind}.format={fmt}"] if fmt else []
+    for name, value in tokens.items():
+        args += ["--set", f"reward_models.{kind}.tokens.{name}='{value}'"]
+    return args
+
+
+def _without_tokenizer(tmp: Path) -> Path:
+    path = rm_checkpoints.classifier(tmp / "no-tokenizer")
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        (path / name).unlink()
+    return path
+
 
 CASES: dict[str, tuple[Case, str]] = {
     "missing policy path": (
@@ -117,6 +135,41 @@ CASES: dict[str, tuple[Case, str]] = {
     "prompt longer than the RMs' max_length": (
         lambda tmp, store: ["--set", "reward_models.max_length=20"],
         "exceeds reward_models.max_length = 20",
+    ),
+    "an RM source that is not a model directory": (
+        lambda tmp, store: _rm("orm", tmp / "nope", "classifier"),
+        "is not a model directory (no config.json)",
+    ),
+    "an RM format unlike its checkpoint's class": (
+        lambda tmp, store: _rm("orm", rm_checkpoints.step_tag_lm(tmp / "lm"), "classifier"),
+        "reward_models.orm.format is classifier, which reads a *ForSequenceClassification or "
+        "*ForTokenClassification checkpoint, but reward_models.orm.source",
+    ),
+    "a classifier ORM whose head is not one logit": (
+        lambda tmp, store: _rm(
+            "orm", rm_checkpoints.classifier(tmp / "a", num_labels=2), "classifier"
+        ),
+        "has num_labels 2: set reward_models.orm.format: two_class",
+    ),
+    "a two-class PRM whose head is not two classes": (
+        lambda tmp, store: _rm("prm", rm_checkpoints.classifier(tmp / "a"), "two_class"),
+        "reward_models.prm.format is two_class, which reads a head of 2 logits",
+    ),
+    "a new head on a checkpoint with its own": (
+        lambda tmp, store: _rm("orm", rm_checkpoints.two_class(tmp / "c")),
+        "reward_models.orm.format is scalar_head, which puts a new head on a backbone",
+    ),
+    "a step-tag PRM whose good token is not one token": (
+        lambda tmp, store: _rm("prm", rm_checkpoints.step_tag_lm(tmp / "b"), "step_tag", good="+-"),
+        "reward_models.prm.tokens.good = '+-' is 2 tokens in the reward model's tokenizer",
+    ),
+    "a step tag the RM's tokenizer merges into the text": (
+        lambda tmp, store: _rm("prm", rm_checkpoints.step_tag_lm(tmp / "b"), "step_tag", tag="2"),
+        "reward_models.prm.tokens.tag = '2' is merged with the text around it",
+    ),
+    "an RM source without its tokenizer": (
+        lambda tmp, store: _rm("orm", _without_tokenizer(tmp), "classifier"),
+        "has no tokenizer that loads",
     ),
     "ks above n_samples": (lambda tmp, store: ["--set", "evaluation.ks=[16]"], "evaluation.ks"),
     "mini-batches above the batch": (
