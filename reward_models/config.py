@@ -198,6 +198,11 @@ class RewardModelConfig(BaseModel):
         description="Longest prompt + completion in tokens, 8 to 32768; longer is an error.",
     )
     seed: int = Field(0, ge=0, description="Seed of head initialisation and batch order, >= 0.")
+    dtype: Literal["float32", "bfloat16", "float16"] = Field(
+        "float32",
+        description="Parameter dtype of the reward models at every load (training, scoring, "
+        "the drift check); float32 on CPU.",
+    )
     retrain: bool = Field(
         True,
         description=(

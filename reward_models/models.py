@@ -26,7 +26,7 @@ from transformers import (
 from transformers.utils import logging as hf_logging
 
 from grpo_core.contracts.errors import MissingPathError
-from grpo_core.model.policy import ensure_pad_token, reading_checkpoint
+from grpo_core.model.policy import DTYPES, ensure_pad_token, reading_checkpoint
 from reward_models.config import RMKind
 from reward_models.formats import RM_FORMATS, SCALAR_HEAD
 from reward_models.sources import (
@@ -112,17 +112,18 @@ class RewardModel(nn.Module):
         kind: RMKind,
         tokenizer: PreTrainedTokenizerBase | None = None,
         seed: int = 0,
+        dtype: str = "float32",
     ) -> RewardModel:
-        """A scalar_head RM: the backbone of a policy (model or local dir) under a new head
-        drawn from `seed`, with the policy's tokenizer (a directory's own by default). A
-        directory holding a scalar_head RM (the ORM a PRM starts from) keeps its head."""
+        """A scalar_head RM in `dtype`: the backbone of a policy (model or local dir) under a
+        new head drawn from `seed`, with the policy's tokenizer (a directory's own by default).
+        A directory holding a scalar_head RM (the ORM a PRM starts from) keeps its head."""
         torch.manual_seed(seed)
         if isinstance(policy, PreTrainedModel):
             if tokenizer is None:
                 raise ValueError("from_policy(model) needs the policy's tokenizer")
             net = AutoModelForTokenClassification.from_config(_head_config(policy.config))
             net.base_model.load_state_dict(policy.base_model.state_dict())
-            net.to(policy.device)
+            net.to(policy.device, DTYPES[dtype])
             return cls(net, tokenizer, kind)
         path = Path(policy)
         if not (path / "config.json").is_file():
@@ -135,7 +136,9 @@ class RewardModel(nn.Module):
         verbosity = hf_logging.get_verbosity()
         hf_logging.set_verbosity_error()
         try:
-            net = AutoModelForTokenClassification.from_pretrained(path, config=config)
+            net = AutoModelForTokenClassification.from_pretrained(
+                path, config=config, dtype=DTYPES[dtype]
+            )
         finally:
             hf_logging.set_verbosity(verbosity)
         return cls(net, tokenizer or load_tokenizer(path, f"reward_models.{kind}"), kind)
@@ -147,10 +150,12 @@ class RewardModel(nn.Module):
         kind: RMKind,
         format: str,
         tokens: Mapping[str, str] | None = None,
+        dtype: str = "float32",
     ) -> RewardModel:
-        """A pretrained reward model as its format reads it: its own class, head and tokenizer."""
+        """A pretrained reward model as its format reads it: its own class, head and tokenizer,
+        its parameters in `dtype`."""
         where = f"reward_models.{kind}"
-        net = load_network(Path(path), RM_FORMATS[format], where)
+        net = load_network(Path(path), RM_FORMATS[format], where, dtype)
         return cls(net, load_tokenizer(Path(path), where), kind, format, tokens)
 
     def save(
@@ -175,9 +180,11 @@ class RewardModel(nn.Module):
         return path
 
     @classmethod
-    def load(cls, directory: str | Path, device: str | torch.device = "cpu") -> RewardModel:
-        """A reward model saved by `save`; clear error naming the path when it is missing.
-        (Checkpoints saved before formats existed are scalar_head models.)"""
+    def load(
+        cls, directory: str | Path, device: str | torch.device = "cpu", dtype: str = "float32"
+    ) -> RewardModel:
+        """A reward model saved by `save`, its parameters in `dtype`; clear error naming the
+        path when it is missing. (Checkpoints saved before formats existed are scalar_head.)"""
         path = Path(directory)
         meta_file = path / META_FILE
         if not meta_file.is_file():
@@ -187,7 +194,8 @@ class RewardModel(nn.Module):
             )
         with reading_checkpoint(path):
             meta = json.loads(meta_file.read_text())
-            net = auto_class(AutoConfig.from_pretrained(path)).from_pretrained(path)
+            config = AutoConfig.from_pretrained(path)
+            net = auto_class(config).from_pretrained(path, dtype=DTYPES[dtype])
             tokenizer = AutoTokenizer.from_pretrained(path)
         model = cls(
             net, tokenizer, meta["kind"], meta.get("format", SCALAR_HEAD.name), meta.get("tokens")

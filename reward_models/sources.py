@@ -21,7 +21,7 @@ from transformers import (
 )
 
 from grpo_core.contracts.errors import MissingPathError, SettingError
-from grpo_core.model.policy import ensure_pad_token, reading_checkpoint
+from grpo_core.model.policy import DTYPES, ensure_pad_token, reading_checkpoint
 from reward_models.config import ORM_SOURCE, POLICY_SOURCE, RewardModelSettings, RMKind
 from reward_models.formats import RM_FORMATS, RMFormat
 from reward_models.views import RMEncoder
@@ -146,12 +146,14 @@ def marker_encoder(
     return RMEncoder(tokenizer, tokens[marker], f"reward_models.{kind}.tokens.{marker}")
 
 
-def load_network(path: Path, spec: RMFormat, where: str) -> PreTrainedModel:
-    """A pretrained checkpoint with its own head, checked against the format."""
+def load_network(path: Path, spec: RMFormat, where: str, dtype: str = "float32") -> PreTrainedModel:
+    """A pretrained checkpoint with its own head, checked against the format, in `dtype`."""
     config = _config(path, where)
     check_architecture(architecture(config), config.num_labels or 0, spec, where, str(path))
     with reading_checkpoint(path):
-        net: PreTrainedModel = auto_class(config).from_pretrained(path, local_files_only=True)
+        net: PreTrainedModel = auto_class(config).from_pretrained(
+            path, local_files_only=True, dtype=DTYPES[dtype]
+        )
     check_network(net, spec, where)
     return net
 

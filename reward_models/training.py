@@ -202,6 +202,7 @@ def load_or_init_reward_model(
     settings: RewardModelSettings | None = None,
     tokenizer: PreTrainedTokenizerBase | None = None,
     seed: int = 0,
+    dtype: str = "float32",
 ) -> RewardModel:
     """The k-1 reward model from prev_dir (continual training), or, when None, the iteration-0
     model of `settings` (default: scalar_head from the policy) from `init_source`: the policy
@@ -211,7 +212,7 @@ def load_or_init_reward_model(
     """
     settings = settings or RewardModelSettings()
     if prev_dir is not None:
-        model = RewardModel.load(prev_dir)
+        model = RewardModel.load(prev_dir, dtype=dtype)
         if model.kind != kind:
             raise ValueError(f"reward model at {prev_dir} is a {model.kind}, expected a {kind}")
         if model.format != settings.format:
@@ -222,14 +223,15 @@ def load_or_init_reward_model(
     if init_source is None:
         raise ValueError(f"a new {kind} (no previous checkpoint) needs its source")
     if settings.spec.new_head:
-        return RewardModel.from_policy(init_source, kind, tokenizer, seed)
+        return RewardModel.from_policy(init_source, kind, tokenizer, seed, dtype)
     if isinstance(init_source, PreTrainedModel):
         raise ValueError(f"format {settings.format} starts from a checkpoint directory")
     # Seeded like a new head: the global generator leaves the stage in the same state.
     torch.manual_seed(seed)
     if settings.source == ORM_SOURCE:
-        return RewardModel.load(init_source).as_kind(kind)
-    return RewardModel.from_checkpoint(init_source, kind, settings.format, settings.tokens)
+        return RewardModel.load(init_source, dtype=dtype).as_kind(kind)
+    tokens = settings.tokens
+    return RewardModel.from_checkpoint(init_source, kind, settings.format, tokens, dtype)
 
 
 def _check_examples(model: RewardModel, examples: Sequence[RMExample], max_length: int) -> None:

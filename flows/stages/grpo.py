@@ -49,7 +49,9 @@ def _load_reward_models(ctx: RunContext, k: int) -> dict[RMKind, RewardModel]:
     grpo = ctx.cfg.grpo
     needed = models_needed(grpo.rewards, grpo.algo.process_supervision)
     return {
-        kind: RewardModel.load(ctx.require_checkpoint(kind, k), device=ctx.device).eval()
+        kind: RewardModel.load(
+            ctx.require_checkpoint(kind, k), device=ctx.device, dtype=ctx.cfg.reward_models.dtype
+        ).eval()
         for kind in sorted(needed)
     }
 

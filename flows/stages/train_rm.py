@@ -71,7 +71,8 @@ def labelled_samples(
 
 def load_rm(ctx: RunContext, kind: str, k: int) -> RewardModel:
     """RM_k of `kind` on the run's device."""
-    return RewardModel.load(ctx.require_checkpoint(kind, k), device=ctx.device)
+    dtype = ctx.cfg.reward_models.dtype
+    return RewardModel.load(ctx.require_checkpoint(kind, k), device=ctx.device, dtype=dtype)
 
 
 def sample_texts_of(ctx: RunContext, iteration: int) -> dict[tuple[str, int], SampleText]:
@@ -141,7 +142,7 @@ def _train_one(
     prev = ctx.checkpoint(kind, iteration - 1) if iteration > 0 else None
     seed = ctx.seed(rm_cfg.seed, TRAIN_RM, kind, iteration)
     start = _initial_source(ctx, kind, iteration) if prev is None else None
-    model = load_or_init_reward_model(prev, start, kind, settings, seed=seed)
+    model = load_or_init_reward_model(prev, start, kind, settings, seed=seed, dtype=rm_cfg.dtype)
     model.to(ctx.device)
     if not settings.train:
         save_reward_model(ctx.checkpoint(kind, iteration), model)
