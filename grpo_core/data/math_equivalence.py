@@ -8,6 +8,11 @@ worker (grpo_core/data/math_worker.py) is started on first use, answers one requ
 time, and is killed and restarted when a request runs past `timeout_s`; the comparison then
 counts as not equal. So the timeout holds wherever itergrpo checks answers: the main thread,
 a Prefect task, a Ray worker, any thread.
+
+Verdicts are kept per (gold, answer) pair in this process (an LRU of `cache_size`): a policy
+repeats its answers, within a group and across the steps of a stage, and a repeat then costs a
+dictionary look-up instead of a worker round trip (bench/answer_check.py measures the share).
+A timeout is never kept: the pair is asked again next time.
 """
 
 from __future__ import annotations
@@ -20,11 +25,13 @@ import select
 import subprocess
 import sys
 import threading
+from functools import lru_cache
 from typing import Any
 
 log = logging.getLogger(__name__)
 
 DEFAULT_TIMEOUT_S = 5.0
+DEFAULT_CACHE_SIZE = 1 << 17  # verdicts kept: ~130k pairs, tens of MB at most
 
 
 class MathVerifyTimeout(Exception):
@@ -34,26 +41,42 @@ class MathVerifyTimeout(Exception):
 class MathVerifier:
     """Answers compared by math-verify in a worker process (started on first use)."""
 
-    def __init__(self, timeout_s: float = DEFAULT_TIMEOUT_S) -> None:
+    def __init__(
+        self, timeout_s: float = DEFAULT_TIMEOUT_S, cache_size: int = DEFAULT_CACHE_SIZE
+    ) -> None:
         self.timeout_s = timeout_s
         self.timeouts = 0  # requests that ran past the timeout in this process
         self._lock = threading.Lock()
         self._process: subprocess.Popen[str] | None = None
+        # lru_cache keeps no result of a call that raised: a timeout is asked again.
+        self._equal = lru_cache(maxsize=cache_size)(self._ask_equal)
+        self._canonical = lru_cache(maxsize=cache_size)(self._ask_canonical)
         atexit.register(self.close)
 
     def equal(self, gold: str, pred: str) -> bool:
         """Whether `pred` is the same answer as `gold`; a timeout counts as not equal."""
         try:
-            return bool(self._ask(op="equal", gold=gold, pred=pred))
+            return self._equal(gold, pred)
         except MathVerifyTimeout:
             return False
 
     def canonical(self, answer: str) -> str:
         """A key that equal answers share (numbers rounded to 6 digits), for majority votes."""
         try:
-            return str(self._ask(op="canonical", answer=answer))
+            return self._canonical(answer)
         except MathVerifyTimeout:
             return "".join(answer.split())
+
+    def clear_cache(self) -> None:
+        """Forget the kept verdicts (the worker's parses stay until it restarts)."""
+        self._equal.cache_clear()
+        self._canonical.cache_clear()
+
+    def _ask_equal(self, gold: str, pred: str) -> bool:
+        return bool(self._ask(op="equal", gold=gold, pred=pred))
+
+    def _ask_canonical(self, answer: str) -> str:
+        return str(self._ask(op="canonical", answer=answer))
 
     def check_gold(self, gold: str) -> str | None:
         """None when a gold answer can be compared, else what is wrong with it."""
