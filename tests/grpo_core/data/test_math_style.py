@@ -182,6 +182,8 @@ def test_a_split_without_questions_is_a_task_data_error() -> None:
         ("\\frac{1}{2}+\\frac{1}{3}", "\\boxed{\\frac56}", True),
         ("\\frac{1}{2}+\\frac{1}{6}", "=\\frac{4}{6}\n\\boxed{\\frac{4}{6}}", True),  # unreduced
         ("\\frac{1}{4}+\\frac{3}{4}", "\\boxed{\\frac{4}{4}}", True),
+        ("\\frac{1}{2}+\\frac{1}{6}", "\\boxed{4/6}", True),
+        ("\\frac{1}{2}+\\frac{1}{6}", "\\boxed{0.6666667}", True),
         ("\\frac{1}{2}+\\frac{1}{3}", "\\boxed{\\frac{2}{5}}", False),
         ("\\sqrt{8}+\\sqrt{2}", "\\boxed{\\sqrt{18}}", True),
         ("\\sqrt{8}+\\sqrt{2}", "\\boxed{3\\sqrt2}", True),
