@@ -7,7 +7,9 @@ thread, and no in-process timeout stops a comparison stuck in C (a huge integer 
 worker (grpo_core/data/math_worker.py) is started on first use, answers one request at a
 time, and is killed and restarted when a request runs past `timeout_s`; the comparison then
 counts as not equal. So the timeout holds wherever itergrpo checks answers: the main thread,
-a Prefect task, a Ray worker, any thread.
+a Prefect task, a Ray worker, any thread. The worker's start (importing sympy and
+math-verify: seconds on a busy machine) is waited for apart, up to `START_TIMEOUT_S`, so it
+never eats a request's timeout.
 
 Verdicts are kept per (gold, answer) pair in this process (an LRU of `cache_size`): a policy
 repeats its answers, within a group and across the steps of a stage, and a repeat then costs a
@@ -31,6 +33,7 @@ from typing import Any
 log = logging.getLogger(__name__)
 
 DEFAULT_TIMEOUT_S = 5.0
+START_TIMEOUT_S = 300.0  # a worker that is not ready by then is an error, not a verdict
 DEFAULT_CACHE_SIZE = 1 << 17  # verdicts kept: ~130k pairs, tens of MB at most
 
 
@@ -124,6 +127,15 @@ class MathVerifier:
                 text=True,
                 env={**os.environ, "PYTHONPATH": _our_path()},
             )
+            assert self._process.stdout is not None
+            ready, _, _ = select.select([self._process.stdout], [], [], START_TIMEOUT_S)
+            line = self._process.stdout.readline() if ready else ""
+            if not line.startswith('{"ready"'):
+                self._stop()
+                raise RuntimeError(
+                    f"the math-verify worker did not start within {START_TIMEOUT_S:g} s "
+                    f"(it wrote {line[:200]!r})"
+                )
         return self._process
 
     def _stop(self) -> None:

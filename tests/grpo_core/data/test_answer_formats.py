@@ -194,6 +194,15 @@ def test_a_comparison_past_its_timeout_counts_as_not_equal_in_any_thread() -> No
     verifier.close()
 
 
+def test_the_worker_start_does_not_count_against_the_first_comparison() -> None:
+    """Importing sympy and math-verify takes ~0.4 s on a quiet machine (seconds on a busy
+    one); a comparison of two small numbers, ~15 ms. Were the start timed with the first
+    request, this 0.25 s timeout would fail it and count a right answer wrong."""
+    verifier = MathVerifier(timeout_s=0.25)
+    assert verifier.equal("\\frac{1}{2}", "0.5") and verifier.timeouts == 0
+    verifier.close()
+
+
 def test_a_repeated_comparison_is_answered_without_the_worker() -> None:
     verifier = MathVerifier()
     asked: list[dict[str, object]] = []
