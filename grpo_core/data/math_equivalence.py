@@ -7,7 +7,14 @@ thread, and no in-process timeout stops a comparison stuck in C (a huge integer 
 worker (grpo_core/data/math_worker.py) is started on first use, answers one request at a
 time, and is killed and restarted when a request runs past `timeout_s`; the comparison then
 counts as not equal. So the timeout holds wherever itergrpo checks answers: the main thread,
-a Prefect task, a Ray worker, any thread.
+a Prefect task, a Ray worker, any thread. The worker's start (importing sympy and
+math-verify: seconds on a busy machine) is waited for apart, up to `START_TIMEOUT_S`, so it
+never eats a request's timeout.
+
+Verdicts are kept per (gold, answer) pair in this process (an LRU of `cache_size`): a policy
+repeats its answers, within a group and across the steps of a stage, and a repeat then costs a
+dictionary look-up instead of a worker round trip (bench/answer_check.py measures the share).
+A timeout is never kept: the pair is asked again next time.
 """
 
 from __future__ import annotations
@@ -20,14 +27,17 @@ import select
 import subprocess
 import sys
 import threading
+from functools import lru_cache
 from typing import Any
 
 log = logging.getLogger(__name__)
 
 DEFAULT_TIMEOUT_S = 5.0
-# The worker's start-up (Python and math-verify's imports) is not a request: on a loaded
-# machine it takes seconds, and counting it would time out the first comparison.
-STARTUP_TIMEOUT_S = 120.0
+# The worker's start-up (Python, math-verify's imports, a first comparison) is not a request:
+# on a loaded machine it takes seconds, and counting it would time out the first comparison.
+# A worker that is not ready by then is an error, not a verdict.
+START_TIMEOUT_S = 300.0
+DEFAULT_CACHE_SIZE = 1 << 17  # verdicts kept: ~130k pairs, tens of MB at most
 
 
 class MathVerifyTimeout(Exception):
@@ -37,26 +47,42 @@ class MathVerifyTimeout(Exception):
 class MathVerifier:
     """Answers compared by math-verify in a worker process (started on first use)."""
 
-    def __init__(self, timeout_s: float = DEFAULT_TIMEOUT_S) -> None:
+    def __init__(
+        self, timeout_s: float = DEFAULT_TIMEOUT_S, cache_size: int = DEFAULT_CACHE_SIZE
+    ) -> None:
         self.timeout_s = timeout_s
         self.timeouts = 0  # requests that ran past the timeout in this process
         self._lock = threading.Lock()
         self._process: subprocess.Popen[str] | None = None
+        # lru_cache keeps no result of a call that raised: a timeout is asked again.
+        self._equal = lru_cache(maxsize=cache_size)(self._ask_equal)
+        self._canonical = lru_cache(maxsize=cache_size)(self._ask_canonical)
         atexit.register(self.close)
 
     def equal(self, gold: str, pred: str) -> bool:
         """Whether `pred` is the same answer as `gold`; a timeout counts as not equal."""
         try:
-            return bool(self._ask(op="equal", gold=gold, pred=pred))
+            return self._equal(gold, pred)
         except MathVerifyTimeout:
             return False
 
     def canonical(self, answer: str) -> str:
         """A key that equal answers share (numbers rounded to 6 digits), for majority votes."""
         try:
-            return str(self._ask(op="canonical", answer=answer))
+            return self._canonical(answer)
         except MathVerifyTimeout:
             return "".join(answer.split())
+
+    def clear_cache(self) -> None:
+        """Forget the kept verdicts (the worker's parses stay until it restarts)."""
+        self._equal.cache_clear()
+        self._canonical.cache_clear()
+
+    def _ask_equal(self, gold: str, pred: str) -> bool:
+        return bool(self._ask(op="equal", gold=gold, pred=pred))
+
+    def _ask_canonical(self, answer: str) -> str:
+        return str(self._ask(op="canonical", answer=answer))
 
     def check_gold(self, gold: str) -> str | None:
         """None when a gold answer can be compared, else what is wrong with it."""
@@ -105,11 +131,11 @@ class MathVerifier:
                 env={**os.environ, "PYTHONPATH": _our_path()},
             )
             assert process.stdout is not None
-            ready, _, _ = select.select([process.stdout], [], [], STARTUP_TIMEOUT_S)
+            ready, _, _ = select.select([process.stdout], [], [], START_TIMEOUT_S)
             if not ready or json.loads(process.stdout.readline() or "{}").get("ready") is not True:
                 process.kill()
                 raise RuntimeError(
-                    f"the math-verify worker did not start within {STARTUP_TIMEOUT_S:.0f} s "
+                    f"the math-verify worker did not start within {START_TIMEOUT_S:g} s "
                     f"(exit code {process.poll()}): is math-verify installed?"
                 )
             self._process = process

@@ -8,8 +8,18 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from grpo_core.data.answer_formats import ANSWER_FORMATS
+from grpo_core.data.tasks.arith import ArithTask
 from grpo_core.data.tasks.base import Task
 from grpo_core.data.tasks.data_formats import AUTO, DATA_FORMATS
+from grpo_core.data.tasks.math_style import KINDS, MathKind, MathStyleTask
+from grpo_core.data.tasks.reasoning_gym import ReasoningGymTask
+
+# The answer format each generated task writes its gold answers in (local_files: the config's).
+_OWN_FORMATS = {
+    "arith": ArithTask.answer_format.name,
+    "reasoning_gym": ReasoningGymTask.answer_format.name,
+    "math_style": MathStyleTask.answer_format.name,
+}
 
 
 def _with_auto(names: Callable[[], list[str]]) -> Callable[[dict[str, Any]], None]:
@@ -48,11 +58,12 @@ class TaskConfig(BaseModel):
 
     model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
-    name: Literal["arith", "reasoning_gym", "local_files"] = Field(
+    name: Literal["arith", "math_style", "reasoning_gym", "local_files"] = Field(
         default="arith",
-        description="arith: built-in arithmetic chains; reasoning_gym: a reasoning-gym dataset "
-        "(needs itergrpo[real]); local_files: GSM8K- or MATH-format data on local disk "
-        "(jsonl/json/parquet files or a datasets folder; docs/data.md).",
+        description="arith: built-in arithmetic chains; math_style: built-in fraction sums, "
+        "radical sums and midpoints with \\boxed{} LaTeX answers; reasoning_gym: a "
+        "reasoning-gym dataset (needs itergrpo[real]); local_files: GSM8K- or MATH-format "
+        "data on local disk (jsonl/json/parquet files or a datasets folder; docs/data.md).",
     )
     min_steps: int = Field(
         default=2, ge=1, le=20, description="arith: fewest operations per chain (1-20)."
@@ -71,6 +82,20 @@ class TaskConfig(BaseModel):
     )
     operators: str = Field(
         default="+-", description="arith: operators to draw from, a non-empty subset of '+-*'."
+    )
+    math_kinds: list[MathKind] = Field(
+        default_factory=lambda: list(KINDS),
+        min_length=1,
+        description="math_style: which kinds of question to draw (each problem's kind "
+        "uniformly): fraction_sum (\\frac{1}{2}+\\frac{1}{3}), radical_sum "
+        "(\\sqrt{8}+\\sqrt{2}), midpoint (of two points: a pair of fractions).",
+    )
+    math_max: int = Field(
+        default=4,
+        ge=2,
+        le=12,
+        description="math_style: largest number in a question (2-12): fraction denominators "
+        "2..math_max, root coefficients 1..math_max, point coordinates 0..math_max.",
     )
     test_fraction: float = Field(
         default=0.2,
@@ -120,8 +145,8 @@ class TaskConfig(BaseModel):
         description="How outputs state their final answer and how it is judged "
         "(grpo_core/data/answer_formats.py): 'gsm8k' (a last line '#### <answer>', compared as "
         "numbers) or 'boxed' (the last \\boxed{...}, compared by math-verify: 1/2 = 0.5 = "
-        "\\frac12). auto: the task's own; arith and reasoning_gym state answers as gsm8k; "
-        "local_files as its data format does (gsm8k: gsm8k, math: boxed).",
+        "\\frac12). auto: the task's own; arith and reasoning_gym state answers as gsm8k, "
+        "math_style as boxed; local_files as its data format does (gsm8k: gsm8k, math: boxed).",
         json_schema_extra=_with_auto(ANSWER_FORMATS.names),
     )
     on_bad_rows: Literal["error", "skip"] = Field(
@@ -146,10 +171,12 @@ class TaskConfig(BaseModel):
             ANSWER_FORMATS.check(self.answer_format)
         if self.data_format != AUTO:
             DATA_FORMATS.check(self.data_format)
-        if self.name != "local_files" and self.answer_format not in (AUTO, "gsm8k"):
+        own = _OWN_FORMATS.get(self.name)
+        if own is not None and self.answer_format not in (AUTO, own):
             raise ValueError(
-                f"task {self.name} states answers as '#### <answer>': set task.answer_format: "
-                f"auto or gsm8k (got {self.answer_format!r}); boxed answers come from local_files"
+                f"task {self.name} states answers in the {own!r} format "
+                f"({ANSWER_FORMATS[own].description}): set task.answer_format: auto or {own} "
+                f"(got {self.answer_format!r}); local_files reads either format"
             )
         return self
 
@@ -157,14 +184,12 @@ class TaskConfig(BaseModel):
 def make_task(cfg: TaskConfig) -> Task:
     """The task `cfg` names, with its knobs applied."""
     if cfg.name == "arith":
-        from grpo_core.data.tasks.arith import ArithTask
-
         return ArithTask(
             cfg.min_steps, cfg.max_steps, cfg.operand_max, cfg.operators, cfg.test_fraction
         )
+    if cfg.name == "math_style":
+        return MathStyleTask(tuple(cfg.math_kinds), cfg.math_max, cfg.test_fraction)
     if cfg.name == "reasoning_gym":
-        from grpo_core.data.tasks.reasoning_gym import ReasoningGymTask
-
         return ReasoningGymTask(cfg.rg_task, cfg.rg_kwargs, cfg.test_fraction)
     from grpo_core.data.tasks.local_files import LocalFilesTask
 

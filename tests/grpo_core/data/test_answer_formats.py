@@ -189,6 +189,36 @@ def test_a_comparison_past_its_timeout_counts_as_not_equal_in_any_thread() -> No
     assert got["equal"] is False and 1.0 <= float(str(got["seconds"])) < 10
     assert verifier.timeouts == 1
     assert verifier.equal("\\frac{1}{2}", "0.5")  # a fresh worker answers the next one
+    assert verifier.equal("10^{10^{6}}!", "5") is False  # a timeout is not kept: asked again
+    assert verifier.timeouts == 2
+    verifier.close()
+
+
+def test_the_worker_start_does_not_count_against_the_first_comparison() -> None:
+    """Importing sympy and math-verify takes ~0.4 s on a quiet machine (seconds on a busy
+    one); a comparison of two small numbers, ~15 ms. Were the start timed with the first
+    request, this 0.25 s timeout would fail it and count a right answer wrong."""
+    verifier = MathVerifier(timeout_s=0.25)
+    assert verifier.equal("\\frac{1}{2}", "0.5") and verifier.timeouts == 0
+    verifier.close()
+
+
+def test_a_repeated_comparison_is_answered_without_the_worker() -> None:
+    verifier = MathVerifier()
+    asked: list[dict[str, object]] = []
+    ask = verifier._ask
+
+    def counting_ask(**request: object) -> object:
+        asked.append(request)
+        return ask(**request)
+
+    verifier._ask = counting_ask  # type: ignore[method-assign]
+    pairs = [("\\frac{5}{6}", "10/12"), ("\\frac{5}{6}", "\\frac{4}{6}")] * 3
+    assert [verifier.equal(g, p) for g, p in pairs] == [True, False] * 3
+    assert verifier.canonical("10/12") == verifier.canonical("10/12") == "0.833333"
+    assert len(asked) == 3  # two distinct pairs and one answer, each asked once
+    verifier.clear_cache()
+    assert verifier.equal(*pairs[0]) and len(asked) == 4
     verifier.close()
 
 
