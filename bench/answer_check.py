@@ -49,7 +49,8 @@ from grpo_core.data.math_equivalence import MathVerifier
 from grpo_core.data.tasks.base import Problem
 from grpo_core.data.tasks.registry import make_task
 from grpo_core.engines.hf_rollout import HFRolloutEngine
-from grpo_core.model.policy import build_policy, format_prompt, load_policy
+from grpo_core.model.policy import build_policy, load_policy
+from grpo_core.model.prompts import Prompter
 from grpo_core.model.warm_start import warm_start
 from reward_models.labelling import LabelledSample, orm_labels, prm_labels_monte_carlo
 
@@ -143,12 +144,13 @@ def bench_grpo(cfg: Any, task: Any, policy_dir: Path, steps: int) -> None:
             HFRolloutEngine(model, tokenizer, cfg.rollout.batch_size, show_progress=False)
         )
         update_seconds = 0.0
+        prompter = Prompter(tokenizer, cfg.prompt, task.answer_format.instruction)
         pool = task.problems("train", steps * g.prompts_per_step, seed=cfg.run.seed)
         before = answer_formats.MATH_VERIFIER._equal.cache_info()
         start = time.perf_counter()
         for step in range(steps):
             problems = pool[step * g.prompts_per_step : (step + 1) * g.prompts_per_step]
-            prompts = [format_prompt(tokenizer, p.question) for p in problems]
+            prompts = [prompter(p.question) for p in problems]
 
             def verifier_reward(batch: RolloutBatch, problems: list[Problem] = problems) -> Any:
                 correct = torch.tensor(
@@ -206,7 +208,8 @@ def _timed_update(updater: Any) -> Any:
 def bench_labelling(cfg: Any, task: Any, model: Any, tokenizer: Any, prompts: int) -> None:
     lab, group = cfg.labelling, cfg.rollout.group_size
     problems = task.problems("train", prompts, seed=cfg.run.seed + 1)
-    texts = [format_prompt(tokenizer, p.question) for p in problems]
+    prompter = Prompter(tokenizer, cfg.prompt, task.answer_format.instruction)
+    texts = [prompter(p.question) for p in problems]
     rollout = TimedSampler(HFRolloutEngine(model, tokenizer, lab.batch_size, show_progress=False))
     params = SamplingParams(max_new_tokens=cfg.rollout.max_new_tokens)
     batch = rollout.generate(texts, group, params, seed=cfg.run.seed + 1)

@@ -24,7 +24,8 @@ from grpo_core.contracts.rollout import SamplingParams
 from grpo_core.data.tasks.math_style import KINDS
 from grpo_core.data.tasks.registry import make_task
 from grpo_core.engines.hf_rollout import HFRolloutEngine
-from grpo_core.model.policy import format_prompt, load_policy
+from grpo_core.model.policy import load_policy
+from grpo_core.model.prompts import Prompter
 from storage.checkpoints import checkpoint_path
 from storage.store import RunStore
 
@@ -37,7 +38,8 @@ def accuracy_by_kind(
     problems = task.problems("test", cfg.evaluation.n_prompts, seed=cfg.run.seed)
     model, tokenizer = load_policy(policy_dir)
     engine = HFRolloutEngine(model.eval(), tokenizer, cfg.rollout.batch_size, show_progress=False)
-    prompts = [format_prompt(tokenizer, p.question) for p in problems]
+    prompter = Prompter(tokenizer, cfg.prompt, task.answer_format.instruction)
+    prompts = [prompter(p.question) for p in problems]
     budget = cfg.evaluation.max_new_tokens
     greedy = engine.generate(prompts, 1, SamplingParams(budget, temperature=0.0), seed=0)
     sampled = engine.generate(prompts, samples, SamplingParams(budget), seed=cfg.run.seed)
