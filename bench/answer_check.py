@@ -138,7 +138,14 @@ def bench_grpo(cfg: Any, task: Any, policy_dir: Path, steps: int) -> None:
     timed = TimedTask(task)
     with tempfile.TemporaryDirectory(prefix="answer-check-") as tmp:
         updater = build_policy_updater(
-            cfg.engines, g, torch.get_num_threads(), model, reference, Path(tmp), Path(tmp)
+            cfg.engines,
+            g,
+            torch.get_num_threads(),
+            model,
+            reference,
+            Path(tmp),
+            Path(tmp),
+            cfg.policy.dtype,
         )
         sampler = TimedSampler(
             HFRolloutEngine(model, tokenizer, cfg.rollout.batch_size, show_progress=False)
