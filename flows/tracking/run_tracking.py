@@ -5,21 +5,18 @@ redone after a kill is sent once, with its committed values."""
 
 from __future__ import annotations
 
-import json
 import subprocess
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
 
 import flows
 from flows.config import ItergrpoConfig
 from flows.tracking.backends import MLflowTracker, TensorBoardTracker, Tracker, require_installed
 from flows.tracking.config import TrackingSection
+from flows.tracking.record import read_record, write_record
 from flows.tracking.records import duration_point, flatten_config, stage_points
-from storage.atomic import atomic_write_text
 from storage.store import RunStore
 
-RECORD_FILE = "tracking.json"
 PARAMS = "params"  # the record's entry for the config and tags
 REPORT = "report"  # ... for the report's files
 
@@ -39,19 +36,6 @@ def tensorboard_dir(tracking: TrackingSection, run_dir: Path) -> Path | None:
     if tracking.tensorboard is True:
         return run_dir / "tensorboard"
     return Path(tracking.tensorboard).expanduser()
-
-
-def read_record(run_dir: Path) -> dict[str, Any]:
-    """The run's tracking record ({} when it never tracked)."""
-    path = run_dir / RECORD_FILE
-    record: dict[str, Any] = json.loads(path.read_text()) if path.exists() else {}
-    return record
-
-
-def mlflow_link(run_dir: Path) -> str | None:
-    """The MLflow run page (or store and run id) a run reports to, if it does."""
-    entry = read_record(run_dir).get("mlflow")
-    return None if entry is None else str(entry["url"])
 
 
 def itergrpo_commit() -> str | None:
@@ -77,7 +61,7 @@ class RunTracking:
         assert cfg.run.run_id is not None
         self.cfg, self.store, self.run_id = cfg, store, cfg.run.run_id
         run_dir = store.run_dir(self.run_id)
-        self.record_path = run_dir / RECORD_FILE
+        self.run_dir = run_dir
         self.record = read_record(run_dir)
         self.trackers: list[Tracker] = []
         settings = cfg.tracking.mlflow
@@ -100,7 +84,7 @@ class RunTracking:
         self._save()
 
     def _save(self) -> None:
-        atomic_write_text(self.record_path, json.dumps(self.record, indent=1, sort_keys=True))
+        write_record(self.run_dir, self.record)
 
     def _sent(self, tracker: Tracker, what: str) -> None:
         self.record[tracker.name]["logged"].append(what)
