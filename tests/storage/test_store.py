@@ -370,3 +370,8 @@ def test_a_non_finite_reward_part_is_refused_before_anything_is_written(tmp_path
     ):
         attempt.write("policy_samples", [row])
     assert not list(tmp_path.rglob("*.parquet"))
+    # Rows without reward parts (or with none scored) have no non-finite value to refuse.
+    with store.open_run("r", {}) as run, run.stage(0, "grpo") as attempt:
+        attempt.write("policy_samples", [{**row, "reward_parts": None}])
+        attempt.write("policy_samples", [{**row, "reward_parts": {}}])
+    assert [r["reward_parts"] for r in store.read("policy_samples").to_pylist()] == [None, []]
