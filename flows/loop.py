@@ -141,10 +141,7 @@ def execute_run(
             stopped = isinstance(exc, (RunInterrupted, *stop_signals))
             status = "interrupted" if stopped else "failed"
             run.set_status(status)
-            try:
-                tracking.finish(status)
-            except Exception:  # the run's own error is the one to show
-                log.warning("could not end the tracking run", exc_info=True)
+            tracking.finish_after_error(status)
             raise
         finally:
             ctx.close()  # a rollout engine's worker kept between stages, if any

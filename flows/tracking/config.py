@@ -28,6 +28,12 @@ class MLflowSettings(_Section):
         description="MLflow experiment the run is logged under (created if missing).",
     )
 
+    tags: dict[str, str] = Field(
+        default_factory=dict,
+        description="Extra tags on the MLflow run. `itergrpo ablate` sets mlflow.parentRunId "
+        "(the ablation's run), arm and seed on each arm-seed run.",
+    )
+
     @field_validator("uri", mode="before")
     @classmethod
     def _empty_is_off(cls, value: Any) -> Any:

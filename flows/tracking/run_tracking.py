@@ -5,6 +5,7 @@ redone after a kill is sent once, with its committed values."""
 
 from __future__ import annotations
 
+import logging
 import subprocess
 from collections.abc import Mapping
 from pathlib import Path
@@ -16,6 +17,8 @@ from flows.tracking.config import TrackingSection
 from flows.tracking.record import read_record, write_record
 from flows.tracking.records import duration_point, flatten_config, stage_points
 from storage.store import RunStore
+
+log = logging.getLogger("itergrpo")
 
 PARAMS = "params"  # the record's entry for the config and tags
 REPORT = "report"  # ... for the report's files
@@ -97,7 +100,15 @@ class RunTracking:
             "itergrpo.seed": str(self.cfg.run.seed),
         }
         commit = itergrpo_commit()
-        return tags if commit is None else {**tags, "itergrpo.git_commit": commit}
+        if commit is not None:
+            tags["itergrpo.git_commit"] = commit
+        return {**tags, **self.cfg.tracking.mlflow.tags}
+
+    @property
+    def mlflow_run_id(self) -> str | None:
+        """The MLflow run this run reports to, None without MLflow."""
+        entry = self.record.get("mlflow") if self.cfg.tracking.mlflow.uri else None
+        return None if entry is None else str(entry["run_id"])
 
     def sync(self, seconds: Mapping[tuple[str, int], float] | None = None) -> None:
         """Send every committed stage a tracker has not been sent (and the config first);
@@ -123,11 +134,12 @@ class RunTracking:
                 tracker.log_points(points)
                 self._sent(tracker, f"{stage}:{iteration}")
 
-    def finish(self, status: str) -> None:
-        """End every tracker's run; a completed run's report (plots, summary) is sent first."""
+    def finish(self, status: str, *, report: bool = True) -> None:
+        """End every tracker's run; a completed run's report (plots, summary) is sent first
+        (`report`: an ablation's own run has the ablation report instead)."""
         if not self.trackers:
             return
-        if status == "completed":
+        if status == "completed" and report:
             from flows.report import write_report  # matplotlib: only when there is a tracker
 
             report_dir = self.store.root / "reports" / self.run_id
@@ -138,3 +150,11 @@ class RunTracking:
                     self._sent(tracker, REPORT)
         for tracker in self.trackers:
             tracker.close(status)
+
+    def finish_after_error(self, status: str) -> None:
+        """End the trackers' runs as 'failed' or 'interrupted' while an error propagates: a
+        tracker that fails now is logged, so the run's own error is the one shown."""
+        try:
+            self.finish(status)
+        except Exception:
+            log.warning("could not end the tracking run", exc_info=True)

@@ -5,14 +5,8 @@ TensorBoard event files read back the same."""
 
 from __future__ import annotations
 
-import os
 import signal
-import socket
 import subprocess
-import sys
-import time
-import urllib.request
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -26,62 +20,6 @@ from storage.store import RunStore
 from tests.flow_helpers import REPO, cli
 
 RUN_ID = "tracked"
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
-
-
-@pytest.fixture
-def mlflow_server(tmp_path: Path) -> Iterator[str]:
-    """A real MLflow tracking server on 127.0.0.1 (sqlite store, artifacts in tmp_path),
-    stopped with its workers when the test ends."""
-    port = _free_port()
-    log = (tmp_path / "mlflow-server.log").open("w")
-    server = subprocess.Popen(
-        [
-            str(Path(sys.executable).parent / "mlflow"),
-            "server",
-            "--host",
-            "127.0.0.1",
-            "--port",
-            str(port),
-            "--backend-store-uri",
-            f"sqlite:///{tmp_path / 'mlflow.db'}",
-            "--artifacts-destination",
-            str(tmp_path / "mlflow-artifacts"),
-            "--workers",
-            "1",
-        ],
-        stdout=log,
-        stderr=subprocess.STDOUT,
-        start_new_session=True,  # its own process group: the workers stop with it
-    )
-    url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 120
-        while True:
-            assert server.poll() is None, (tmp_path / "mlflow-server.log").read_text()[-3000:]
-            try:
-                with urllib.request.urlopen(f"{url}/health", timeout=2) as answer:
-                    if answer.status == 200:
-                        break
-            except OSError:
-                pass
-            assert time.monotonic() < deadline, "mlflow server did not start in 120 s"
-            time.sleep(0.5)
-        yield url
-    finally:
-        os.killpg(server.pid, signal.SIGTERM)
-        try:
-            server.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            os.killpg(server.pid, signal.SIGKILL)
-            server.wait()
-        log.close()
 
 
 def _stored_points(store: RunStore, steps: int) -> dict[tuple[str, int], float]:
@@ -181,3 +119,43 @@ def test_killed_and_resumed_run_logs_each_value_once_to_mlflow_and_tensorboard(
     # `itergrpo runs` links the run to its MLflow page.
     assert itergrpo(["runs", "--store", str(store_dir)]) == 0
     assert f"MLflow run of {RUN_ID}: {tracked[1]}" in capsys.readouterr().out
+
+
+@pytest.mark.slow
+def test_an_ablation_is_one_parent_mlflow_run_with_a_child_per_arm_seed(
+    tmp_path: Path, mlflow_server: str
+) -> None:
+    suite = tmp_path / "suite.yaml"
+    suite.write_text(
+        "description: two arms, one seed, one iteration\n"
+        "config: micro\n"
+        "seeds: 1\n"
+        f"overrides: [run.iterations=1, tracking.mlflow.uri={mlflow_server}]\n"
+        "arms:\n"
+        "  grpo_os: [grpo.preset=grpo_os]\n"
+        "  online_rft: [grpo.preset=online_rft]\n"
+    )
+    store_dir = tmp_path / "store"
+    done = cli(store_dir, "ablate", "--suite", str(suite), "--ablation-id", "abl")
+    assert done.returncode == 0, done.stderr[-3000:]
+    store = RunStore(store_dir)
+    parent = mlflow_run(store.run_dir("abl"))
+    assert parent is not None
+    client = MlflowClient(mlflow_server)
+    experiment = client.get_experiment_by_name("itergrpo")
+    assert experiment is not None
+    runs = {r.info.run_name: r for r in client.search_runs([experiment.experiment_id])}
+    assert set(runs) == {"abl", "abl-grpo_os-s0", "abl-online_rft-s0"}
+    assert runs["abl"].info.run_id == parent[0]
+    assert runs["abl"].info.status == "FINISHED"
+    assert "mlflow.parentRunId" not in runs["abl"].data.tags
+    # policy_0, shared by the arms, is evaluated in the parent run
+    greedy = client.get_metric_history(parent[0], "eval/test/greedy_accuracy")
+    assert [m.step for m in greedy] == [0]
+    for arm in ("grpo_os", "online_rft"):
+        child = runs[f"abl-{arm}-s0"]
+        assert child.data.tags["mlflow.parentRunId"] == parent[0]
+        assert (child.data.tags["arm"], child.data.tags["seed"]) == (arm, "0")
+        assert child.data.params["grpo.preset"] == arm
+        rewards = client.get_metric_history(child.info.run_id, "grpo/reward_mean")
+        assert sorted(m.step for m in rewards) == [0, 1, 2]
