@@ -33,12 +33,13 @@ def check_trackers(tracking: TrackingSection) -> None:
 
 
 def tensorboard_dir(tracking: TrackingSection, run_dir: Path) -> Path | None:
-    """The TensorBoard log directory: given, or runs/<run_id>/tensorboard for `true`."""
+    """The TensorBoard log directory: given (relative to the working directory), or
+    runs/<run_id>/tensorboard for `true`; absolute, so a resume elsewhere finds it."""
     if tracking.tensorboard is False:
         return None
     if tracking.tensorboard is True:
-        return run_dir / "tensorboard"
-    return Path(tracking.tensorboard).expanduser()
+        return (run_dir / "tensorboard").resolve()
+    return Path(tracking.tensorboard).expanduser().resolve()
 
 
 def itergrpo_commit() -> str | None:
