@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from flows.tracking.config import TRACKING_EXTRA, MLflowSettings
-from flows.tracking.records import MetricPoint
+from flows.tracking.points import MetricPoint
 from grpo_core.contracts.errors import SettingError
 
 # MLflow's own limits on one log_batch call and on a param's text.

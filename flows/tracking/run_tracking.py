@@ -14,8 +14,8 @@ import flows
 from flows.config import ItergrpoConfig
 from flows.tracking.backends import MLflowTracker, TensorBoardTracker, Tracker, require_installed
 from flows.tracking.config import TrackingSection
+from flows.tracking.points import duration_point, flatten_config, stage_points
 from flows.tracking.record import read_record, write_record
-from flows.tracking.records import duration_point, flatten_config, stage_points
 from storage.store import RunStore
 
 log = logging.getLogger("itergrpo")

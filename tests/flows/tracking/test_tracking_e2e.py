@@ -14,8 +14,8 @@ from mlflow.tracking import MlflowClient
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from flows.cli.main import main as itergrpo
+from flows.tracking.points import flatten_config, stage_points
 from flows.tracking.record import mlflow_run
-from flows.tracking.records import flatten_config, stage_points
 from storage.store import RunStore
 from tests.flow_helpers import REPO, cli
 

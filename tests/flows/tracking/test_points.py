@@ -13,7 +13,7 @@ from flows.config_files import load_config
 from flows.errors import ConfigError
 from flows.tracking.backends import require_installed
 from flows.tracking.config import TrackingSection
-from flows.tracking.records import (
+from flows.tracking.points import (
     MetricPoint,
     eval_metric_name,
     flatten_config,
