@@ -22,6 +22,7 @@ from pydantic import (
 )
 
 from flows.grpo_presets import GRPO_STAGE_PRESETS, apply_preset
+from flows.tracking.config import TrackingSection
 from grpo_core.algo.config import GRPOConfig
 from grpo_core.algo.estimators import ADVANTAGE_ESTIMATORS, DataSource
 from grpo_core.data.tasks.registry import TaskConfig
@@ -295,6 +296,7 @@ class ItergrpoConfig(_Section):
     evaluation: EvalConfig = Field(default_factory=EvalConfig)
     engines: EnginesSection = Field(default_factory=EnginesSection)
     cluster: ClusterSection = Field(default_factory=ClusterSection)
+    tracking: TrackingSection = Field(default_factory=TrackingSection)
 
     @model_validator(mode="after")
     def _rewards_are_available(self) -> ItergrpoConfig:

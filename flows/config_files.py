@@ -122,8 +122,9 @@ def config_to_yaml(cfg: ItergrpoConfig) -> str:
     return yaml.safe_dump(cfg.model_dump(mode="json"), sort_keys=False)
 
 
-# Where the work runs or lives, not what it computes: a run may be resumed with these changed.
-PLACEMENT_SECTIONS = ("cluster", "store")
+# Where the work runs, lives or is reported, not what it computes: a run may be resumed with
+# these changed (tracking turned on at a resume logs the stages committed before it).
+PLACEMENT_SECTIONS = ("cluster", "store", "tracking")
 
 
 def stored_config_as_current(stored: dict[str, Any], current: ItergrpoConfig) -> dict[str, Any]:

@@ -17,6 +17,7 @@ from flows.names import EVALUATE, ITERATION_STAGES, WARM_START
 from flows.progress import ProgressFn, no_progress
 from flows.runtime import apply_threads, name_deepspeed_accelerator
 from flows.stages import STAGE_FUNCTIONS, StageFn, StageResult
+from flows.tracking.run_tracking import RunTracking, check_trackers
 from storage.store import RunStore
 
 log = logging.getLogger("itergrpo")
@@ -111,6 +112,7 @@ def execute_run(
     apply_threads(cfg.run.num_threads)
     name_deepspeed_accelerator(cfg.run.device)
     check_engines(cfg.engines)  # a selected engine that is not installed fails before any stage
+    check_trackers(cfg.tracking)  # ... and so does a tracker
     store = RunStore(cfg.store.resolved_root())
     with store.open_run(
         cfg.run.run_id,
@@ -119,16 +121,30 @@ def execute_run(
         upgrade_config=functools.partial(stored_config_as_current, current=cfg),
     ) as run:
         run.set_status("running")
+        tracking = RunTracking(cfg, store)
+        tracking.sync()  # stages committed before a kill, or before tracking was turned on
+        seconds: dict[tuple[str, int], float] = {}
+
+        def stage_done(result: StageResult) -> None:
+            if not result.skipped:
+                seconds[result.stage, result.iteration] = result.seconds
+            tracking.sync(seconds)  # after the commit: what is sent is what is stored
+            if on_stage_done is not None:
+                on_stage_done(result)
+
         ctx = RunContext(cfg, store, run)
         executor = make_executor(ctx) if make_executor else call_directly(ctx)
         try:
             with graceful_sigint():
-                results = run_loop(ctx, executor, on_stage_done)
+                results = run_loop(ctx, executor, stage_done)
         except BaseException as exc:
             stopped = isinstance(exc, (RunInterrupted, *stop_signals))
-            run.set_status("interrupted" if stopped else "failed")
+            status = "interrupted" if stopped else "failed"
+            run.set_status(status)
+            tracking.finish_after_error(status)
             raise
         finally:
             ctx.close()  # a rollout engine's worker kept between stages, if any
         run.set_status("completed", iterations_done=cfg.run.iterations)
+        tracking.finish("completed")
     return results

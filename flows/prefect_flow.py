@@ -36,6 +36,7 @@ from flows.preflight import preflight
 from flows.progress import PACKAGE_LOGGERS
 from flows.report import iteration_table, report_with_inline_plots
 from flows.stages import StageFn, StageResult
+from flows.tracking.record import mlflow_run
 from grpo_core.algo.config import merge_trees
 from storage.store import RunStore
 
@@ -171,8 +172,10 @@ def iterative_rl(config: ItergrpoConfig, force_config: bool = False) -> dict[str
         logger.warning("%s: itergrpo resume %s", exc, run_id)
         return Cancelled(message=str(exc))
     store = RunStore(config.store.resolved_root())
+    tracked = mlflow_run(store.run_dir(run_id))
+    mlflow_line = "" if tracked is None else f"MLflow run `{tracked[0]}`: {tracked[1]}\n\n"
     create_markdown_artifact(  # the report page, plots included, in the flow run's Artifacts
-        report_with_inline_plots(store, run_id, store.root / "reports" / run_id),
+        mlflow_line + report_with_inline_plots(store, run_id, store.root / "reports" / run_id),
         key=artifact_key(run_id, "summary"),
         description=f"itergrpo run {run_id}",
     )

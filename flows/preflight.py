@@ -14,6 +14,7 @@ import functools
 
 from flows.config import ItergrpoConfig
 from flows.config_files import stored_config_as_current
+from flows.tracking.run_tracking import check_trackers
 from storage.store import RunStore
 
 
@@ -28,6 +29,7 @@ def preflight(cfg: ItergrpoConfig, *, force_config: bool = False) -> None:
         force_config=force_config,
         upgrade_config=functools.partial(stored_config_as_current, current=cfg),
     )
+    check_trackers(cfg.tracking)  # a tracker configured but not installed
     # The policy, its tokenizer and the task data need torch and transformers (seconds to
     # import): checked after the store, so a refused run (a lock, a changed config) answers
     # at once.

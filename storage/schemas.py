@@ -352,7 +352,10 @@ def _require_finite(
         rows = pa.chunked_array([arr]) if isinstance(arr, pa.Array) else arr
         chunks = [c for c in rows.chunks if not pa.types.is_null(c.type)]
         for values in (c.items for c in chunks):
-            if pa.types.is_floating(values.type) and not pc.all(pc.is_finite(values)).as_py():
+            # min_count=0: rows with no map (or empty maps) have all their values finite;
+            # pyarrow < 26 answers null for "all" of nothing otherwise.
+            finite = pc.all(pc.is_finite(values), min_count=0).as_py()
+            if pa.types.is_floating(values.type) and not finite:
                 raise NonFiniteValueError(
                     f"table {table!r}, column {name!r}: a value is NaN or infinite; nothing was "
                     "written. A reward weight, a reward model's output or diverged weights are "

@@ -295,10 +295,14 @@ class RunStore(StoreLayout):
         *,
         run_id: str | None = None,
         iterations: Iterable[int] | None = None,
+        stage: str | None = None,
     ) -> list[Path]:
-        """Paths of the files of `table` that belong to committed stage attempts."""
+        """Paths of the files of `table` that belong to committed stage attempts (of `stage`
+        only, when given)."""
         its = None if iterations is None else list(iterations)
         files = self.data_files(table, run_id=run_id, iterations=its)
+        if stage is not None:
+            files = [f for f in files if f.stage == stage]
         if table == STAGES_TABLE:
             return [f.path for f in files]
         commits = self._commits(run_id, its)
@@ -314,8 +318,10 @@ class RunStore(StoreLayout):
         iterations: Iterable[int] | None = None,
         columns: Sequence[str] | None = None,
         where: str | None = None,
+        stage: str | None = None,
     ) -> pa.Table:
-        """Committed rows of `table`, typed as TABLE_SCHEMAS says; `where` is a SQL condition."""
+        """Committed rows of `table`, typed as TABLE_SCHEMAS says; `where` is a SQL condition,
+        `stage` keeps the rows that stage wrote (tables without a stage column too)."""
         schema = table_schema(table)
         cols = list(columns) if columns is not None else schema.names
         unknown = [c for c in cols if c not in schema.names]
@@ -325,7 +331,7 @@ class RunStore(StoreLayout):
                 f"{', '.join(schema.names)}"
             )
         out_schema = pa.schema([schema.field(c) for c in cols])
-        files = self.committed_files(table, run_id=run_id, iterations=iterations)
+        files = self.committed_files(table, run_id=run_id, iterations=iterations, stage=stage)
         con = duckdb.connect(":memory:")
         try:
             while True:

@@ -177,12 +177,13 @@ def test_a_reward_part_needing_an_untrained_model_is_refused() -> None:
 
 def test_loading_a_config_imports_neither_torch_nor_prefect() -> None:
     """The registries the config reads are declarations: a run is refused without importing
-    the ML stack (its modules load when a stage needs them)."""
+    the ML stack (its modules load when a stage needs them), nor a tracker it selects."""
     code = (
         "import sys\n"
         "from flows.config_files import load_config\n"
-        "load_config('demo')\n"
-        "heavy = ('torch', 'transformers', 'prefect')\n"
+        "load_config('demo', ['tracking.mlflow.uri=http://127.0.0.1:1', "
+        "'tracking.tensorboard=true'])\n"
+        "heavy = ('torch', 'transformers', 'prefect', 'mlflow', 'tensorboard')\n"
         "print('heavy:', sorted(m for m in heavy if m in sys.modules))\n"
     )
     done = subprocess.run(

@@ -12,6 +12,7 @@ process as the third arm-seed run starts).
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import logging
 import time
@@ -28,6 +29,7 @@ from flows.names import EVAL_SPLIT, WARM_START
 from flows.progress import no_progress
 from flows.runtime import apply_threads, name_deepspeed_accelerator
 from flows.stages import STAGE_FUNCTIONS
+from flows.tracking.run_tracking import RunTracking, check_trackers
 from storage.errors import ConfigMismatchError, StoreError
 from storage.run_writer import RunWriter
 from storage.store import RunStore
@@ -129,6 +131,19 @@ def check_arm_runs(store: RunStore, runs: list[ArmRun]) -> None:
             ) from None
 
 
+def child_of(parent_run_id: str | None, arm_run: ArmRun) -> ArmRun:
+    """`arm_run` logged as a child of the ablation's MLflow run, tagged with its arm and seed
+    (unchanged without MLflow)."""
+    if parent_run_id is None:
+        return arm_run
+    cfg = arm_run.config
+    tags = {**cfg.tracking.mlflow.tags, "mlflow.parentRunId": parent_run_id}
+    tags |= {"arm": arm_run.arm, "seed": str(arm_run.seed)}
+    mlflow = cfg.tracking.mlflow.model_copy(update={"tags": tags})
+    tracking = cfg.tracking.model_copy(update={"mlflow": mlflow})
+    return dataclasses.replace(arm_run, config=cfg.model_copy(update={"tracking": tracking}))
+
+
 def _shared_policy_0(
     plan: AblationPlan, store: RunStore, record: RunWriter, make_executor: MakeExecutor
 ) -> None:
@@ -185,19 +200,27 @@ def run_ablation(
     runs = plan.arm_runs()
     check_record(store, plan)
     check_arm_runs(store, runs)
+    check_trackers(plan.policy_0_config().tracking)
     # check_record has compared the stored record: it is replaced (the old one kept beside)
     with store.open_run(plan.ablation_id, plan.record(), force_config=True) as record:
         record.set_status("running")
+        # The ablation's own tracking run (policy_0's evaluation) is the arm-seed runs' parent.
+        tracking = RunTracking(plan.policy_0_config(), store)
+        tracked_runs = [child_of(tracking.mlflow_run_id, r) for r in runs]
         try:
             with graceful_sigint():
                 _shared_policy_0(plan, store, record, make_executor)
+                tracking.sync()
                 INTERRUPT.check()
-                _run_arms(store, runs, run_arm, began)
+                _run_arms(store, tracked_runs, run_arm, began)
                 if not record.is_committed(0, ABLATION_TABLE):
                     with record.stage(0, ABLATION_TABLE) as attempt:
                         attempt.write(ABLATION_TABLE, ablation_rows(store, plan, runs))
         except BaseException as exc:
-            record.set_status("interrupted" if isinstance(exc, RunInterrupted) else "failed")
+            status = "interrupted" if isinstance(exc, RunInterrupted) else "failed"
+            record.set_status(status)
+            tracking.finish_after_error(status)
             raise
         record.set_status("completed", iterations_done=0, arm_runs=len(runs))
+        tracking.finish("completed", report=False)
     return store.read(ABLATION_TABLE, run_id=plan.ablation_id).to_pylist()

@@ -15,6 +15,7 @@ import pyarrow as pa
 
 from flows.cli.options import store_option
 from flows.errors import OutputPathError
+from flows.tracking.record import mlflow_run
 from storage.errors import StoreError
 from storage.schemas import TABLE_SCHEMAS
 from storage.store import RunStore
@@ -195,11 +196,19 @@ def add_runs(sub: Any) -> None:
 
 
 def cmd_runs(args: argparse.Namespace) -> int:
-    runs = RunStore(args.store).require_existing().runs()
+    store = RunStore(args.store).require_existing()
+    runs = store.runs()
+    tracked = {r["run_id"]: mlflow_run(store.run_dir(r["run_id"])) for r in runs}
     cols = ["run_id", "status", "iterations_done", "created_at", "updated_at"]
+    if any(tracked.values()):  # runs that report to MLflow: its run id, and the page below
+        cols.append("mlflow_run_id")
+        runs = [{**r, "mlflow_run_id": (tracked[r["run_id"]] or (None,))[0]} for r in runs]
     table = pa.Table.from_pylist(
         [{c: None if r.get(c) is None else str(r.get(c)) for c in cols} for r in runs],
         schema=pa.schema([(c, pa.string()) for c in cols]),
     )
     print(format_table(table))
+    for run_id, link in tracked.items():
+        if link is not None:
+            print(f"MLflow run of {run_id}: {link[1]}")
     return 0

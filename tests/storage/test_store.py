@@ -104,6 +104,23 @@ def test_other_stages_and_iterations_are_untouched_by_a_rerun(tmp_path: Path) ->
     assert store.read("orm_labels").num_rows == 3
 
 
+def test_rows_of_one_stage_read_by_its_name(tmp_path: Path) -> None:
+    """A table without a stage column (orm_labels here, eval in a run) read per stage."""
+    store = RunStore(tmp_path)
+    with store.open_run("r1", {}) as run:
+        with run.stage(0, "rollout") as a:
+            a.write("orm_labels", orm_rows(1))
+        with run.stage(0, "label") as a:
+            a.write("orm_labels", orm_rows(2))
+        unfinished = run.stage(1, "label")
+        unfinished.begin()
+        unfinished.write("orm_labels", orm_rows(4))
+    assert store.read("orm_labels", stage="label").num_rows == 2
+    assert store.read("orm_labels", stage="rollout").num_rows == 1
+    assert store.read("orm_labels", stage="grpo").num_rows == 0
+    assert [r["stage"] for r in store.read("stages", stage="label").to_pylist()] == ["label"]
+
+
 def test_schema_mismatch_names_column_and_types(tmp_path: Path) -> None:
     with RunStore(tmp_path).open_run("r1", {}) as run, run.stage(0, "label") as a:
         with pytest.raises(SchemaMismatchError, match=r"'label'.*expected int8, got str"):
@@ -353,3 +370,8 @@ def test_a_non_finite_reward_part_is_refused_before_anything_is_written(tmp_path
     ):
         attempt.write("policy_samples", [row])
     assert not list(tmp_path.rglob("*.parquet"))
+    # Rows without reward parts (or with none scored) have no non-finite value to refuse.
+    with store.open_run("r", {}) as run, run.stage(0, "grpo") as attempt:
+        attempt.write("policy_samples", [{**row, "reward_parts": None}])
+        attempt.write("policy_samples", [{**row, "reward_parts": {}}])
+    assert [r["reward_parts"] for r in store.read("policy_samples").to_pylist()] == [None, []]

@@ -20,6 +20,7 @@ from prefect.testing.utilities import prefect_test_harness
 
 from flows.loop import planned_stages
 from flows.prefect_flow import artifact_key, iterative_rl, served_config
+from flows.tracking.record import mlflow_run
 from storage.store import RunStore
 from tests.flow_helpers import micro_config
 
@@ -37,6 +38,22 @@ def artifacts(key: str) -> list[Artifact]:
         return client.read_artifacts(
             artifact_filter=ArtifactFilter(key=ArtifactFilterKey(any_=[key]))
         )
+
+
+def test_the_summary_artifact_links_the_runs_mlflow_run(tmp_path: Path) -> None:
+    from mlflow.tracking import MlflowClient
+
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    # artifacts in tmp_path, not in ./mlruns where a server-less store keeps them by default
+    MlflowClient(uri).create_experiment("itergrpo", artifact_location=str(tmp_path / "art"))
+    store = tmp_path / "store"
+    cfg = micro_config(store, "pf-mlflow", "run.iterations=1", f"tracking.mlflow.uri={uri}")
+    iterative_rl(cfg)
+    tracked = mlflow_run(RunStore(store).run_dir("pf-mlflow"))
+    assert tracked is not None
+    summary = artifacts(artifact_key("pf-mlflow", "summary"))
+    assert str(summary[0].data).startswith(f"MLflow run `{tracked[0]}`: {tracked[1]}")
+    assert MlflowClient(uri).get_run(tracked[0]).info.status == "FINISHED"
 
 
 def test_flow_runs_each_stage_as_a_task_publishes_artifacts_and_resumes(tmp_path: Path) -> None:
