@@ -264,6 +264,14 @@ class Panel:
 
 
 POLICY_LABEL = "policy (k = after k GRPO iterations)"
+# An RM keeps its colour; its stale (k-1) models are dashed with open markers beside it.
+SERIES_STYLES = {
+    "orm_auroc": ("tab:blue", "-", True),
+    "orm_auroc_stale": ("tab:blue", "--", False),
+    "prm_step_auroc": ("tab:green", "-", True),
+    "prm_step_auroc_stale": ("tab:green", "--", False),
+    "orm_auroc_new_questions": ("tab:purple", "-.", True),
+}
 RM_GAP = "rm_vs_verifier"
 PANELS = (
     Panel(
@@ -338,6 +346,7 @@ def _draw(
         if not points:
             continue
         ys = [r[key] for r in points]
+        line_color, line_style, filled = SERIES_STYLES.get(key, (color, style, True))
         errors = interval_errors(ys, [r.get(f"{key}_ci") for r in points])
         if errors is None and any(r.get(f"{key}_se") for r in points):
             errors = [[r.get(f"{key}_se") or 0.0 for r in points]] * 2
@@ -346,10 +355,11 @@ def _draw(
             ys,
             yerr=errors,
             marker="o",
-            linestyle=style,
+            linestyle=line_style,
             capsize=3,
             label=heads.get(key, key),
-            color=color,
+            color=line_color,
+            markerfacecolor=None if filled else "white",
         )
         drawn += 1
     return drawn
