@@ -42,6 +42,7 @@ def pyplot() -> Any:
     import matplotlib.pyplot as plt
 
     plt.rcParams["svg.fonttype"] = "none"  # SVG text stays text, editable and searchable
+    plt.rcParams["svg.hashsalt"] = "itergrpo"  # SVG element ids the same on every write
     return plt
 
 

@@ -121,6 +121,9 @@ def test_the_report_writes_each_format_at_its_dpi(
     for path in written[:-1]:
         head = path.read_bytes()[:200]
         assert {".png": b"\x89PNG", ".pdf": b"%PDF", ".svg": b"<svg"}[path.suffix] in head
+    # no dates, no random ids: the same store gives the same bytes
+    again = write_report(store, run_id, tmp_path / "a2", FigureOutput(("png", "pdf", "svg"), 50))
+    assert [p.read_bytes() for p in again] == [p.read_bytes() for p in written]
     # the same 8 x 4 inch figure, 50 and 100 dots per inch
     assert mpimg.imread(tmp_path / "a" / "accuracy.png").shape[:2] == (200, 400)
     write_report(store, run_id, tmp_path / "b", FigureOutput(("png",), 100))
