@@ -72,6 +72,8 @@ def policy_axis(ax: Any, policies: Sequence[int], label: str) -> None:
             ax.set_xticks(range(low, high + 1))
         else:
             ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    else:
+        ax.set_xticks([])  # no policy yet: no made-up ones
     ax.set_xlabel(label)
 
 

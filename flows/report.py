@@ -315,7 +315,7 @@ def _panel_figure(
         plotted += _draw(right, rows, panel.right_keys, heads, style="--", color="tab:red")
         right.set_ylabel(panel.right_label)
         handles += right.get_legend_handles_labels()[0]
-    if panel.chance is not None:
+    if panel.chance is not None and plotted:
         handles.append(ax.axhline(panel.chance, color="grey", linestyle=":", label="chance"))
     if not plotted:
         ax.text(0.5, 0.5, panel.empty, ha="center", va="center", transform=ax.transAxes)

@@ -32,6 +32,14 @@ def test_policy_ticks_are_whole_policies(policies: list[int]) -> None:
     plt.close(fig)
 
 
+def test_no_policy_gets_no_made_up_ticks() -> None:
+    plt = pyplot()
+    fig, ax = plt.subplots()
+    policy_axis(ax, [], "policy")
+    assert list(ax.get_xticks()) == [] and ax.get_xlabel() == "policy"
+    plt.close(fig)
+
+
 def test_iteration_boundaries_sit_between_the_iterations_steps() -> None:
     plt = pyplot()
     fig, ax = plt.subplots()
