@@ -1,14 +1,25 @@
-"""Run reports: the per-iteration table, a markdown summary and PNG plots, from the store."""
+"""Run reports: the per-iteration table, a markdown summary and plots, from the store."""
 
 from __future__ import annotations
 
-import base64
 import shlex
 from collections import defaultdict
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from flows.figures import (
+    FigureOutput,
+    inline_pngs,
+    interval_errors,
+    legend_outside,
+    mark_iterations,
+    new_figure,
+    picture_lines,
+    policy_axis,
+    pyplot,
+    save_figure,
+)
 from flows.names import EVAL_SPLIT, TRAIN_SPLIT
 from storage.store import RunStore
 
@@ -39,11 +50,15 @@ TABLE_NOTE = (
     "verifier says of the same samples). Accuracies: test split."
 )
 DRIFT_METRICS = ("orm_auroc", "orm_auroc_stale", "prm_step_auroc", "prm_step_auroc_stale")
+# z of a two-sided 95% normal interval: AUROC intervals of stores written before the
+# bootstrap ones, from their stored (Hanley-McNeil) standard errors.
+Z95 = 1.959964
 
 
 def _eval_by_policy(store: RunStore, run_id: str) -> dict[str, dict[int, dict[str, float]]]:
     """Eval values per split and policy: `metric` for K-free metrics, `pass@4` style names
-    for per-K ones, and `<name>_se` for their standard errors."""
+    for per-K ones, `<name>_se` for their standard errors and `<name>_lo` / `<name>_hi` for
+    their 95% intervals where stored."""
     table = store.read("eval", run_id=run_id)
     out: dict[str, dict[int, dict[str, float]]] = defaultdict(lambda: defaultdict(dict))
     for row in table.to_pylist():
@@ -54,7 +69,20 @@ def _eval_by_policy(store: RunStore, run_id: str) -> dict[str, dict[int, dict[st
         values[name] = float(row["value"])
         if row["stderr"] is not None:
             values[f"{name}_se"] = float(row["stderr"])
+        if row.get("ci_low") is not None and row.get("ci_high") is not None:
+            values[f"{name}_lo"], values[f"{name}_hi"] = float(row["ci_low"]), float(row["ci_high"])
     return out
+
+
+def _auroc_interval(values: dict[str, float], name: str) -> tuple[float, float] | None:
+    """The stored 95% interval of an AUROC; for stores before intervals were stored, the
+    normal one from its standard error (clipped to [0, 1]); None without either."""
+    if f"{name}_lo" in values:
+        return values[f"{name}_lo"], values[f"{name}_hi"]
+    if name in values and f"{name}_se" in values:
+        half = Z95 * values[f"{name}_se"]
+        return max(values[name] - half, 0.0), min(values[name] + half, 1.0)
+    return None
 
 
 def _grpo_means(store: RunStore, run_id: str) -> dict[int, dict[str, float]]:
@@ -102,7 +130,9 @@ def iteration_table(store: RunStore, run_id: str) -> list[dict[str, Any]]:
                 "pass": pas[1] if pas else None,
                 "pass_k": pas[0] if pas else None,
                 **{name: drift.get(name) for name in DRIFT_METRICS},
+                **{f"{name}_ci": _auroc_interval(drift, name) for name in DRIFT_METRICS},
                 "orm_auroc_new_questions": metrics.get("orm_auroc"),
+                "orm_auroc_new_questions_ci": _auroc_interval(metrics, "orm_auroc"),
                 "reward": trained_by.get("reward_mean"),
                 "rm_reward": trained_by.get("rm_reward_mean"),
                 "verifier_acc": trained_by.get("verifier_accuracy"),
@@ -182,66 +212,33 @@ def sql_hint(store: RunStore, run_id: str) -> str:
     return f'itergrpo sql "{query}" --store {shlex.quote(str(store.root))}'
 
 
-def write_report(store: RunStore, run_id: str, out_dir: Path) -> list[Path]:
-    """PNG plots (accuracy / Maj@K / Pass@K / reward / KL / RM AUROC per policy) + summary.md."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    from matplotlib.ticker import MaxNLocator
-
-    out_dir.mkdir(parents=True, exist_ok=True)
+def report_figures(store: RunStore, run_id: str) -> dict[str, Any]:
+    """The report's matplotlib figures by file stem: accuracy, reward and KL, RM AUROC per
+    policy; RM reward vs verifier per GRPO step."""
+    plt = pyplot()
     rows = iteration_table(store, run_id)
-    written = []
     heads = dict(zip((k for k, _ in TABLE_COLUMNS), _headers(rows), strict=True)) if rows else {}
     heads["reward"] = "reward used"
-    for panel in PANELS:
-        fig, ax = plt.subplots(figsize=(6.5, 4))
-        plotted = _draw(ax, rows, panel.keys, heads)
-        if panel.right_keys:  # another quantity, another axis
-            right = ax.twinx()
-            plotted += _draw(right, rows, panel.right_keys, heads, style="--", color="tab:red")
-            right.set_ylabel(panel.right_label)
-            lines = ax.get_legend_handles_labels()[0] + right.get_legend_handles_labels()[0]
-        else:
-            lines = ax.get_legend_handles_labels()[0]
-        if panel.chance is not None:
-            ax.axhline(panel.chance, color="grey", linestyle=":", label="chance")
-            lines = ax.get_legend_handles_labels()[0]
-        if not plotted:
-            ax.text(0.5, 0.5, panel.empty, ha="center", va="center", transform=ax.transAxes)
-        ax.xaxis.set_major_locator(MaxNLocator(integer=True))  # policies are whole numbers
-        ax.set_xlabel("policy (k = after k GRPO iterations)")
-        ax.set_ylabel(panel.ylabel)
-        ax.set_title(f"{panel.title} — {run_id}")
-        ax.grid(alpha=0.3)
-        if lines:
-            ax.legend(handles=lines, fontsize="small")
-        written.append(save_figure(plt, fig, out_dir / panel.filename))
-    written.append(_plot_rm_gap(plt, store, run_id, out_dir))
+    figures = {panel.stem: _panel_figure(plt, panel, rows, heads, run_id) for panel in PANELS}
+    figures[RM_GAP] = _rm_gap_figure(plt, store, run_id)
+    return figures
+
+
+def write_report(
+    store: RunStore, run_id: str, out_dir: Path, output: FigureOutput | None = None
+) -> list[Path]:
+    """report_figures in `output`'s formats (default PNG), then summary.md showing them."""
+    output = output or FigureOutput()
+    plt = pyplot()
+    out_dir.mkdir(parents=True, exist_ok=True)
+    written = []
+    for stem, fig in report_figures(store, run_id).items():
+        written += save_figure(plt, fig, out_dir, stem, output)
     summary = out_dir / "summary.md"
-    pictures = [f"![{p.stem}]({p.name})" for p in written]
+    pictures = picture_lines(written)
     summary.write_text(summary_markdown(store, run_id) + "\n" + "\n\n".join(pictures) + "\n")
     written.append(summary)
     return written
-
-
-def save_figure(plt: Any, fig: Any, path: Path) -> Path:
-    """Lay out, write (PNG, 100 dpi) and close a matplotlib figure."""
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
-    return path
-
-
-def inline_pngs(paths: list[Path]) -> str:
-    """Markdown pictures of the PNGs among `paths` as data: URIs (a Prefect markdown artifact
-    lives in Prefect's database and cannot reach files in the store)."""
-    return "\n\n".join(
-        f"![{p.stem}](data:image/png;base64,{base64.b64encode(p.read_bytes()).decode()})"
-        for p in paths
-        if p.suffix == ".png"
-    )
 
 
 def report_with_inline_plots(store: RunStore, run_id: str, out_dir: Path) -> str:
@@ -254,7 +251,7 @@ def report_with_inline_plots(store: RunStore, run_id: str, out_dir: Path) -> str
 class Panel:
     """One report plot: what it shows on which axis, and what it says when it has nothing."""
 
-    filename: str
+    stem: str
     title: str
     ylabel: str
     keys: tuple[str, ...]
@@ -262,34 +259,74 @@ class Panel:
     right_keys: tuple[str, ...] = ()
     right_label: str = ""
     chance: float | None = None
+    # x offset between series, so equal values' error bars stay apart
+    dodge: float = 0.0
 
 
+POLICY_LABEL = "policy (k = after k GRPO iterations)"
+# An RM keeps its colour; its stale (k-1) models are dashed with open markers beside it.
+SERIES_STYLES = {
+    "orm_auroc": ("tab:blue", "-", True),
+    "orm_auroc_stale": ("tab:blue", "--", False),
+    "prm_step_auroc": ("tab:green", "-", True),
+    "prm_step_auroc_stale": ("tab:green", "--", False),
+    "orm_auroc_new_questions": ("tab:purple", "-.", True),
+}
+RM_GAP = "rm_vs_verifier"
 PANELS = (
     Panel(
-        "accuracy.png",
+        "accuracy",
         "Accuracy on held-out problems",
-        "accuracy (error bars: ±1 s.e.)",
+        "accuracy (bars: ±1 s.e. over problems)",
         ("greedy_acc", "sample_acc", "maj", "pass"),
         "no evaluation yet",
+        dodge=0.03,
     ),
     Panel(
-        "reward_kl.png",
+        "reward_kl",
         "GRPO: reward paid vs verifier",
-        "mean over the GRPO steps",
+        "reward / accuracy, mean over the GRPO steps",
         ("reward", "rm_reward", "verifier_acc"),
         "no GRPO stage yet",
         right_keys=("kl",),
         right_label="KL to the reference (dashed)",
     ),
     Panel(
-        "rm_auroc.png",
+        "rm_auroc",
         "RM drift: retrained vs stale",
-        "AUROC on fresh held-out outputs",
+        "AUROC on fresh outputs (bars: 95% CI)",
         (*DRIFT_METRICS, "orm_auroc_new_questions"),
         "no AUROC: no reward model, or outputs all right or all wrong",
         chance=0.5,
+        dodge=0.03,
     ),
 )
+
+
+def _panel_figure(
+    plt: Any, panel: Panel, rows: list[dict[str, Any]], heads: dict[str, str], run_id: str
+) -> Any:
+    """One per-policy panel: its series with their error bars, the legend outside."""
+    fig, ax = new_figure(plt, 8, 4)
+    plotted = _draw(ax, rows, panel.keys, heads, dodge=panel.dodge)
+    handles = ax.get_legend_handles_labels()[0]
+    if panel.right_keys:  # another quantity, another axis
+        right = ax.twinx()
+        plotted += _draw(right, rows, panel.right_keys, heads, style="--", color="tab:red")
+        right.set_ylabel(panel.right_label)
+        handles += right.get_legend_handles_labels()[0]
+    if panel.chance is not None and plotted:
+        handles.append(ax.axhline(panel.chance, color="grey", linestyle=":", label="chance"))
+    if not plotted:
+        ax.text(0.5, 0.5, panel.empty, ha="center", va="center", transform=ax.transAxes)
+    keys = (*panel.keys, *panel.right_keys)
+    shown = [r["policy"] for r in rows if any(r.get(k) is not None for k in keys)]
+    policy_axis(ax, shown or [r["policy"] for r in rows], POLICY_LABEL)
+    ax.set_ylabel(panel.ylabel)
+    ax.set_title(f"{panel.title} — {run_id}")
+    ax.grid(alpha=0.3)
+    legend_outside(fig, handles)
+    return fig
 
 
 def _draw(
@@ -299,32 +336,36 @@ def _draw(
     heads: dict[str, str],
     style: str = "-",
     color: str | None = None,
+    dodge: float = 0.0,
 ) -> int:
-    """Plot each key's values per policy (with ±1 s.e. bars where known); lines drawn."""
+    """Plot each key's values per policy, with bars where known (its 95% interval, else ±1
+    s.e.), series `dodge` apart around each policy; the number of lines drawn."""
     drawn = 0
-    for key in keys:
+    for i, key in enumerate(keys):
         points = [r for r in rows if r.get(key) is not None]
         if not points:
             continue
-        xs = [r["policy"] for r in points]
         ys = [r[key] for r in points]
-        errs = [r.get(f"{key}_se") or 0.0 for r in points]
-        label = heads.get(key, key)
+        line_color, line_style, filled = SERIES_STYLES.get(key, (color, style, True))
+        errors = interval_errors(ys, [r.get(f"{key}_ci") for r in points])
+        if errors is None and any(r.get(f"{key}_se") for r in points):
+            errors = [[r.get(f"{key}_se") or 0.0 for r in points]] * 2
         ax.errorbar(
-            xs,
+            [r["policy"] + (i - (len(keys) - 1) / 2) * dodge for r in points],
             ys,
-            yerr=errs if any(errs) else None,
+            yerr=errors,
             marker="o",
-            linestyle=style,
+            linestyle=line_style,
             capsize=3,
-            label=label,
-            color=color,
+            label=heads.get(key, key),
+            color=line_color,
+            markerfacecolor=None if filled else "white",
         )
         drawn += 1
     return drawn
 
 
-def _plot_rm_gap(plt: Any, store: RunStore, run_id: str, out_dir: Path) -> Path:
+def _rm_gap_figure(plt: Any, store: RunStore, run_id: str) -> Any:
     """Per GRPO step: the learned RMs' mean reward beside the verifier's accuracy on the same
     samples; a widening gap is the policy optimising the RM rather than the task."""
     table = store.read(
@@ -332,17 +373,28 @@ def _plot_rm_gap(plt: Any, store: RunStore, run_id: str, out_dir: Path) -> Path:
         run_id=run_id,
         where="stage = 'grpo' AND name IN ('rm_reward_mean', 'verifier_accuracy')",
     )
-    series: dict[str, list[tuple[int, int, float]]] = defaultdict(list)
+    series: dict[str, dict[tuple[int, int], float]] = defaultdict(dict)
     for row in table.to_pylist():
-        series[row["name"]].append((int(row["iteration"]), int(row["step"]), float(row["value"])))
-    fig, ax = plt.subplots(figsize=(7, 4))
+        series[row["name"]][int(row["iteration"]), int(row["step"])] = float(row["value"])
+    from matplotlib.ticker import MaxNLocator
+
+    steps = sorted({at for values in series.values() for at in values})
+    position = {at: i for i, at in enumerate(steps)}
+    fig, ax = new_figure(plt, 8, 4)
     labels = {"rm_reward_mean": "RM reward", "verifier_accuracy": "verifier accuracy"}
-    for name, points in sorted(series.items()):
-        points.sort()
-        ax.plot(range(len(points)), [v for _, _, v in points], label=labels[name])
-    ax.set_xlabel("GRPO step (all iterations in order)")
+    for name, values in sorted(series.items()):
+        at = sorted(values)
+        ax.plot([position[a] for a in at], [values[a] for a in at], label=labels[name])
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))  # steps are whole numbers
+    if steps:
+        # iteration k's GRPO stage (stored as k, from 0) makes policy k+1
+        mark_iterations(ax, [it for it, _ in steps], lambda it: f"to policy {it + 1}")
+        ax.set_xlim(-0.5, len(steps) - 0.5)
+    else:
+        ax.text(0.5, 0.5, "no GRPO stage yet", ha="center", va="center", transform=ax.transAxes)
+    ax.set_xlabel("GRPO step (all iterations in order; dashed: a new iteration)")
+    ax.set_ylabel("mean over the step's samples")
     ax.set_title(f"RM reward vs verifier per GRPO step — {run_id}")
     ax.grid(alpha=0.3)
-    if ax.get_legend_handles_labels()[0]:
-        ax.legend()
-    return save_figure(plt, fig, out_dir / "rm_vs_verifier.png")
+    legend_outside(fig, ax.get_legend_handles_labels()[0])
+    return fig

@@ -121,6 +121,10 @@ TABLE_SCHEMAS: dict[str, pa.Schema] = {
         _req("value", _F64),
         _opt("stderr", _F64),
         _req("n", _I64),
+        # A 95% interval where the metric has one (RM AUROCs: bootstrap over outputs); stores
+        # written before it read these as NULL.
+        _opt("ci_low", _F64),
+        _opt("ci_high", _F64),
     ),
     "metrics": _schema(
         _req("stage", _S),

@@ -20,7 +20,16 @@ from flows.ablate.results import (
     format_results_table,
 )
 from flows.ablate.stats import Interval
-from flows.report import inline_pngs, save_figure
+from flows.figures import (
+    FigureOutput,
+    inline_pngs,
+    legend_outside,
+    new_figure,
+    picture_lines,
+    policy_axis,
+    pyplot,
+    save_figure,
+)
 
 FIG5_ARMS = ("sft", "rft", "online_rft", "grpo_os", "grpo_ps")
 
@@ -46,9 +55,10 @@ def _band(ax: Any, xs: list[float], cis: list[Interval], label: str, style: str 
 
 def _per_iteration(
     ax: Any, values: Values, arms: list[str], metric: str, k: int, last: int | None
-) -> int:
-    """Each arm's `metric` per policy (up to policy_`last`; None: all), mean and 95% CI."""
-    drawn = 0
+) -> list[int]:
+    """Each arm's `metric` per policy (up to policy_`last`; None: all), mean and 95% CI;
+    the policies drawn."""
+    drawn: list[int] = []
     for i, arm in enumerate(arms):
         policies = [p for p in values.iterations(arm) if last is None or p <= last]
         points = [(p, values.interval(arm, p, metric, k)) for p in policies]
@@ -56,48 +66,49 @@ def _per_iteration(
         if shown:  # arms side by side around each policy, so equal ones stay visible
             dodge = (i - (len(arms) - 1) / 2) * 0.03
             _band(ax, [p + dodge for p, _ in shown], [ci for _, ci in shown], arm)
-            drawn += 1
+            drawn += [p for p, _ in shown]
     return drawn
 
 
-def write_plots(values: Values, ablation_id: str, out_dir: Path) -> list[Path]:
-    """fig5_arms.png, fig6_rm_retraining.png, fig7_maj_pass.png (means and 95% intervals)."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    from matplotlib.ticker import MaxNLocator
-
+def write_plots(
+    values: Values, ablation_id: str, out_dir: Path, output: FigureOutput | None = None
+) -> list[Path]:
+    """fig5_arms, fig6_rm_retraining, fig7_maj_pass (means and 95% intervals) in `output`'s
+    formats (default PNG)."""
+    output = output or FigureOutput()
+    plt = pyplot()
     out_dir.mkdir(parents=True, exist_ok=True)
     paths = []
     k = values.top_k() or 1
     fig6_arms = [a for link in FIG6_LINKS for a in (link[0], link[2]) if a in values.arms()]
     for name, title, arms, last in (
-        ("fig5_arms.png", "Fig. 5 analogue: equal samples and steps", _fig5_arms(values), 1),
-        ("fig6_rm_retraining.png", "Fig. 6 analogue: RM retrained vs once", fig6_arms, None),
+        ("fig5_arms", "Fig. 5 analogue: equal samples and steps", _fig5_arms(values), 1),
+        ("fig6_rm_retraining", "Fig. 6 analogue: RM retrained vs once", fig6_arms, None),
     ):
-        fig, axes = plt.subplots(1, 2, figsize=(11, 4))
+        fig, axes = new_figure(plt, 12, 4, ncols=2)
+        handles: dict[str, Any] = {}
         for ax, metric, at, label in (
             (axes[0], GREEDY, 1, "greedy accuracy"),
             (axes[1], MAJ, k, f"Maj@{k}"),
         ):
-            if not _per_iteration(ax, values, arms, metric, at, last):
+            drawn = _per_iteration(ax, values, arms, metric, at, last)
+            if not drawn:
                 ax.text(0.5, 0.5, "not run (arms missing)", ha="center", transform=ax.transAxes)
-            ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+            policy_axis(ax, drawn, "policy (k = after k iterations)")
             ax.set_ylim(-0.05, 1.05)  # accuracies; a t-interval may reach beyond
-            ax.set_xlabel("policy (k = after k iterations)")
             ax.set_ylabel(f"{label} (95% CI over seeds)")
             ax.grid(alpha=0.3)
-            if ax.get_legend_handles_labels()[0]:
-                ax.legend(fontsize="small")
+            for handle, arm in zip(*ax.get_legend_handles_labels(), strict=True):
+                handles.setdefault(arm, handle)  # one entry per arm for both panels
+        legend_outside(fig, list(handles.values()))
         fig.suptitle(f"{title} — {ablation_id}", fontsize="medium")
-        paths.append(save_figure(plt, fig, out_dir / name))
-    paths.append(_fig7(plt, values, ablation_id, out_dir))
+        paths += save_figure(plt, fig, out_dir, name, output)
+    paths += save_figure(plt, _fig7(plt, values, ablation_id), out_dir, "fig7_maj_pass", output)
     return paths
 
 
-def _fig7(plt: Any, values: Values, ablation_id: str, out_dir: Path) -> Path:
-    fig, ax = plt.subplots(figsize=(6.5, 4))
+def _fig7(plt: Any, values: Values, ablation_id: str) -> Any:
+    fig, ax = new_figure(plt, 8, 4)
     arm = FIG7_ARM
     if arm in values.arms():
         final = values.final_iteration(arm)
@@ -109,6 +120,7 @@ def _fig7(plt: Any, values: Values, ablation_id: str, out_dir: Path) -> Path:
                 label = f"{metric.replace('@k', '@K')}, policy_{policy}"
                 _band(ax, [float(k) for k, _ in shown], [ci for _, ci in shown], label, style)
         ax.set_xscale("log", base=2)
+        ax.set_xticks(values.ks(MAJ), labels=[str(k) for k in values.ks(MAJ)])  # K as numbers
         ax.set_ylim(-0.05, 1.05)
     else:
         ax.text(0.5, 0.5, f"not run (no arm {arm})", ha="center", transform=ax.transAxes)
@@ -116,9 +128,8 @@ def _fig7(plt: Any, values: Values, ablation_id: str, out_dir: Path) -> Path:
     ax.set_ylabel("accuracy (95% CI over seeds)")
     ax.set_title(f"Fig. 7 analogue: Maj@K and Pass@K, {arm} — {ablation_id}", fontsize="medium")
     ax.grid(alpha=0.3)
-    if ax.get_legend_handles_labels()[0]:
-        ax.legend(fontsize="small")
-    return save_figure(plt, fig, out_dir / "fig7_maj_pass.png")
+    legend_outside(fig, ax.get_legend_handles_labels()[0])
+    return fig
 
 
 def verdict_lines(values: Values) -> str:
@@ -151,11 +162,15 @@ def summary_markdown(values: Values, ablation_id: str, description: str) -> str:
 
 
 def write_ablation_report(
-    values: Values, ablation_id: str, description: str, out_dir: Path
+    values: Values,
+    ablation_id: str,
+    description: str,
+    out_dir: Path,
+    output: FigureOutput | None = None,
 ) -> list[Path]:
     """The plots and summary.md (pictures linked beside it)."""
-    plots = write_plots(values, ablation_id, out_dir)
-    pictures = "\n\n".join(f"![{p.stem}]({p.name})" for p in plots)
+    plots = write_plots(values, ablation_id, out_dir, output)
+    pictures = "\n\n".join(picture_lines(plots))
     summary = out_dir / "summary.md"
     summary.write_text(summary_markdown(values, ablation_id, description) + "\n" + pictures + "\n")
     return [*plots, summary]

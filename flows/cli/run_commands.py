@@ -20,6 +20,7 @@ from flows.config_files import (
     stored_config_migrated,
     validate_config,
 )
+from flows.figures import DEFAULT_DPI, FIGURE_FORMATS, FigureOutput
 from flows.interrupts import RunInterrupted
 from flows.names import default_run_id
 from flows.preflight import preflight
@@ -132,11 +133,12 @@ def cmd_resume(args: argparse.Namespace) -> int:
 
 
 def cmd_report(args: argparse.Namespace) -> int:
+    output = FigureOutput(tuple(args.format or ("png",)), args.dpi)
     store = RunStore(args.store).require_existing()
     store.run_status(args.run_id)  # an unknown run is an error, not empty plots
     out = Path(args.out) if args.out else store.root / "reports" / args.run_id
     print(format_iteration_table(iteration_table(store, args.run_id)))
-    for path in write_report(store, args.run_id, out):
+    for path in write_report(store, args.run_id, out, output):
         print(f"wrote {path}")
     return 0
 
@@ -195,6 +197,15 @@ def add_run_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -
     p.add_argument("run_id")
     store_option(p)
     p.add_argument("--out", help="output directory (default <store>/reports/<run_id>)")
+    p.add_argument(
+        "--format",
+        action="append",
+        choices=FIGURE_FORMATS,
+        help="figure file format, repeat for several (default png; pdf and svg are vector)",
+    )
+    p.add_argument(
+        "--dpi", type=int, default=DEFAULT_DPI, help=f"PNG resolution (default {DEFAULT_DPI})"
+    )
     p.set_defaults(func=cmd_report)
 
     p = sub.add_parser("serve", help=command_help("serve"))

@@ -18,6 +18,7 @@ from transformers import GenerationConfig, PreTrainedModel, PreTrainedTokenizerB
 from transformers.cache_utils import DynamicCache, DynamicLayer
 
 from grpo_core.contracts.rollout import FinishReason, RolloutBatch, SamplingParams
+from grpo_core.model.kv_cache import cache_keyword, returned_cache
 from grpo_core.model.policy import encode_prompt, ensure_pad_token, load_weights_into
 
 # Finished rows leave the decode batch (and its KV cache) once they are this share of it.
@@ -277,7 +278,8 @@ class HFRolloutEngine:
             use_cache=True,
             logits_to_keep=1,
         )
-        past = out.past_key_values
+        past = returned_cache(out)
+        cache_arg = cache_keyword(self.model)
         if not preallocate_cache(past, owner, width + steps) and len(distinct) < bsz:
             past.reorder_cache(owner)
         logits = out.logits[owner, -1, :].float()
@@ -317,9 +319,9 @@ class HFRolloutEngine:
                 input_ids=token[:, None],
                 attention_mask=mask[live, : width + t + 1],
                 position_ids=step_pos,
-                past_key_values=past,
                 use_cache=True,
+                **{cache_arg: past},
             )
-            past = out.past_key_values
+            past = returned_cache(out)
             logits = out.logits[:, -1, :].float()
         return tokens_out.cpu(), logp_out.cpu(), lengths.cpu(), finished.cpu().tolist()

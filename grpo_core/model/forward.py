@@ -13,6 +13,7 @@ import torch
 from torch import Tensor, nn
 
 from grpo_core.contracts.policy_batch import PolicyBatch
+from grpo_core.model.kv_cache import cache_keyword, returned_cache
 from grpo_core.model.logits import entropy_from_logits, token_logprobs
 
 
@@ -91,7 +92,8 @@ def _shared_prompt_forward(
     # completions, right-padded in response coordinates
     completion_ids = part.full_to_response(part.input_ids)
     prompt_lengths = prompt_attn.sum(-1)[owner]
-    buckets = length_buckets(lengths) if hasattr(out.past_key_values, "layers") else None
+    prompt_cache = returned_cache(out)
+    buckets = length_buckets(lengths) if hasattr(prompt_cache, "layers") else None
     if buckets is None:
         buckets = [torch.arange(len(part), device=lengths.device)]
     logps: list[Tensor] = []
@@ -106,14 +108,14 @@ def _shared_prompt_forward(
         mask = torch.arange(w, device=lengths.device)[None, :] < lengths[rows, None]
         logits = [out.logits[owner[rows]]]  # (n, 1, V): predicts completion token 0
         if w > 1:
-            cache = out.past_key_values if len(buckets) == 1 else _cache_copy(out.past_key_values)
+            cache = prompt_cache if len(buckets) == 1 else _cache_copy(prompt_cache)
             cache.reorder_cache(owner[rows])  # one copy of its prompt's keys/values per row
             rest = model(
                 input_ids=ids,
                 attention_mask=torch.cat([prompt_attn[owner[rows]], mask.long()], dim=1),
                 position_ids=prompt_lengths[rows, None] + torch.arange(w, device=lengths.device),
-                past_key_values=cache,
                 use_cache=True,
+                **{cache_keyword(model): cache},
             ).logits[:, :-1]
             logits.append(rest)  # (n, w - 1, V): predicts completion tokens 1 .. w - 1
         logp = torch.cat(

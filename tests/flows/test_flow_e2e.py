@@ -261,7 +261,7 @@ def test_report_draws_every_panel_and_one_page_embeds_them(
     store, run_id = micro_run
     written = write_report(store, run_id, tmp_path)
     names = [p.name for p in written]
-    assert names == [*(p.filename for p in PANELS), "rm_vs_verifier.png", "summary.md"]
+    assert names == [*(f"{p.stem}.png" for p in PANELS), "rm_vs_verifier.png", "summary.md"]
     for path in written[:-1]:
         assert mpimg.imread(path).shape[2] in (3, 4)  # a real PNG
     page = (tmp_path / "summary.md").read_text()

@@ -1,4 +1,5 @@
-"""RM evaluation metrics: AUROC with ties, accuracy, majority baseline, best-of-N, eval rows."""
+"""RM evaluation metrics: AUROC with ties and its bootstrap interval, accuracy, majority
+baseline, best-of-N, eval rows."""
 
 from __future__ import annotations
 
@@ -9,11 +10,13 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from reward_models.evaluate import (
+    AurocInterval,
     EvalRow,
     accuracy,
     auroc,
     best_of_n_accuracy,
     best_of_n_rows,
+    bootstrap_auroc,
     majority_baseline,
     orm_eval_rows,
     prm_eval_rows,
@@ -62,7 +65,8 @@ def test_best_of_n_takes_the_top_scored_sample_and_splits_ties() -> None:
 def test_eval_rows_have_the_eval_table_shape() -> None:
     rows = orm_eval_rows([0.9, 0.2, 0.6, 0.4], [1, 0, 1, 1], split="test")
     assert [r.metric for r in rows] == ["orm_auroc", "orm_accuracy", "orm_majority_baseline"]
-    assert rows[0] == EvalRow("test", "orm_auroc", None, 1.0, rows[0].stderr, 4)
+    # every resample keeps the three correct outputs above the wrong one: a zero-width interval
+    assert rows[0] == EvalRow("test", "orm_auroc", None, 1.0, 0.0, 4, ci_low=1.0, ci_high=1.0)
     prm = prm_eval_rows([[0.9, 0.8], [0.3]], [[1, 0], [0]], split="test")
     assert [(r.metric, r.value, r.n) for r in prm] == [
         ("prm_step_auroc", 1.0, 3),  # the one correct step outscores both wrong ones
@@ -76,3 +80,70 @@ def test_eval_rows_have_the_eval_table_shape() -> None:
     ]
     with pytest.raises(ValueError, match="step scores"):
         prm_eval_rows([[0.9]], [[1, 0]], split="test")
+
+
+def test_bootstrap_auroc_on_a_hand_enumerated_case() -> None:
+    # One positive (0.5) between two negatives (0.2, 0.8): AUROC 0.5. Of the 27 equally likely
+    # draws of 3 outputs, 18 hold both classes; their AUROC is the drawn share of the 0.2
+    # negative: 1, 0.5 and 0 with 6 draws each. Mean 0.5, variance 5/12 - 1/4 = 1/6.
+    got = bootstrap_auroc([0.5, 0.2, 0.8], [1, 0, 0], resamples=20_000)
+    assert got is not None
+    assert got.estimate == 0.5
+    assert got.stderr == pytest.approx(math.sqrt(1 / 6), abs=0.01)
+    assert (got.low, got.high) == (0.0, 1.0)
+    perfect = bootstrap_auroc([0.9, 0.8, 0.1, 0.3], [1, 1, 0, 0])
+    assert perfect == AurocInterval(1.0, 0.0, 1.0, 1.0)  # every resample separates them
+    assert bootstrap_auroc([0.9, 0.1], [1, 1]) is None  # one class: no AUROC
+
+
+scored_outputs = st.lists(
+    st.tuples(st.integers(0, 6).map(lambda v: v / 6), st.integers(0, 1)),
+    min_size=4,
+    max_size=40,
+).filter(lambda pairs: 2 <= sum(y for _, y in pairs) <= len(pairs) - 2)
+
+
+@given(scored_outputs)
+def test_bootstrap_interval_holds_the_estimate_and_narrows_with_more_outputs(
+    pairs: list[tuple[float, int]],
+) -> None:
+    scores, labels = [s for s, _ in pairs], [y for _, y in pairs]
+    once = bootstrap_auroc(scores, labels)
+    assert once is not None
+    assert once.estimate == pytest.approx(auroc(scores, labels))
+    assert once.low <= once.estimate <= once.high
+    # the same outputs four times over: the same AUROC, known about twice as precisely
+    more = bootstrap_auroc(scores * 4, labels * 4)
+    assert more is not None and more.estimate == pytest.approx(once.estimate)
+    if once.stderr > 0:
+        assert more.stderr < 0.7 * once.stderr
+        assert more.high - more.low < once.high - once.low
+
+
+@given(scored_outputs, st.integers(2, 4))
+def test_bootstrap_resamples_whole_outputs(pairs: list[tuple[float, int]], copies: int) -> None:
+    # Each output's step repeated: resampling outputs gives the same interval as one step
+    # per output; resampling steps as if independent would narrow it.
+    scores, labels = [s for s, _ in pairs], [y for _, y in pairs]
+    once = bootstrap_auroc(scores, labels)
+    owner = [i for i in range(len(pairs)) for _ in range(copies)]
+    stepwise = bootstrap_auroc(
+        [s for s in scores for _ in range(copies)],
+        [y for y in labels for _ in range(copies)],
+        groups=owner,
+    )
+    assert once is not None and stepwise is not None
+    assert stepwise.low == pytest.approx(once.low) and stepwise.high == pytest.approx(once.high)
+    assert stepwise.stderr == pytest.approx(once.stderr)
+
+
+def test_auroc_rows_carry_the_interval_and_prm_rows_resample_outputs() -> None:
+    (row, *_) = orm_eval_rows([0.9, 0.2, 0.6, 0.4, 0.5], [1, 0, 1, 0, 0], split="test")
+    assert row.value == pytest.approx(auroc([0.9, 0.2, 0.6, 0.4, 0.5], [1, 0, 1, 0, 0]))
+    assert row.ci_low is not None and row.ci_high is not None and row.stderr is not None
+    assert row.ci_low <= row.value <= row.ci_high
+    steps, step_labels = [[0.9, 0.8], [0.3], [0.6, 0.2]], [[1, 1], [0], [1, 0]]
+    (prm, *_) = prm_eval_rows(steps, step_labels, split="test")
+    expected = bootstrap_auroc([0.9, 0.8, 0.3, 0.6, 0.2], [1, 1, 0, 1, 0], groups=[0, 0, 1, 2, 2])
+    assert expected is not None
+    assert (prm.ci_low, prm.ci_high, prm.stderr) == (expected.low, expected.high, expected.stderr)
