@@ -69,6 +69,8 @@ def step_rewards_to_token_advantages(
     step end get 0.
     """
     num_tokens = response_mask.shape[-1]
+    if num_tokens == 0:  # every output empty: no token to give an advantage to
+        return torch.zeros(response_mask.shape, dtype=normed.dtype, device=normed.device)
     valid = step_mask.bool()
     if bool(((step_ends < 0) | (step_ends >= num_tokens))[valid].any()):
         raise ValueError(f"step end indices must lie in [0, {num_tokens}) (got {step_ends})")
