@@ -6,6 +6,7 @@ from __future__ import annotations
 import copy
 import math
 import warnings
+from collections.abc import Iterator
 
 import pytest
 import torch
@@ -24,6 +25,8 @@ from grpo_core.algo.rewards import StepRewards
 from grpo_core.algo.step import (
     NO_PROMPTS,
     NO_RESPONSE_TOKENS,
+    RewardFn,
+    StepOutcome,
     grpo_step,
     skip_reason,
     step_prompt_indices,
@@ -38,7 +41,7 @@ from tests.models import tiny_llama
 
 
 @pytest.fixture(autouse=True)
-def warnings_are_errors():  # type: ignore[no-untyped-def]
+def warnings_are_errors() -> Iterator[None]:
     """A degenerate batch must not warn either (torch's std of nothing does)."""
     with warnings.catch_warnings():
         warnings.simplefilter("error")
@@ -129,8 +132,11 @@ def test_skip_reasons() -> None:
 
 
 def step(
-    prompts: list[str], sampler: ScriptedSampler, update: RecordingUpdate, reward=reward_by_text
-):  # type: ignore[no-untyped-def]
+    prompts: list[str],
+    sampler: ScriptedSampler,
+    update: RecordingUpdate,
+    reward: RewardFn = reward_by_text,
+) -> StepOutcome:
     return grpo_step(
         prompts,
         sampler,
