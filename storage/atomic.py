@@ -29,6 +29,28 @@ def fsync_dir(directory: Path) -> None:
         os.close(fd)
 
 
+def current_umask() -> int:
+    """The process's umask (read by setting and restoring it: the only portable way)."""
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
+def _honour_umask(directory: Path) -> None:
+    """Give every file and folder under `directory` the mode a plain create would have.
+
+    Some writers create files 0600 whatever the umask (safetensors' `save_file` does), so
+    teammates and workers under another user could not read a checkpoint; a shared group
+    (umask 002) or world-readable (022) store needs the mode the umask allows.
+    """
+    mask = current_umask()
+    for child in directory.rglob("*"):
+        if child.is_symlink():
+            continue
+        executable = child.is_dir() or child.stat().st_mode & 0o111
+        child.chmod((0o777 if executable else 0o666) & ~mask)
+
+
 def _fsync_file(path: Path) -> None:
     fd = os.open(path, os.O_RDONLY)
     try:
@@ -86,6 +108,7 @@ def atomic_directory(final_path: str | Path, *, overwrite: bool = False) -> Iter
     tmp.mkdir()
     try:
         yield tmp
+        _honour_umask(tmp)
         for child in tmp.rglob("*"):
             if child.is_file():
                 _fsync_file(child)

@@ -22,8 +22,14 @@ from flows.interrupts import INTERRUPT
 from flows.model_io import save_model
 from flows.names import GRPO, GRPO_PROGRESS, POLICY, TRAIN_SPLIT
 from flows.progress import ProgressFn, log
-from flows.stages.results import StageResult, metric_rows
-from grpo_core.algo.step import StepOutcome, grpo_step
+from flows.stages.results import StageResult, mean, metric_rows
+from grpo_core.algo.step import (
+    SKIP_EXPLAINED,
+    SKIPPED,
+    StepOutcome,
+    grpo_step,
+    step_prompt_indices,
+)
 from grpo_core.contracts.rollout import RolloutEngine, Sampler
 from grpo_core.data.tasks.base import Problem
 from grpo_core.engines.gold_rollout import GoldSolutionRollout
@@ -172,7 +178,8 @@ def grpo_stage(ctx: RunContext, iteration: int, progress: ProgressFn) -> StageRe
         for step in range(start, g.steps):
             if updated and follower is not None:  # the engine samples the updated policy
                 follower.receive_weights(updater.weights() or model.state_dict())
-            problems = pool[step * g.prompts_per_step : (step + 1) * g.prompts_per_step]
+            indices = step_prompt_indices(len(pool), step, g.prompts_per_step)
+            problems = [pool[i] for i in indices]
             prompts = [prompter(p.question) for p in problems]
             out = grpo_step(
                 prompts,
@@ -186,23 +193,11 @@ def grpo_stage(ctx: RunContext, iteration: int, progress: ProgressFn) -> StageRe
                 seed=ctx.seed(GRPO, k, step),
                 where=f"GRPO iteration {k}, step {step}",
             )
-            updated = True
+            updated = updated or out.skipped is None
             stats = out.stats
             metric_log += metric_rows(GRPO, stats, step)
             sample_rows += _sample_rows(step, problems, out, g.group_size)
-            progress(
-                (step + 1) / g.steps,
-                f"GRPO step {step + 1}/{g.steps}: reward {stats['reward_mean']:.3f}",
-            )
-            log.info(
-                "GRPO iter %d step %d: reward %.3f (RM %.3f) verifier acc %.3f kl %.4f",
-                k,
-                step,
-                stats["reward_mean"],
-                stats.get("rm_reward_mean", float("nan")),
-                stats["verifier_accuracy"],
-                stats.get("kl", float("nan")),
-            )
+            _report_step(k, step, g.steps, out, progress)
             done = step + 1
             if done % g.checkpoint_every == 0 or done == g.steps or INTERRUPT.requested:
                 _save_progress(
@@ -215,12 +210,41 @@ def grpo_stage(ctx: RunContext, iteration: int, progress: ProgressFn) -> StageRe
     with ctx.run.stage(k, GRPO) as attempt:
         attempt.write("policy_samples", sample_rows)
         attempt.write("metrics", metric_log)
+    # means over the steps that report each figure (a step skipped without prompts has none)
     summary = {
-        name: sum(r["value"] for r in metric_log if r["name"] == name) / max(g.steps, 1)
+        name: mean(r["value"] for r in metric_log if r["name"] == name)
         for name in ("reward_mean", "rm_reward_mean", "verifier_accuracy", "kl")
         if any(r["name"] == name for r in metric_log)
     }
+    skipped = sum(1 for r in metric_log if r["name"] == SKIPPED)
+    if skipped:
+        summary["skipped_steps"] = float(skipped)
     return StageResult(GRPO, k, metrics=summary)
+
+
+def _report_step(k: int, step: int, steps: int, out: StepOutcome, progress: ProgressFn) -> None:
+    """The progress line and log line of one step (a skipped step says why)."""
+    stats = out.stats
+    if out.skipped is not None:
+        progress((step + 1) / steps, f"GRPO step {step + 1}/{steps}: skipped ({out.skipped})")
+        log.warning(
+            "GRPO iter %d step %d: skipped, no update (%s: %s)",
+            k,
+            step,
+            out.skipped,
+            SKIP_EXPLAINED[out.skipped],
+        )
+        return
+    progress((step + 1) / steps, f"GRPO step {step + 1}/{steps}: reward {stats['reward_mean']:.3f}")
+    log.info(
+        "GRPO iter %d step %d: reward %.3f (RM %.3f) verifier acc %.3f kl %.4f",
+        k,
+        step,
+        stats["reward_mean"],
+        stats.get("rm_reward_mean", float("nan")),
+        stats["verifier_accuracy"],
+        stats.get("kl", float("nan")),
+    )
 
 
 def _sample_rows(

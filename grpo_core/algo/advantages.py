@@ -24,6 +24,8 @@ def outcome_advantages(
         raise ValueError(f"outcome scaling must be 'group_std' or 'none' (got {scaling!r})")
     # float64: for near-equal rewards (learned-RM scores that differ in the 7th digit) the
     # float32 rounding of r - mean would be amplified by 1 / eps into visible noise.
+    if rewards.numel() == 0:  # no group (a step without prompts): the std of nothing warns
+        return torch.zeros_like(rewards)
     r = rewards.double()
     centred = r - r.mean(dim=-1, keepdim=True)
     # equal rewards: exactly 0 (float rounding of the mean would be amplified by 1 / eps)
@@ -67,6 +69,8 @@ def step_rewards_to_token_advantages(
     step end get 0.
     """
     num_tokens = response_mask.shape[-1]
+    if num_tokens == 0:  # every output empty: no token to give an advantage to
+        return torch.zeros(response_mask.shape, dtype=normed.dtype, device=normed.device)
     valid = step_mask.bool()
     if bool(((step_ends < 0) | (step_ends >= num_tokens))[valid].any()):
         raise ValueError(f"step end indices must lie in [0, {num_tokens}) (got {step_ends})")

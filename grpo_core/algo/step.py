@@ -3,7 +3,8 @@ reward them, turn rewards into token advantages, update the policy, report metri
 
 The GRPO stage (flows/stages/grpo.py) and the step benchmark (bench/grpo_step.py) both call
 `grpo_step`; what differs between them (the engines, the reward, checkpoints and rows) is
-passed in.
+passed in. A degenerate batch (no prompt to draw, no response token to learn from) is a
+skipped step with its reason in the metrics, never a NaN or an exception.
 """
 
 from __future__ import annotations
@@ -12,9 +13,11 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
 
+import torch
 from torch import Tensor
 
 from grpo_core.algo.config import GRPOConfig
+from grpo_core.algo.estimators import VERIFIER
 from grpo_core.algo.rewards import StepRewards, check_rewards, reward_stats, token_advantages
 from grpo_core.contracts.numerics import (
     DIVERGED,
@@ -26,6 +29,15 @@ from grpo_core.contracts.policy_batch import PolicyBatch, build_policy_batch
 from grpo_core.contracts.rollout import RolloutBatch, Sampler, SamplingParams
 
 RewardFn = Callable[[RolloutBatch], StepRewards]
+
+# Why a step made no update; stored as metric rows `skipped` = 1 and `skipped_<reason>` = 1.
+NO_PROMPTS = "no_prompts"
+NO_RESPONSE_TOKENS = "no_response_tokens"
+SKIPPED = "skipped"
+SKIP_EXPLAINED = {
+    NO_PROMPTS: "the task has no train problem for this step",
+    NO_RESPONSE_TOKENS: "every output is empty, so no token has a log-prob to train",
+}
 
 
 class PolicyUpdate(Protocol):
@@ -46,6 +58,30 @@ class StepOutcome:
     rewards: StepRewards
     advantages: Tensor  # (B, T) in response coordinates: token t of output r
     stats: dict[str, float]  # the update's metrics and reward_stats
+    skipped: str | None = None  # why no update was made (NO_PROMPTS, ...); None: it was
+
+
+def step_prompt_indices(pool_size: int, step: int, per_step: int) -> list[int]:
+    """Indices into a pool of `pool_size` problems of step `step`'s prompts: the next
+    `per_step` in order, wrapping round a pool too small for every step, never one twice in a
+    step (a pool smaller than `per_step` gives every step the whole pool: fewer prompts)."""
+    count = min(per_step, pool_size)
+    return [(step * per_step + i) % pool_size for i in range(count)]
+
+
+def skip_reason(num_prompts: int, response_tokens: int) -> str | None:
+    """Why a step's batch cannot update the policy, None if it can: no prompt (a pool too small
+    for the step), or no response token in any output (nothing has a log-prob to train)."""
+    if num_prompts == 0:
+        return NO_PROMPTS
+    if response_tokens == 0:
+        return NO_RESPONSE_TOKENS
+    return None
+
+
+def skip_stats(reason: str) -> dict[str, float]:
+    """The metrics of a step skipped for `reason`."""
+    return {SKIPPED: 1.0, f"{SKIPPED}_{reason}": 1.0}
 
 
 def grpo_step(
@@ -63,7 +99,12 @@ def grpo_step(
 ) -> StepOutcome:
     """Sample `group_size` outputs for each prompt with `seed`, reward them, compute
     algo.adv_estimator's advantages and run `policy.update`; every value a step produces is
-    checked finite (`where` names the step in the error)."""
+    checked finite (`where` names the step in the error). A batch `skip_reason` refuses makes
+    no update: its outcome has zero advantages and `skipped` set."""
+    if not prompts:
+        empty = RolloutBatch([], [], [], [], [], [])
+        no_rewards = StepRewards(torch.zeros(0), {VERIFIER: torch.zeros(0)}, None)
+        return StepOutcome(empty, no_rewards, torch.zeros(0, 0), skip_stats(NO_PROMPTS), NO_PROMPTS)
     params = SamplingParams(max_new_tokens=max_new_tokens, temperature=algo.temperature)
     batch = sampler.generate(prompts, group_size, params, seed=seed)
     sampled = [lp for row in batch.logprobs for lp in row]
@@ -74,6 +115,11 @@ def grpo_step(
     # completion columns of the padded batch (B, L) the update consumes.
     padded = build_policy_batch(batch.prompt_ids, batch.completion_ids, pad_token_id)
     response_mask = padded.full_to_response(padded.response_mask)
+    skipped = skip_reason(len(prompts), int(response_mask.sum()))
+    if skipped is not None:
+        stats = {**skip_stats(skipped), **reward_stats(rewards, group_size)}
+        require_finite_metrics(stats, where=where, cause=REWARD_SOURCE)
+        return StepOutcome(batch, rewards, torch.zeros(response_mask.shape), stats, skipped)
     advantages = token_advantages(algo, rewards, response_mask, (len(prompts), group_size))
     require_finite("advantages", advantages, where=where, cause=REWARD_SOURCE)
     old = padded.lists_to_full(batch.logprobs) if algo.use_sampling_logprobs_as_old else None

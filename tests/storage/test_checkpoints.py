@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import os
 import random
+import stat
 from pathlib import Path
 
 import numpy as np
@@ -18,6 +20,7 @@ from storage.checkpoints import (
     save_checkpoint,
     save_training_state,
 )
+from tests.models import tiny_llama
 
 
 def draws() -> tuple[float, float, float]:
@@ -66,3 +69,27 @@ def test_loading_refuses_arbitrary_pickles(tmp_path: Path) -> None:
     torch.save({"optimizer_state": object(), "rng_state": None}, tmp_path / "training_state.pt")
     with pytest.raises(Exception, match=r"[Ww]eights only"):
         load_training_state(tmp_path)
+
+
+@pytest.mark.parametrize("umask", [0o022, 0o002])
+def test_checkpoint_files_honour_the_umask(tmp_path: Path, umask: int) -> None:
+    """safetensors writes its file 0600 whatever the umask; a checkpoint's files get the mode
+    a plain create would (teammates and workers under another user must read the weights)."""
+
+    model = tiny_llama()
+    previous = os.umask(umask)
+    try:
+        final = save_checkpoint(
+            checkpoint_path(tmp_path, "r1", "policy", 0),
+            lambda d: model.save_pretrained(d / "weights", safe_serialization=True),
+        )
+    finally:
+        os.umask(previous)
+    weights = final / "weights" / "model.safetensors"
+    assert weights.is_file()
+    modes = {p.name: stat.S_IMODE(p.stat().st_mode) for p in [final, *final.rglob("*")]}
+    expected_file, expected_dir = 0o666 & ~umask, 0o777 & ~umask
+    assert modes["model.safetensors"] == expected_file
+    assert modes["config.json"] == expected_file
+    assert modes["weights"] == expected_dir
+    assert modes[final.name] == expected_dir

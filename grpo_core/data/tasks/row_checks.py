@@ -201,20 +201,23 @@ def drop_duplicates(rows: list[GoldRow]) -> tuple[list[GoldRow], list[BadRow], i
     return kept, conflicts, exact
 
 
+_REPORTED: set[str] = set()  # the skipped-rows warnings already given by this process
+
+
 def report_bad_rows(origin: str, bad: list[BadRow], total: int, on_bad_rows: OnBadRows) -> None:
-    """Raise `TaskDataError` naming the first few bad rows, or (skip) warn once about them."""
+    """Raise `TaskDataError` naming the first few bad rows, or (skip) warn about them once
+    per process."""
     count = sum(b.rows for b in bad)
     listed = [f"{b.source}: {b.problem}" for b in bad[:_SHOWN]]
     if len(bad) > _SHOWN:
         listed.append(f"... and {len(bad) - _SHOWN} more")
     if on_bad_rows == "skip":
-        log.warning(
-            "%s: dropped %d bad row(s) of %d (task.on_bad_rows: skip): %s",
-            origin,
-            count,
-            total,
-            "; ".join(listed),
-        )
+        message = f"{origin}: dropped {count} bad row(s) of {total} (task.on_bad_rows: skip): "
+        message += "; ".join(listed)
+        # The pre-flight, the run and each stage build the task: say it once per process.
+        if message not in _REPORTED:
+            _REPORTED.add(message)
+            log.warning("%s", message)
         return
     if len(bad) == 1:
         these = "this row" if count == 1 else "these rows"
