@@ -31,7 +31,7 @@ lint: venv
 	$(BIN)/mypy
 
 test: lint
-	$(BIN)/pytest -q
+	$(BIN)/pytest -q --durations=15
 
 # Unit tests only (skips the slow end-to-end and learning tests).
 test-fast: venv
