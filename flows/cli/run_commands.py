@@ -152,9 +152,14 @@ def cmd_report(args: argparse.Namespace) -> int:
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
+    from prefect.settings import PREFECT_API_URL
+
     from flows.prefect_flow import SERVED_CONFIG_ENV, iterative_rl
+    from flows.prefect_server import check_api_answers
 
     cfg = load_config(args.config, args.set or [])
+    if PREFECT_API_URL.value():  # unset, Prefect serves against a temporary server of its own
+        check_api_answers(str(PREFECT_API_URL.value()))
     # UI-triggered runs write where this command would have: resolved once, here.
     root = resolve_store_root(args.store, cfg.store.root)
     cfg = validate_config({**cfg.model_dump(mode="json"), "store": {"root": str(root)}})
