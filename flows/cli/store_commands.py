@@ -221,6 +221,9 @@ def cmd_runs(args: argparse.Namespace) -> int:
     print(format_table(table))
     for run_id, failure in stopped.items():
         print(f"{run_id} stopped {failure_line(failure)}")
+    for run in runs:
+        if run.get("damage"):
+            print(run["damage"])
     for run_id, link in tracked.items():
         if link is not None:
             print(f"MLflow run of {run_id}: {link[1]}")
