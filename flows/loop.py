@@ -45,6 +45,12 @@ def seconds_left(remaining: list[str], last_seconds: dict[str, float]) -> float 
     return sum(last_seconds[name] for name in remaining)
 
 
+def iteration_label(iteration: int, iterations: int) -> str:
+    """How log lines name an iteration: the store's number first (the `iteration` column,
+    the stage records), then its place in the run, so neither reads as the other."""
+    return f"iteration {iteration} ({iteration + 1} of {iterations})"
+
+
 def _minutes(seconds: float) -> str:
     return f"{int(seconds) // 60}m{int(seconds) % 60:02d}s"
 
@@ -75,7 +81,7 @@ def run_loop(
         if run.is_committed(iteration, name):
             result = StageResult(name, iteration, skipped=True)
         else:
-            where = "policy_0" if name == WARM_START else f"iteration {iteration + 1}/{n}"
+            where = "policy_0" if name == WARM_START else iteration_label(iteration, n)
             log.info("%s: %s", where, name)
             if on_stage_start is not None:
                 on_stage_start(name, iteration)
