@@ -15,7 +15,7 @@ from flows.context import RunContext
 from flows.engines.availability import check_engines
 from flows.interrupts import INTERRUPT, RunInterrupted, graceful_sigint, with_fault_hook
 from flows.names import EVALUATE, ITERATION_STAGES, WARM_START
-from flows.progress import ProgressFn, no_progress
+from flows.progress import ProgressFn, iteration_label, no_progress
 from flows.runtime import apply_threads, name_deepspeed_accelerator
 from flows.stages import STAGE_FUNCTIONS, StageFn, StageResult
 from flows.tracking.run_tracking import RunTracking, check_trackers
@@ -43,12 +43,6 @@ def seconds_left(remaining: list[str], last_seconds: dict[str, float]) -> float 
     if any(name not in last_seconds for name in remaining):
         return None
     return sum(last_seconds[name] for name in remaining)
-
-
-def iteration_label(iteration: int, iterations: int) -> str:
-    """How log lines name an iteration: the store's number first (the `iteration` column,
-    the stage records), then its place in the run, so neither reads as the other."""
-    return f"iteration {iteration} ({iteration + 1} of {iterations})"
 
 
 def _minutes(seconds: float) -> str:

@@ -5,7 +5,8 @@ from pathlib import Path
 import pytest
 
 from flows.context import RunContext
-from flows.loop import Executor, StageFn, execute_run, iteration_label, seconds_left
+from flows.loop import Executor, StageFn, execute_run, seconds_left
+from flows.progress import iteration_label
 from flows.stages import StageResult
 from storage.store import RunStore
 from tests.flow_helpers import micro_config
