@@ -88,3 +88,16 @@ def test_a_second_ctrl_c_leaves_the_run_interrupted_with_the_resume_command(
     assert status["failure"]["type"] == "RunInterrupted"
     assert status["failure"]["stage"] == "warm_start"
     assert not RunStore(tmp_path).committed_stages("ctrlc")  # the stopped stage left nothing
+
+
+def test_a_failed_ablation_stores_why(tmp_path: Path) -> None:
+    out = cli(tmp_path, "ablate", "--suite", "micro", fault="ValueError@warm_start:0:1")
+    assert out.returncode == 1, out.stderr[-2000:]
+    status = RunStore(tmp_path).run_status("ablate-micro")
+    assert status["status"] == "failed"
+    assert status["failure"] == {
+        "type": "ValueError",
+        "message": "injected by ITERGRPO_FAULT=ValueError@warm_start:0:1",
+        "stage": None,  # the ablation's own record: the arm run keeps the stage
+        "iteration": None,
+    }
