@@ -16,3 +16,7 @@ class OutputPathError(UserError):
 
 class PreflightError(UserError):
     """A run that cannot succeed, found before it starts; the message names the fix."""
+
+
+class PrefectApiError(UserError):
+    """The Prefect API the run would report to (PREFECT_API_URL) does not answer."""

@@ -15,7 +15,8 @@ from grpo_core.contracts.errors import SettingError
 
 
 class RunInterrupted(Exception):
-    """Raised at a safe point after SIGINT; the run is resumable with `itergrpo resume`."""
+    """Raised at a safe point after SIGINT, or at once on a second SIGINT; the run is
+    resumable with `itergrpo resume` (a stage stopped midway commits nothing)."""
 
 
 class _InterruptFlag:
@@ -42,8 +43,10 @@ def graceful_sigint() -> Iterator[None]:
 
     def handler(signum: int, frame: FrameType | None) -> None:
         if INTERRUPT.requested:
+            # Not a KeyboardInterrupt: the run is recorded `interrupted` and the CLI prints
+            # the resume command; the uncommitted stage's files are discarded as usual.
             signal.signal(signal.SIGINT, signal.default_int_handler)
-            raise KeyboardInterrupt
+            raise RunInterrupted("interrupted by a second SIGINT; resume with the same run id")
         INTERRUPT.requested = True
         log.warning("SIGINT: stopping at the next safe point (Ctrl-C again to stop now)")
 
@@ -57,7 +60,8 @@ def graceful_sigint() -> Iterator[None]:
 
 # Fault injection for the kill-and-resume and error-reporting tests: "SIGKILL@grpo:1:2" sends
 # SIGKILL to this process at the 2nd progress report of the GRPO stage of iteration 1 (SIGINT
-# likewise); "ValueError@grpo:1:2" raises a ValueError there, as a bug in the stage would.
+# likewise, "SIGINT*2@..." twice in a row); "ValueError@grpo:1:2" raises a ValueError there,
+# as a bug in the stage would.
 # Progress reports sit between a stage's work and its commit, so this hits "inside" a stage.
 FAULT_ENV = "ITERGRPO_FAULT"
 # The exceptions a fault may raise: the ones a bug usually raises.
@@ -70,13 +74,16 @@ FAULT_EXCEPTIONS: dict[str, type[Exception]] = {
 
 def with_fault_hook(progress: ProgressFn, stage: str, iteration: int) -> ProgressFn:
     """`progress`, plus what FAULT_ENV asks for at its stage/iteration/report:
-    `SIGNAL@stage:iteration:n` to this process, `SIGNAL-GROUP@...` to its whole process group
-    (what a terminal's Ctrl-C does), or `ValueError@...` (FAULT_EXCEPTIONS) raised there."""
+    `SIGNAL@stage:iteration:n` to this process, `SIGNAL*2@...` twice in a row (an impatient
+    second Ctrl-C), `SIGNAL-GROUP@...` to its whole process group (what a terminal's Ctrl-C
+    does), or `ValueError@...` (FAULT_EXCEPTIONS) raised there."""
     spec = os.environ.get(FAULT_ENV, "")
     if not spec:
         return progress
     try:
         sig_name, where = spec.split("@")
+        sig_name, _, repeat = sig_name.partition("*")
+        times = int(repeat or 1)
         group = sig_name.endswith("-GROUP")
         sig_name = sig_name.removesuffix("-GROUP")
         want_stage, want_iteration, want_count = where.split(":")
@@ -86,7 +93,7 @@ def with_fault_hook(progress: ProgressFn, stage: str, iteration: int) -> Progres
         target = (want_stage, int(want_iteration))
     except (ValueError, KeyError):
         raise SettingError(
-            f"{FAULT_ENV}={spec!r}: expected SIGNAL@stage:iteration:n or "
+            f"{FAULT_ENV}={spec!r}: expected SIGNAL[*times]@stage:iteration:n or "
             f"{'|'.join(FAULT_EXCEPTIONS)}@stage:iteration:n"
         ) from None
     if target != (stage, iteration):
@@ -102,9 +109,10 @@ def with_fault_hook(progress: ProgressFn, stage: str, iteration: int) -> Progres
             if error is not None:
                 raise error(f"injected by {FAULT_ENV}={spec}")
             assert sig is not None
-            if group:
-                os.killpg(os.getpgrp(), sig)
-            else:
-                os.kill(os.getpid(), sig)
+            for _ in range(times):
+                if group:
+                    os.killpg(os.getpgrp(), sig)
+                else:
+                    os.kill(os.getpid(), sig)
 
     return hooked

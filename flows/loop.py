@@ -7,6 +7,7 @@ import functools
 import logging
 import time
 from collections.abc import Callable
+from typing import Any
 
 from flows.config import ItergrpoConfig
 from flows.config_files import stored_config_as_current
@@ -14,7 +15,7 @@ from flows.context import RunContext
 from flows.engines.availability import check_engines
 from flows.interrupts import INTERRUPT, RunInterrupted, graceful_sigint, with_fault_hook
 from flows.names import EVALUATE, ITERATION_STAGES, WARM_START
-from flows.progress import ProgressFn, no_progress
+from flows.progress import ProgressFn, iteration_label, no_progress
 from flows.runtime import apply_threads, name_deepspeed_accelerator
 from flows.stages import STAGE_FUNCTIONS, StageFn, StageResult
 from flows.tracking.run_tracking import RunTracking, check_trackers
@@ -22,6 +23,8 @@ from storage.store import RunStore
 
 log = logging.getLogger("itergrpo")
 
+# A stored failure message is the exception's first line, cut to this many characters.
+FAILURE_MESSAGE_CHARS = 300
 # execute(stage_name, iteration, fn) -> result. The default calls fn directly.
 Executor = Callable[[str, int, StageFn], StageResult]
 
@@ -59,6 +62,7 @@ def run_loop(
     ctx: RunContext,
     execute: Executor,
     on_stage_done: Callable[[StageResult], None] | None = None,
+    on_stage_start: Callable[[str, int], None] | None = None,
 ) -> list[StageResult]:
     """Run every planned stage not yet committed; committed ones are skipped (resume)."""
     cfg, run = ctx.cfg, ctx.run
@@ -71,8 +75,10 @@ def run_loop(
         if run.is_committed(iteration, name):
             result = StageResult(name, iteration, skipped=True)
         else:
-            where = "policy_0" if name == WARM_START else f"iteration {iteration + 1}/{n}"
+            where = "policy_0" if name == WARM_START else iteration_label(iteration, n)
             log.info("%s: %s", where, name)
+            if on_stage_start is not None:
+                on_stage_start(name, iteration)
             start = time.perf_counter()
             result = execute(name, iteration, STAGE_FUNCTIONS[name])
             result.seconds = last_seconds[name] = time.perf_counter() - start
@@ -94,6 +100,21 @@ def run_loop(
     return results
 
 
+def failure_record(exc: BaseException, stage: tuple[str, int] | None) -> dict[str, Any]:
+    """What status.json keeps of the exception that ended a run: its type, its message (first
+    line, shortened) and the stage it was raised in (None: before or between stages)."""
+    lines = str(exc).strip().splitlines()
+    message = lines[0] if lines else ""
+    if len(message) > FAILURE_MESSAGE_CHARS:
+        message = message[: FAILURE_MESSAGE_CHARS - 3] + "..."
+    return {
+        "type": type(exc).__name__,
+        "message": message,
+        "stage": stage[0] if stage else None,
+        "iteration": stage[1] if stage else None,
+    }
+
+
 def execute_run(
     cfg: ItergrpoConfig,
     *,
@@ -104,8 +125,10 @@ def execute_run(
 ) -> list[StageResult]:
     """Open (lock) the run, run the loop, record the final status.
 
-    A RunInterrupted (Ctrl-C at a safe point) or one of `stop_signals` (the engine's own
-    termination, e.g. Prefect's on a UI cancel) records `interrupted`; anything else `failed`.
+    A RunInterrupted (Ctrl-C), a KeyboardInterrupt (a Ctrl-C outside the run's handler) or one
+    of `stop_signals` (the engine's own termination, e.g. Prefect's on a UI cancel) records
+    `interrupted`; anything else `failed`. Either way status.json keeps the exception's type,
+    message and stage (`failure`), which `itergrpo runs` shows; a new start clears it.
     """
     if cfg.run.run_id is None:
         raise ValueError("run.run_id is empty: the caller picks one (see default_run_id)")
@@ -120,12 +143,14 @@ def execute_run(
         force_config=force_config,
         upgrade_config=functools.partial(stored_config_as_current, current=cfg),
     ) as run:
-        run.set_status("running")
+        run.set_status("running", failure=None)
         tracking = RunTracking(cfg, store)
         tracking.sync()  # stages committed before a kill, or before tracking was turned on
         seconds: dict[tuple[str, int], float] = {}
+        current: list[tuple[str, int]] = []  # the stage being run, for the failure record
 
         def stage_done(result: StageResult) -> None:
+            current.clear()
             if not result.skipped:
                 seconds[result.stage, result.iteration] = result.seconds
             tracking.sync(seconds)  # after the commit: what is sent is what is stored
@@ -134,13 +159,17 @@ def execute_run(
 
         ctx = RunContext(cfg, store, run)
         executor = make_executor(ctx) if make_executor else call_directly(ctx)
+
+        def stage_started(name: str, iteration: int) -> None:
+            current[:] = [(name, iteration)]
+
         try:
             with graceful_sigint():
-                results = run_loop(ctx, executor, stage_done)
+                results = run_loop(ctx, executor, stage_done, stage_started)
         except BaseException as exc:
-            stopped = isinstance(exc, (RunInterrupted, *stop_signals))
+            stopped = isinstance(exc, (RunInterrupted, KeyboardInterrupt, *stop_signals))
             status = "interrupted" if stopped else "failed"
-            run.set_status(status)
+            run.set_status(status, failure=failure_record(exc, current[0] if current else None))
             tracking.finish_after_error(status)
             raise
         finally:

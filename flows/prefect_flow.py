@@ -29,6 +29,11 @@ from prefect.states import Cancelled, State
 from flows.config import ItergrpoConfig
 from flows.config_files import validate_config
 from flows.context import RunContext
+from flows.deployment_messages import (
+    is_deployment_run,
+    resume_hint,
+    user_errors_in_deployment_terms,
+)
 from flows.interrupts import RunInterrupted, with_fault_hook
 from flows.loop import Executor, execute_run
 from flows.names import default_run_id
@@ -159,7 +164,7 @@ def iterative_rl(config: ItergrpoConfig, force_config: bool = False) -> dict[str
     assert run_id is not None
     logger.info("run %s, store %s", run_id, config.store.resolved_root())
     try:
-        with itergrpo_lines_in_the_flow_run_logs():
+        with itergrpo_lines_in_the_flow_run_logs(), user_errors_in_deployment_terms():
             preflight(config, force_config=force_config)  # UI runs: refused before any write
             results = execute_run(
                 config,
@@ -169,7 +174,8 @@ def iterative_rl(config: ItergrpoConfig, force_config: bool = False) -> dict[str
                 stop_signals=(TerminationSignal,),  # a cancel from the UI: resumable
             )
     except RunInterrupted as exc:  # stopped at a safe point: resumable, not a failure
-        logger.warning("%s: itergrpo resume %s", exc, run_id)
+        hint = resume_hint(run_id) if is_deployment_run() else f"itergrpo resume {run_id}"
+        logger.warning("%s: %s", exc, hint)
         return Cancelled(message=str(exc))
     store = RunStore(config.store.resolved_root())
     tracked = mlflow_run(store.run_dir(run_id))

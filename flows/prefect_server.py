@@ -20,9 +20,13 @@ import sys
 import time
 from collections.abc import Iterator
 
+from flows.errors import PrefectApiError
 from flows.progress import log
 
 STARTUP_SECONDS = 90.0
+# How long the user's PREFECT_API_URL may take to answer its health check before the run is
+# refused (a server that is up answers in milliseconds; Prefect itself would retry for minutes).
+API_CHECK_SECONDS = 10.0
 _PR_SET_PDEATHSIG = 1  # prctl(2)
 
 
@@ -66,12 +70,35 @@ def _send_queued_logs() -> None:
         log.warning("could not send the last log lines to the Prefect API: %s", exc)
 
 
+def check_api_answers(url: str) -> None:
+    """PrefectApiError, one line with the fixes, unless the Prefect API at `url` is healthy."""
+    import httpx
+
+    fixes = (
+        "start that server (`prefect server start`), unset PREFECT_API_URL to let the run "
+        "start a temporary one, or pass --no-prefect"
+    )
+    try:
+        answer = httpx.get(f"{url.rstrip('/')}/health", timeout=API_CHECK_SECONDS)
+    except httpx.HTTPError as exc:
+        raise PrefectApiError(
+            f"PREFECT_API_URL={url} does not answer ({type(exc).__name__}: {exc}); {fixes}"
+        ) from None
+    if answer.status_code != 200:
+        raise PrefectApiError(
+            f"PREFECT_API_URL={url} answered its health check with HTTP {answer.status_code}, "
+            f"so it is not a working Prefect API; {fixes}"
+        )
+
+
 @contextlib.contextmanager
 def prefect_api() -> Iterator[None]:
-    """Run the body against the configured Prefect API, or a temporary server of our own."""
+    """Run the body against the configured Prefect API (refused at once when it does not
+    answer), or a temporary server of our own."""
     from prefect.settings import PREFECT_API_URL, get_current_settings, temporary_settings
 
     if PREFECT_API_URL.value():
+        check_api_answers(str(PREFECT_API_URL.value()))
         yield
         return
     port = _free_port()

@@ -17,12 +17,12 @@ from typing import Literal, NamedTuple
 
 import torch
 import torch.nn.functional as F
-from tqdm.auto import tqdm
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from grpo_core.contracts.errors import SettingError
 from grpo_core.contracts.numerics import require_finite
 from grpo_core.contracts.policy_batch import build_policy_batch
+from grpo_core.contracts.progress import progress_bar
 from grpo_core.contracts.training import OptimizerSettings, TrainEngine
 from grpo_core.engines.train import TorchEngine
 from reward_models.config import ORM_SOURCE, RewardModelConfig, RewardModelSettings, RMKind
@@ -297,7 +297,9 @@ def train_reward_model(
     epoch_losses: list[float] = []
     engine.zero_grad()
     engine.train()
-    bar = tqdm(total=cfg.epochs * steps_per_epoch, desc=f"train {model.kind}", disable=not progress)
+    bar = progress_bar(
+        cfg.epochs * steps_per_epoch, f"train {model.kind}", "batch", enabled=progress
+    )
     try:
         for epoch in range(cfg.epochs):
             order = torch.randperm(len(examples), generator=generator).tolist()

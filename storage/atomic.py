@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import shutil
 import uuid
@@ -12,7 +13,20 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from storage.errors import DiskFullError
+
 TMP_PREFIX = ".tmp-"
+# Out of space, or out of the user's quota on a shared filesystem: the same fix.
+DISK_FULL_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT})
+
+
+def disk_full_error(path: Path, exc: OSError) -> DiskFullError:
+    """The one-line error for a write to `path` that ran out of space (temp files removed)."""
+    return DiskFullError(
+        f"no space left to write {path} ({os.strerror(exc.errno or errno.ENOSPC)}); nothing "
+        "partial was kept: free space on that disk (or move the store to a larger one, "
+        "--store), then resume the run"
+    )
 
 
 def temp_sibling(path: Path) -> Path:
@@ -69,8 +83,10 @@ def _atomic_target(path: str | Path) -> Iterator[Path]:
         yield tmp
         _fsync_file(tmp)
         os.replace(tmp, final)
-    except BaseException:
+    except BaseException as exc:
         tmp.unlink(missing_ok=True)
+        if isinstance(exc, OSError) and exc.errno in DISK_FULL_ERRNOS:
+            raise disk_full_error(final, exc) from exc
         raise
     fsync_dir(final.parent)
 
@@ -113,8 +129,10 @@ def atomic_directory(final_path: str | Path, *, overwrite: bool = False) -> Iter
             if child.is_file():
                 _fsync_file(child)
         fsync_dir(tmp)
-    except BaseException:
+    except BaseException as exc:
         shutil.rmtree(tmp, ignore_errors=True)
+        if isinstance(exc, OSError) and exc.errno in DISK_FULL_ERRNOS:
+            raise disk_full_error(final, exc) from exc
         raise
     old: Path | None = None
     if final.exists():

@@ -78,3 +78,11 @@ class SqlQueryError(StoreError):
 
 class SqlReadOnlyError(StoreError):
     """A SQL statement that would write (the SQL layer is read-only)."""
+
+
+class DamagedRunRecordError(StoreError):
+    """A run's config.yaml or status.json that does not parse as the mapping it must be."""
+
+
+class DiskFullError(StoreError, OSError):
+    """A write into the store that ran out of space (or quota); nothing partial was kept."""

@@ -17,6 +17,7 @@ from storage.atomic import TMP_PREFIX, atomic_write_parquet, atomic_write_text
 from storage.errors import StageAlreadyCommittedError, StoreError
 from storage.layout import FILE_RE, StoreLayout, utc_now, validate_iteration, validate_stage
 from storage.lock import RunLock
+from storage.run_record import read_status
 from storage.schemas import STAGES_TABLE, TABLE_SCHEMAS, conform
 
 
@@ -68,7 +69,7 @@ class RunWriter:
         """Update runs/<run_id>/status.json (merged with the previous fields), atomically."""
         self._check_open()
         path = self.layout.run_dir(self.run_id) / "status.json"
-        current = json.loads(path.read_text()) if path.exists() else {}
+        current = read_status(path) if path.exists() else {}
         current.update(fields, status=status, updated_at=utc_now().isoformat())
         atomic_write_text(path, json.dumps(current, default=str))
 

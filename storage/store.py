@@ -22,6 +22,7 @@ import yaml
 from storage.atomic import atomic_write_text
 from storage.errors import (
     ConfigMismatchError,
+    DamagedRunRecordError,
     StoreError,
     StorePathError,
 )
@@ -37,6 +38,7 @@ from storage.layout import (
     validate_run_id,
 )
 from storage.lock import acquire_lock, check_unlocked, lock_is_held
+from storage.run_record import read_config, read_status
 from storage.run_writer import RunWriter
 from storage.scan import present_columns, quote_ident, resolve_corrupt, table_select_sql
 from storage.schemas import STAGES_TABLE, table_schema
@@ -180,6 +182,8 @@ class RunStore(StoreLayout):
             return
         if not force_config:
             self._config_difference(run_id, dict(config), upgrade_config)
+        if (run_dir / "status.json").exists():
+            read_status(run_dir / "status.json")  # a damaged one is refused before any write
         check_unlocked(run_dir / "lock", run_id)
 
     def _config_difference(
@@ -196,7 +200,7 @@ class RunStore(StoreLayout):
         path = self.run_dir(run_id) / "config.yaml"
         if not path.exists():
             return False
-        stored = yaml.safe_load(path.read_text()) or {}
+        stored = read_config(path)
         old = upgrade(stored) if upgrade is not None else stored
         diff = _config_diff(old, yaml.safe_load(yaml.safe_dump(config)) or {})
         # A run that failed before its first commit has nothing to keep consistent with:
@@ -367,8 +371,7 @@ class RunStore(StoreLayout):
         path = self.run_dir(run_id) / "status.json"
         if not path.exists():
             raise StoreError(f"no run {run_id!r} in store {self.root}")
-        status: dict[str, Any] = json.loads(path.read_text())
-        return status
+        return read_status(path)
 
     def runs(self) -> list[dict[str, Any]]:
         """One dict per run: run_id, status, iterations_done, created_at, updated_at, ..."""
@@ -376,7 +379,9 @@ class RunStore(StoreLayout):
         for rid in self.run_ids():
             try:
                 status = self.run_status(rid)
-            except (StoreError, ValueError):
+            except DamagedRunRecordError as exc:  # the table still lists it; the line says why
+                status = {"status": "damaged", "damage": str(exc)}
+            except StoreError:
                 status = {"status": "unknown"}
             if status.get("status") == "running" and not lock_is_held(self.run_dir(rid) / "lock"):
                 # killed (-9, power loss) before it could record anything: resumable
@@ -389,5 +394,4 @@ class RunStore(StoreLayout):
         path = self.run_dir(run_id) / "config.yaml"
         if not path.exists():
             raise StoreError(f"no run {run_id!r} in store {self.root} (missing {path})")
-        config: dict[str, Any] = yaml.safe_load(path.read_text()) or {}
-        return config
+        return read_config(path)

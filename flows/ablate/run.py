@@ -24,7 +24,7 @@ from flows.config import ItergrpoConfig
 from flows.config_files import stored_config_as_current
 from flows.context import RunContext
 from flows.interrupts import INTERRUPT, RunInterrupted, graceful_sigint, with_fault_hook
-from flows.loop import Executor, planned_stages
+from flows.loop import Executor, failure_record, planned_stages
 from flows.names import EVAL_SPLIT, WARM_START
 from flows.progress import no_progress
 from flows.runtime import apply_threads, name_deepspeed_accelerator
@@ -203,7 +203,7 @@ def run_ablation(
     check_trackers(plan.policy_0_config().tracking)
     # check_record has compared the stored record: it is replaced (the old one kept beside)
     with store.open_run(plan.ablation_id, plan.record(), force_config=True) as record:
-        record.set_status("running")
+        record.set_status("running", failure=None)
         # The ablation's own tracking run (policy_0's evaluation) is the arm-seed runs' parent.
         tracking = RunTracking(plan.policy_0_config(), store)
         tracked_runs = [child_of(tracking.mlflow_run_id, r) for r in runs]
@@ -217,8 +217,10 @@ def run_ablation(
                     with record.stage(0, ABLATION_TABLE) as attempt:
                         attempt.write(ABLATION_TABLE, ablation_rows(store, plan, runs))
         except BaseException as exc:
-            status = "interrupted" if isinstance(exc, RunInterrupted) else "failed"
-            record.set_status(status)
+            stopped = isinstance(exc, (RunInterrupted, KeyboardInterrupt))
+            status = "interrupted" if stopped else "failed"
+            # The arm run that stopped keeps its own stage; the ablation's record says why.
+            record.set_status(status, failure=failure_record(exc, None))
             tracking.finish_after_error(status)
             raise
         record.set_status("completed", iterations_done=0, arm_runs=len(runs))

@@ -71,10 +71,12 @@ def run_plan(plan: AblationPlan, *, use_prefect: bool) -> int:
     start = time.perf_counter()
     try:
         rows = _execute(plan, use_prefect=use_prefect)
-    except RunInterrupted as exc:
+    except (RunInterrupted, KeyboardInterrupt) as exc:  # a Ctrl-C outside the run's handler too
         store = shlex.quote(str(plan.store_root))
+        reason = str(exc) or "interrupted by SIGINT"
         print(
-            f"{exc}: rerun the same command, or itergrpo resume {plan.ablation_id} --store {store}",
+            f"{reason}: rerun the same command, or itergrpo resume {plan.ablation_id} "
+            f"--store {store}",
             file=sys.stderr,
         )
         return 130

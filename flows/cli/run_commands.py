@@ -99,9 +99,17 @@ def _run_config(cfg: ItergrpoConfig, args: argparse.Namespace) -> int:
     start = time.perf_counter()
     try:
         _execute(cfg, use_prefect=not args.no_prefect, force_config=args.force_config)
-    except RunInterrupted as exc:
-        store = shlex.quote(str(cfg.store.resolved_root()))
-        print(f"{exc}: itergrpo resume {cfg.run.run_id} --store {store}", file=sys.stderr)
+    except (RunInterrupted, KeyboardInterrupt) as exc:
+        # KeyboardInterrupt: a Ctrl-C outside the run's own handler (during start-up or
+        # clean-up); the run, if it began, is `interrupted` and resumable all the same.
+        assert cfg.run.run_id is not None  # _with_identity picked one
+        root = cfg.store.resolved_root()
+        reason = str(exc) or "interrupted by SIGINT"
+        if not RunStore(root).run_dir(cfg.run.run_id).joinpath("status.json").exists():
+            print(f"{reason} before the run started; nothing was written", file=sys.stderr)
+            return 130
+        store = shlex.quote(str(root))
+        print(f"{reason}: itergrpo resume {cfg.run.run_id} --store {store}", file=sys.stderr)
         return 130
     _finish(cfg, time.perf_counter() - start)
     return 0
@@ -144,9 +152,14 @@ def cmd_report(args: argparse.Namespace) -> int:
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
+    from prefect.settings import PREFECT_API_URL
+
     from flows.prefect_flow import SERVED_CONFIG_ENV, iterative_rl
+    from flows.prefect_server import check_api_answers
 
     cfg = load_config(args.config, args.set or [])
+    if PREFECT_API_URL.value():  # unset, Prefect serves against a temporary server of its own
+        check_api_answers(str(PREFECT_API_URL.value()))
     # UI-triggered runs write where this command would have: resolved once, here.
     root = resolve_store_root(args.store, cfg.store.root)
     cfg = validate_config({**cfg.model_dump(mode="json"), "store": {"root": str(root)}})

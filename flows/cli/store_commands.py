@@ -195,11 +195,22 @@ def add_runs(sub: Any) -> None:
     p.set_defaults(func=cmd_runs)
 
 
+def failure_line(failure: dict[str, Any]) -> str:
+    """A stored failure record (flows.loop.failure_record) as one line: where, type, message."""
+    stage, iteration = failure.get("stage"), failure.get("iteration")
+    where = f"in {stage} (iteration {iteration})" if stage else "outside a stage"
+    return f"{where}: {failure.get('type')}: {failure.get('message')}"
+
+
 def cmd_runs(args: argparse.Namespace) -> int:
     store = RunStore(args.store).require_existing()
     runs = store.runs()
     tracked = {r["run_id"]: mlflow_run(store.run_dir(r["run_id"])) for r in runs}
     cols = ["run_id", "status", "iterations_done", "created_at", "updated_at"]
+    stopped = {r["run_id"]: r["failure"] for r in runs if isinstance(r.get("failure"), dict)}
+    if stopped:  # why a failed or interrupted run stopped: in the table, and in full below
+        cols.append("stopped")
+        runs = [{**r, "stopped": _stopped_cell(stopped.get(r["run_id"]))} for r in runs]
     if any(tracked.values()):  # runs that report to MLflow: its run id, and the page below
         cols.append("mlflow_run_id")
         runs = [{**r, "mlflow_run_id": (tracked[r["run_id"]] or (None,))[0]} for r in runs]
@@ -208,7 +219,20 @@ def cmd_runs(args: argparse.Namespace) -> int:
         schema=pa.schema([(c, pa.string()) for c in cols]),
     )
     print(format_table(table))
+    for run_id, failure in stopped.items():
+        print(f"{run_id} stopped {failure_line(failure)}")
+    for run in runs:
+        if run.get("damage"):
+            print(run["damage"])
     for run_id, link in tracked.items():
         if link is not None:
             print(f"MLflow run of {run_id}: {link[1]}")
     return 0
+
+
+def _stopped_cell(failure: dict[str, Any] | None) -> str | None:
+    if failure is None:
+        return None
+    stage = failure.get("stage")
+    where = f"{stage}:{failure.get('iteration')}" if stage else "-"
+    return f"{where} {failure.get('type')}"

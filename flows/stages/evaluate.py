@@ -12,6 +12,7 @@ from flows.context import RunContext
 from flows.names import EVAL_SPLIT, EVALUATE
 from flows.progress import ProgressFn, log
 from flows.stages.results import StageResult
+from grpo_core.contracts.progress import rounded
 from grpo_core.model.evaluate import evaluate_policy
 
 
@@ -59,5 +60,5 @@ def evaluate_stage(ctx: RunContext, iteration: int, progress: ProgressFn) -> Sta
     with ctx.run.stage(iteration, EVALUATE) as attempt:
         attempt.write("eval", rows)
     metrics = eval_summary(rows)
-    log.info("policy_%d: %s", iteration + 1, {k: round(v, 4) for k, v in metrics.items()})
+    log.info("policy_%d: %s", iteration + 1, rounded(metrics))
     return StageResult(EVALUATE, iteration, metrics=metrics)

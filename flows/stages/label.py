@@ -8,7 +8,8 @@ import math
 
 from flows.context import RunContext
 from flows.names import LABEL
-from flows.progress import ProgressFn
+from flows.progress import ProgressFn, iteration_label, log
+from flows.stages.health_lines import label_balance_line
 from flows.stages.results import StageResult, mean, metric_rows
 from flows.stages.train_rm import labelled_samples
 from reward_models.labelling import PrmLabel, label_agreement, orm_labels, prm_labels_monte_carlo
@@ -38,6 +39,8 @@ def label_stage(ctx: RunContext, iteration: int, progress: ProgressFn) -> StageR
         agreement = label_agreement(prm_rows, mc_only=True)
         if not math.isnan(agreement):
             metrics["mc_exact_agreement"] = agreement
+    where = iteration_label(iteration, cfg.run.iterations)
+    log.info("%s: %s", where, label_balance_line(orm_rows, prm_rows))
     progress(0.9, f"writing {len(orm_rows)} ORM and {len(prm_rows)} PRM labels")
     with ctx.run.stage(iteration, LABEL) as attempt:
         attempt.write("orm_labels", [dataclasses.asdict(r) for r in orm_rows])

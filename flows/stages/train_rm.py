@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable, Mapping
-from typing import Any, Final
+from typing import Any
 
 import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
@@ -21,8 +21,10 @@ from flows.context import RunContext
 from flows.engines.train_engines import build_rm_engine
 from flows.model_io import save_reward_model
 from flows.names import EVAL_SPLIT, ORM, POLICY, PRM, TRAIN_RM, TRAIN_SPLIT
-from flows.progress import ProgressFn, log
+from flows.progress import ProgressFn, iteration_label, log
+from flows.stages.health_lines import STALE, auroc_line
 from flows.stages.results import StageResult, metric_rows
+from grpo_core.contracts.progress import rounded
 from grpo_core.contracts.rollout import RolloutBatch, SamplingParams
 from grpo_core.data.tasks.base import Problem, Split, Task
 from reward_models.config import ORM_SOURCE, POLICY_SOURCE, RewardModelConfig, RMKind
@@ -43,7 +45,6 @@ from reward_models.training import (
 from storage.replay import replay_sample
 
 RM_EVAL = "rm_eval"  # seed namespace of the drift measurement's samples
-STALE: Final = "_stale"  # metric suffix of RM_{k-1}'s rows
 
 
 def labelled_samples(
@@ -156,7 +157,7 @@ def _train_one(
         rm_cfg = rm_cfg.model_copy(update={"epochs": rm_cfg.continual_epochs})
     metrics, records = train_reward_model(model, examples, rm_cfg, seed, engine=engine)
     save_reward_model(ctx.checkpoint(kind, iteration), model, engine.full_state_dict())
-    log.info("%s_%d: %s", kind, iteration, metrics)
+    log.info("%s_%d: %s", kind, iteration, rounded(metrics))
     return metrics, [dataclasses.asdict(r) for r in records]
 
 
@@ -185,6 +186,8 @@ def train_rm_stage(ctx: RunContext, iteration: int, progress: ProgressFn) -> Sta
     if kinds:
         progress(0.8, "measuring RM drift on fresh held-out outputs")
         eval_rows = rm_drift_rows(ctx, iteration, model, tokenizer)
+        where = iteration_label(iteration, ctx.cfg.run.iterations)
+        log.info("%s: %s", where, auroc_line(eval_rows))
         metrics.update(
             {r["metric"]: float(r["value"]) for r in eval_rows if "auroc" in str(r["metric"])}
         )

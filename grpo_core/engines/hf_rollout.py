@@ -13,10 +13,10 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from tqdm.auto import tqdm
 from transformers import GenerationConfig, PreTrainedModel, PreTrainedTokenizerBase
 from transformers.cache_utils import DynamicCache, DynamicLayer
 
+from grpo_core.contracts.progress import progress_bar
 from grpo_core.contracts.rollout import FinishReason, RolloutBatch, SamplingParams
 from grpo_core.model.kv_cache import cache_keyword, returned_cache
 from grpo_core.model.policy import encode_prompt, ensure_pad_token, load_weights_into
@@ -220,12 +220,7 @@ class HFRolloutEngine:
         reasons: list[FinishReason] = []
         was_training = self.model.training
         self.model.eval()
-        bar = tqdm(
-            total=len(rows_ids),
-            desc=self.progress_label,
-            unit="seq",
-            disable=not self.show_progress,
-        )
+        bar = progress_bar(len(rows_ids), self.progress_label, "seq", enabled=self.show_progress)
         try:
             for at in range(0, len(rows_ids), self.batch_size):
                 chunk = rows_ids[at : at + self.batch_size]

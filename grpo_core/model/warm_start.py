@@ -16,10 +16,10 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
-from tqdm.auto import tqdm
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from grpo_core.contracts.numerics import require_finite
+from grpo_core.contracts.progress import progress_bar, rounded
 from grpo_core.contracts.rollout import Sampler, SamplingParams
 from grpo_core.data.tasks.base import Problem, Task
 from grpo_core.model.config import WarmStartConfig
@@ -109,7 +109,7 @@ def warm_start(
     )
     model.train()
     start, losses, step = time.perf_counter(), [], 0
-    bar = tqdm(total=cfg.steps, desc="warm start", unit="step", disable=not progress)
+    bar = progress_bar(cfg.steps, "warm start", "step", enabled=progress)
     for step in range(cfg.steps):
         if cfg.max_seconds is not None and time.perf_counter() - start > cfg.max_seconds:
             break
@@ -150,7 +150,7 @@ def warm_start(
             task.problems("test", cfg.eval_prompts, cfg.seed),
             cfg.max_new_tokens,
         )
-    log.info("warm start: %s", metrics)
+    log.info("warm start: %s", rounded(metrics))
     return metrics
 
 

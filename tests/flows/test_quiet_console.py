@@ -24,7 +24,7 @@ def warning_lines(output: str) -> list[str]:
 
 def test_warning_lines_finds_python_and_logged_warnings() -> None:
     transcript = (
-        "INFO itergrpo: iteration 1/2: rollout\n"
+        "INFO itergrpo: iteration 0 (1 of 2): rollout\n"
         "rollout:   0%|  | 0/24\r/x/module.py:1789: FutureWarning: `past_key_values` is gone\n"
         "[transformers] `past_key_values`/`cache_params` are deprecated. Use `cache` instead.\n"
         "policy   greedy acc\n"

@@ -89,7 +89,7 @@ def test_flow_runs_each_stage_as_a_task_publishes_artifacts_and_resumes(tmp_path
     with get_client(sync_client=True) as client:
         logs = client.read_logs(log_filter=LogFilter(level=LogFilterLevel(ge_=0)), limit=200)
     messages = "\n".join(log.message for log in logs)
-    assert "iteration 1/1: rollout done in" in messages
+    assert "iteration 0 (1 of 1): rollout done in" in messages
     assert "GRPO iter 0 step 0: reward" in messages
 
     again = iterative_rl(cfg)

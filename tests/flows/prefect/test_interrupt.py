@@ -150,3 +150,23 @@ def test_the_temporary_server_dies_with_a_killed_cli(tmp_path: Path) -> None:
         assert not alive(server)
     finally:
         cli.kill()
+
+
+def test_a_second_ctrl_c_under_prefect_stops_now_and_leaves_the_run_interrupted(
+    tmp_path: Path,
+) -> None:
+    store = tmp_path / "store"
+    args = ("run", "--config", "micro", "--run-id", RUN_ID, "--set", "run.iterations=1")
+    proc, lines = start(*args, store=store)
+    seen: list[str] = []
+    wait_for(lines, "GRPO iter 0 step 0", seen, timeout=240)
+    os.killpg(proc.pid, signal.SIGINT)
+    time.sleep(0.05)
+    os.killpg(proc.pid, signal.SIGINT)  # impatient: stop now, not at the next safe point
+    code = proc.wait(timeout=60)
+    time.sleep(0.5)
+    text = drain(lines, seen)
+    assert code == 130, text[-3000:]
+    assert f"itergrpo resume {RUN_ID} --store {store}" in text
+    assert "Traceback" not in text and "KeyboardInterrupt" not in text, text[-3000:]
+    assert RunStore(store).run_status(RUN_ID)["status"] == "interrupted"

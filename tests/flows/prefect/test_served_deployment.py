@@ -82,7 +82,7 @@ def test_a_served_deployment_merges_partial_parameters_and_logs_its_stages(
             )
             assert isinstance(flow_run, FlowRun)  # the sync call returns the run itself
             assert flow_run.state is not None and flow_run.state.is_completed(), flow_run.state
-            messages = _flow_run_log(flow_run, "iteration 1/1: grpo done in", timeout=60)
+            messages = _flow_run_log(flow_run, "iteration 0 (1 of 1): grpo done in", timeout=60)
             cancelled = _cancel_from_the_ui_midway(run_id="served-2")
         finally:
             os.killpg(serve.pid, signal.SIGTERM)
@@ -91,7 +91,7 @@ def test_a_served_deployment_merges_partial_parameters_and_logs_its_stages(
     assert (status["status"], status["iterations_done"]) == ("completed", 1)
     stored = yaml.safe_load((store / "runs" / "served-1" / "config.yaml").read_text())
     assert stored["warm_start"]["steps"] == 200  # micro's, not the class default 375
-    assert "iteration 1/1: grpo done in" in messages
+    assert "iteration 0 (1 of 1): grpo done in" in messages
     assert "GRPO iter 0 step 0: reward" in messages
     # a cancel from the UI ends the flow run Cancelled and leaves the run resumable
     assert cancelled.state is not None and cancelled.state.is_cancelled(), cancelled.state
@@ -104,7 +104,7 @@ def _cancel_from_the_ui_midway(run_id: str) -> FlowRun:
     params = {"config": {"run": {"iterations": 3, "run_id": run_id}}}
     flow_run = run_deployment("iterative-rl/t", parameters=params, timeout=0)
     assert isinstance(flow_run, FlowRun)
-    _flow_run_log(flow_run, "iteration 1/3: rollout", timeout=180)
+    _flow_run_log(flow_run, "iteration 0 (1 of 3): rollout", timeout=180)
     deadline = time.monotonic() + 120
     with get_client(sync_client=True) as client:
         client.set_flow_run_state(flow_run.id, Cancelling(), force=True)
