@@ -51,12 +51,27 @@ def test_require_finite_names_quantity_place_cause_and_first_index(bad: float) -
         require_finite("q", [0.0, bad], where="x", cause="y")
 
 
-def test_finite_values_pass_whatever_their_form() -> None:
-    require_finite("q", torch.tensor([[1.0, -2.0]]), where="x", cause="y")
-    require_finite("q", torch.tensor([1, 2]), where="x", cause="y")  # integers cannot be NaN
-    require_finite("q", 3.0, where="x", cause="y")
-    require_finite("q", [], where="x", cause="y")
-    require_finite_metrics({"a": 0.0, "b": 1e300}, where="x", cause="y")
+@pytest.mark.parametrize(
+    ("finite", "with_nan"),
+    [
+        (torch.tensor([[1.0, -2.0]]), torch.tensor([[1.0, math.nan]])),
+        (3.0, math.nan),
+        ([], [math.nan]),
+    ],
+    ids=["2-d tensor", "float", "list"],
+)
+def test_finite_values_pass_whatever_their_form(finite: Any, with_nan: Any) -> None:
+    # The same form holding a NaN is refused: the check reads this form, it does not skip it.
+    with pytest.raises(NonFiniteError):
+        require_finite("q", with_nan, where="x", cause="y")
+    assert require_finite("q", finite, where="x", cause="y") is None
+
+
+def test_integers_and_huge_finite_metrics_pass() -> None:
+    assert require_finite("q", torch.tensor([1, 2]), where="x", cause="y") is None
+    assert require_finite_metrics({"a": 0.0, "b": 1e300}, where="x", cause="y") is None
+    with pytest.raises(NonFiniteError, match="metric 'b'"):
+        require_finite_metrics({"a": 0.0, "b": 1e300 * 1e300}, where="x", cause="y")
 
 
 def _rewards(**bad: Any) -> StepRewards:
