@@ -22,6 +22,7 @@ from pydantic import (
 )
 
 from flows.grpo_presets import GRPO_STAGE_PRESETS, apply_preset
+from flows.guards import GuardsConfig
 from flows.tracking.config import TrackingSection
 from grpo_core.algo.config import GRPOConfig
 from grpo_core.algo.estimators import ADVANTAGE_ESTIMATORS, DataSource
@@ -297,6 +298,10 @@ class ItergrpoConfig(_Section):
     engines: EnginesSection = Field(default_factory=EnginesSection)
     cluster: ClusterSection = Field(default_factory=ClusterSection)
     tracking: TrackingSection = Field(default_factory=TrackingSection)
+    guards: GuardsConfig = Field(
+        default_factory=GuardsConfig,
+        description="Checks on what the loop learns from, each with its action (docs/guards.md).",
+    )
 
     @model_validator(mode="after")
     def _rewards_are_available(self) -> ItergrpoConfig:

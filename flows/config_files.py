@@ -19,7 +19,7 @@ from reward_models.config import migrate_replaced_fields as migrate_replaced_rm_
 CONFIG_DIR = Path(__file__).resolve().parent.parent / "configs"
 
 
-def _set_path(tree: dict[str, Any], dotted: str, value: Any) -> None:
+def set_path(tree: dict[str, Any], dotted: str, value: Any) -> None:
     keys = dotted.split(".")
     node = tree
     for key in keys[:-1]:
@@ -97,7 +97,7 @@ def load_config(
     tree = _read_tree(path) if path is not None else {}
     for item in overrides:
         key, value = parse_override(item)
-        _set_path(tree, key, value)
+        set_path(tree, key, value)
     return validate_config(stored_config_migrated(tree) if migrate else tree)
 
 

@@ -11,6 +11,7 @@ from typing import Any
 
 from flows.config import ItergrpoConfig
 from flows.config_files import stored_config_as_current
+from flows.config_readers import stages_reading
 from flows.context import RunContext
 from flows.engines.availability import check_engines
 from flows.interrupts import INTERRUPT, RunInterrupted, graceful_sigint, with_fault_hook
@@ -142,6 +143,7 @@ def execute_run(
         cfg.model_dump(mode="json"),
         force_config=force_config,
         upgrade_config=functools.partial(stored_config_as_current, current=cfg),
+        stage_readers=stages_reading,
     ) as run:
         run.set_status("running", failure=None)
         tracking = RunTracking(cfg, store)

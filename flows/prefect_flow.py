@@ -98,10 +98,19 @@ def prefect_executor(ctx: RunContext) -> Executor:
     return execute
 
 
-def _publish_iteration_table(cfg: ItergrpoConfig, result: StageResult) -> None:
+def _publish_stage(cfg: ItergrpoConfig, result: StageResult) -> None:
+    """After a commit: what the guards warned of (flows/guards.py) as a markdown artifact, and
+    the per-iteration table once the stage changed it."""
+    assert cfg.run.run_id is not None
+    if result.warnings:
+        lines = "\n".join(f"- {w}" for w in result.warnings)
+        create_markdown_artifact(
+            f"## Guards: iteration {result.iteration}, {result.stage}\n\n{lines}\n",
+            key=artifact_key(cfg.run.run_id, "guards"),
+            description=f"what the guards found in {result.stage} of iteration {result.iteration}",
+        )
     if result.stage not in ("evaluate", "warm_start", "train_rm"):
         return
-    assert cfg.run.run_id is not None
     rows = iteration_table(RunStore(cfg.store.resolved_root()), cfg.run.run_id)
     if rows:
         create_table_artifact(
@@ -170,7 +179,7 @@ def iterative_rl(config: ItergrpoConfig, force_config: bool = False) -> dict[str
                 config,
                 force_config=force_config,
                 make_executor=prefect_executor,
-                on_stage_done=lambda r: _publish_iteration_table(config, r),
+                on_stage_done=lambda r: _publish_stage(config, r),
                 stop_signals=(TerminationSignal,),  # a cancel from the UI: resumable
             )
     except RunInterrupted as exc:  # stopped at a safe point: resumable, not a failure

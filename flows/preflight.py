@@ -14,6 +14,7 @@ import functools
 
 from flows.config import ItergrpoConfig
 from flows.config_files import stored_config_as_current
+from flows.config_readers import stages_reading
 from flows.tracking.run_tracking import check_trackers
 from storage.store import RunStore
 
@@ -28,6 +29,7 @@ def preflight(cfg: ItergrpoConfig, *, force_config: bool = False) -> None:
         cfg.model_dump(mode="json"),
         force_config=force_config,
         upgrade_config=functools.partial(stored_config_as_current, current=cfg),
+        stage_readers=stages_reading,
     )
     check_trackers(cfg.tracking)  # a tracker configured but not installed
     # The policy, its tokenizer and the task data need torch and transformers (seconds to

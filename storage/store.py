@@ -58,6 +58,28 @@ def _config_diff(old: Any, new: Any) -> list[str]:
     return [k for k in dict.fromkeys([*a, *b]) if a.get(k, ...) != b.get(k, ...)]
 
 
+# Which stages read a config key (dotted): a set of stage names, or None for every stage.
+StageReaders = Callable[[str], frozenset[str] | None]
+
+
+def _keys_read_by_committed(
+    diff: list[str], committed: set[str], readers: StageReaders | None
+) -> list[str]:
+    """The differing keys some committed stage read (all of them without `readers`, none when
+    nothing is committed): a key only stages not yet committed read cannot make the run
+    differ from a clean run with the new config, so only these keys refuse a rerun."""
+    if not committed:
+        return []
+    if readers is None:
+        return diff
+    clashing = []
+    for key in diff:
+        read_by = readers(key)
+        if read_by is None or read_by & committed:
+            clashing.append(key)
+    return clashing
+
+
 def resolve_store_root(given: str | Path | None = None, configured: str | None = None) -> Path:
     """The store a command uses: `given` (--store), then $ITERGRPO_STORE, then `configured`
     (a config's store.root), then ./itergrpo-store; absolute, symlinks kept as spelled.
@@ -137,12 +159,16 @@ class RunStore(StoreLayout):
         *,
         force_config: bool = False,
         upgrade_config: Callable[[dict[str, Any]], dict[str, Any]] | None = None,
+        stage_readers: StageReaders | None = None,
     ) -> RunWriter:
         """Lock `run_id` for writing and record (or check) its config; use as a context manager.
 
         `upgrade_config` maps the stored config to the caller's current form before the two
         are compared (e.g. fills defaults of fields added since the run started); when they
         then agree, the stored config is rewritten in that form (the old file is kept).
+        `stage_readers` names the stages that read a config key: a key no committed stage read
+        may differ (the rerun takes the new config, the old one is kept beside it); without
+        it any difference in a run with a committed stage is refused.
         """
         validate_run_id(run_id)
         self._check_writable()
@@ -150,7 +176,7 @@ class RunStore(StoreLayout):
         run_dir.mkdir(parents=True, exist_ok=True)
         lock = acquire_lock(run_dir / "lock", run_id)
         try:
-            self._record_config(run_id, dict(config), force_config, upgrade_config)
+            self._record_config(run_id, dict(config), force_config, upgrade_config, stage_readers)
             if not (run_dir / "status.json").exists():
                 now = utc_now().isoformat()
                 status: dict[str, Any] = {
@@ -172,6 +198,7 @@ class RunStore(StoreLayout):
         *,
         force_config: bool = False,
         upgrade_config: Callable[[dict[str, Any]], dict[str, Any]] | None = None,
+        stage_readers: StageReaders | None = None,
     ) -> None:
         """Raise what `open_run` would (bad run id, unusable store, a different config, a live
         lock holder) without creating or writing anything: a pre-flight check."""
@@ -181,7 +208,7 @@ class RunStore(StoreLayout):
         if not run_dir.is_dir():
             return
         if not force_config:
-            self._config_difference(run_id, dict(config), upgrade_config)
+            self._config_difference(run_id, dict(config), upgrade_config, stage_readers)
         if (run_dir / "status.json").exists():
             read_status(run_dir / "status.json")  # a damaged one is refused before any write
         check_unlocked(run_dir / "lock", run_id)
@@ -191,27 +218,32 @@ class RunStore(StoreLayout):
         run_id: str,
         config: dict[str, Any],
         upgrade: Callable[[dict[str, Any]], dict[str, Any]] | None,
+        readers: StageReaders | None = None,
         *,
         force: bool = False,
     ) -> bool:
         """Whether the stored config must be rewritten as `config` (it differs only in form,
-        or `force`, or nothing was committed yet); ConfigMismatchError on a real difference
-        of a run with committed stages unless forced."""
+        or `force`, or in keys no committed stage read); ConfigMismatchError on a difference
+        in a key a committed stage read, unless forced."""
         path = self.run_dir(run_id) / "config.yaml"
         if not path.exists():
             return False
         stored = read_config(path)
         old = upgrade(stored) if upgrade is not None else stored
         diff = _config_diff(old, yaml.safe_load(yaml.safe_dump(config)) or {})
-        # A run that failed before its first commit has nothing to keep consistent with:
-        # its corrected rerun takes the new config (the old one is kept beside it).
-        if diff and not force and self.committed_stages(run_id):
-            shown = ", ".join(diff[:5]) + (f" (+{len(diff) - 5} more)" if len(diff) > 5 else "")
+        # A run that failed before its first commit, or in a stage that alone reads the keys
+        # corrected, has nothing to keep consistent with: its rerun takes the new config (the
+        # old one is kept beside it).
+        committed = {str(r["stage"]) for r in self.committed_stages(run_id)} if diff else set()
+        clashing = _keys_read_by_committed(diff, committed, readers)
+        if clashing and not force:
+            shown = ", ".join(clashing[:5])
+            shown += f" (+{len(clashing) - 5} more)" if len(clashing) > 5 else ""
             raise ConfigMismatchError(
-                f"run {run_id!r} was started with a different config (differing keys: {shown}); "
-                "use a new run id, or `itergrpo run --force-config` to replace it (the old "
-                "config is kept beside it)",
-                diff,
+                f"run {run_id!r} was started with a different config (differing keys: "
+                f"{shown}, read by committed stages); use a new run id, or `itergrpo run "
+                "--force-config` to replace it (the old config is kept beside it)",
+                clashing,
             )
         return bool(diff or _config_diff(stored, old))
 
@@ -221,13 +253,14 @@ class RunStore(StoreLayout):
         config: dict[str, Any],
         force: bool,
         upgrade: Callable[[dict[str, Any]], dict[str, Any]] | None,
+        readers: StageReaders | None,
     ) -> None:
         path = self.run_dir(run_id) / "config.yaml"
         text = yaml.safe_dump(config, sort_keys=False, allow_unicode=True)
         if not path.exists():
             atomic_write_text(path, text)
             return
-        if not self._config_difference(run_id, config, upgrade, force=force):
+        if not self._config_difference(run_id, config, upgrade, readers, force=force):
             return
         stamp = utc_now().strftime("%Y%m%dT%H%M%S%fZ")
         atomic_write_text(path.with_name(f"config.{stamp}.yaml"), path.read_text())

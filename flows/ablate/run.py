@@ -22,6 +22,7 @@ from typing import Any
 from flows.ablate.suites import AblationPlan, ArmRun
 from flows.config import ItergrpoConfig
 from flows.config_files import stored_config_as_current
+from flows.config_readers import stages_reading
 from flows.context import RunContext
 from flows.interrupts import INTERRUPT, RunInterrupted, graceful_sigint, with_fault_hook
 from flows.loop import Executor, failure_record, planned_stages
@@ -120,6 +121,7 @@ def check_arm_runs(store: RunStore, runs: list[ArmRun]) -> None:
                 r.run_id,
                 r.config.model_dump(mode="json"),
                 upgrade_config=functools.partial(stored_config_as_current, current=r.config),
+                stage_readers=stages_reading,
             )
         except ConfigMismatchError as exc:
             shown = ", ".join(exc.keys[:5])

@@ -16,7 +16,9 @@ from flows.cli.options import nonempty, store_option
 from flows.config import ItergrpoConfig
 from flows.config_files import (
     load_config,
+    parse_override,
     preset_names,
+    set_path,
     stored_config_migrated,
     validate_config,
 )
@@ -133,7 +135,11 @@ def cmd_resume(args: argparse.Namespace) -> int:
         from flows.cli.ablate_commands import resume_ablation
 
         return resume_ablation(store, args.run_id, stored, prefect=not args.no_prefect)
-    cfg = validate_config(stored_config_migrated(stored))
+    tree = stored_config_migrated(stored)
+    for item in args.set or []:  # a corrected field: refused if a committed stage read it
+        key, value = parse_override(item)
+        set_path(tree, key, value)
+    cfg = validate_config(tree)
     # The run continues in the store it was found in, wherever its config says it started.
     cfg = _with_identity(cfg, args.run_id, str(store.root))
     args.force_config = False
@@ -204,6 +210,13 @@ def add_run_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -
     p = sub.add_parser("resume", help=command_help("resume"))
     p.add_argument("run_id")
     _run_options(p, config=False)
+    p.add_argument(
+        "--set",
+        action="append",
+        metavar="KEY=VALUE",
+        help="correct a field no committed stage read (docs/failures.md), e.g. "
+        "guards.rm_labels=warn",
+    )
     p.set_defaults(func=cmd_resume)
 
     p = sub.add_parser("report", help=command_help("report"))

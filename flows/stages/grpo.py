@@ -18,6 +18,13 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from flows.context import RunContext
 from flows.engines.policy_updaters import LAUNCH_JOBS, PolicyUpdater, build_policy_updater
+from flows.guards import (
+    EQUAL_REWARDS,
+    OVER_OPTIMISATION,
+    GuardChecks,
+    equal_rewards_finding,
+    over_optimisation_finding,
+)
 from flows.interrupts import INTERRUPT
 from flows.model_io import save_model
 from flows.names import GRPO, GRPO_PROGRESS, POLICY, TRAIN_SPLIT
@@ -207,6 +214,8 @@ def grpo_stage(ctx: RunContext, iteration: int, progress: ProgressFn) -> StageRe
         save_model(ctx.checkpoint(POLICY, k + 1), model, tokenizer, updater.weights())
     finally:
         updater.close()
+    checks = _check_rewards(GuardChecks(cfg.guards, ctx.run_id), k, metric_log)
+    metric_log += metric_rows(GRPO, checks.metrics)
     with ctx.run.stage(k, GRPO) as attempt:
         attempt.write("policy_samples", sample_rows)
         attempt.write("metrics", metric_log)
@@ -219,7 +228,31 @@ def grpo_stage(ctx: RunContext, iteration: int, progress: ProgressFn) -> StageRe
     skipped = sum(1 for r in metric_log if r["name"] == SKIPPED)
     if skipped:
         summary["skipped_steps"] = float(skipped)
-    return StageResult(GRPO, k, metrics=summary)
+    return StageResult(GRPO, k, metrics=summary, warnings=checks.warnings)
+
+
+def _check_rewards(checks: GuardChecks, k: int, metric_log: list[dict[str, Any]]) -> GuardChecks:
+    """The guards on what the stage's steps were paid: the learned reward over-paying against
+    the verifier (steps with an RM reward), and steps with no reward contrast at all."""
+    per_step: dict[int, dict[str, float]] = {}
+    for row in metric_log:
+        if row["step"] is not None:
+            per_step.setdefault(int(row["step"]), {})[str(row["name"])] = float(row["value"])
+    steps = [per_step[s] for s in sorted(per_step)]
+    paid = [s for s in steps if "rm_reward_mean" in s]
+    guards = checks.guards
+    if paid:
+        finding = over_optimisation_finding(
+            [s["rm_reward_mean"] for s in paid],
+            [s["verifier_accuracy"] for s in paid],
+            guards.over_optimisation_gap,
+            guards.over_optimisation_steps,
+            k,
+        )
+        checks.check(OVER_OPTIMISATION, finding)
+    shares = [s["equal_reward_groups"] for s in steps if "equal_reward_groups" in s]
+    checks.check(EQUAL_REWARDS, equal_rewards_finding(shares, guards.equal_rewards_share, k))
+    return checks
 
 
 def _report_step(k: int, step: int, steps: int, out: StepOutcome, progress: ProgressFn) -> None:

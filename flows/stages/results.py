@@ -17,6 +17,7 @@ class StageResult:
     skipped: bool = False
     metrics: dict[str, float] = field(default_factory=dict)
     seconds: float = 0.0
+    warnings: list[str] = field(default_factory=list)  # what the guards (flows/guards.py) found
 
 
 def metric_rows(

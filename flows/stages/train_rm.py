@@ -19,6 +19,7 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from flows.context import RunContext
 from flows.engines.train_engines import build_rm_engine
+from flows.guards import RM_AUROC, RM_LABELS, GuardChecks, auroc_finding, label_balance_finding
 from flows.model_io import save_reward_model
 from flows.names import EVAL_SPLIT, ORM, POLICY, PRM, TRAIN_RM, TRAIN_SPLIT
 from flows.progress import ProgressFn, iteration_label, log
@@ -133,11 +134,25 @@ def _initial_source(ctx: RunContext, kind: RMKind, iteration: int) -> str:
     return source
 
 
+def _check_label_balance(
+    checks: GuardChecks, kind: RMKind, iteration: int, examples: list[RMExample]
+) -> None:
+    """The rm_labels guard on the mix `kind` is about to train on (a soft label counts as
+    correct from 0.5): one class, or too few of the rarer one, is nothing to learn from."""
+    targets = [t for e in examples for t in e.targets]
+    correct = sum(t >= 0.5 for t in targets)
+    minority = checks.guards.min_minority_labels
+    checks.check(
+        RM_LABELS, label_balance_finding(kind, correct, len(targets), iteration, minority), kind
+    )
+
+
 def _train_one(
-    ctx: RunContext, kind: RMKind, iteration: int
+    ctx: RunContext, kind: RMKind, iteration: int, checks: GuardChecks
 ) -> tuple[dict[str, float], list[dict[str, Any]]]:
     """RM_k = continue-train(RM_{k-1}) (or its source at k = 0), saved; metrics and rows.
-    A frozen RM (train: false) is its source, saved untrained."""
+    A frozen RM (train: false) is its source, saved untrained. The rm_labels guard sees the
+    training mix first."""
     rm_cfg = ctx.cfg.reward_models
     settings = rm_cfg.settings(kind)
     prev = ctx.checkpoint(kind, iteration - 1) if iteration > 0 else None
@@ -150,6 +165,7 @@ def _train_one(
         log.info("%s_%d: reward_models.%s.train is false, kept its source", kind, iteration, kind)
         return {}, []
     examples = _rm_examples(ctx, kind, iteration, model)
+    _check_label_balance(checks, kind, iteration, examples)
     engine = build_rm_engine(ctx.cfg.engines, rm_cfg, model)
     if kind == PRM and rm_cfg.prm_epochs is not None:
         rm_cfg = rm_cfg.model_copy(update={"epochs": rm_cfg.prm_epochs})
@@ -172,10 +188,11 @@ def train_rm_stage(ctx: RunContext, iteration: int, progress: ProgressFn) -> Sta
     model, tokenizer = ctx.policy(iteration)
     metrics: dict[str, float] = {}
     trained: list[dict[str, Any]] = []
+    checks = GuardChecks(ctx.cfg.guards, ctx.run_id)
     for n, kind in enumerate(kinds):
         if iteration == 0 or (rm_cfg.retrain and rm_cfg.settings(kind).train):
             progress(0.8 * n / len(kinds), f"training the {kind.upper()}")
-            kind_metrics, rows = _train_one(ctx, kind, iteration)
+            kind_metrics, rows = _train_one(ctx, kind, iteration, checks)
             metrics.update({f"{kind}_{name}": value for name, value in kind_metrics.items()})
             trained += rows
         else:  # retrain false (the control) or a frozen RM: RM_0 rewards every iteration
@@ -188,9 +205,9 @@ def train_rm_stage(ctx: RunContext, iteration: int, progress: ProgressFn) -> Sta
         eval_rows = rm_drift_rows(ctx, iteration, model, tokenizer)
         where = iteration_label(iteration, ctx.cfg.run.iterations)
         log.info("%s: %s", where, auroc_line(eval_rows))
-        metrics.update(
-            {r["metric"]: float(r["value"]) for r in eval_rows if "auroc" in str(r["metric"])}
-        )
+        metrics.update(auroc_metrics(eval_rows))
+        _check_auroc(checks, iteration, eval_rows)
+    metrics.update(checks.metrics)
     progress(1.0, f"writing {len(trained)} rm_train rows")
     with ctx.run.stage(iteration, TRAIN_RM) as attempt:
         if trained:
@@ -198,7 +215,30 @@ def train_rm_stage(ctx: RunContext, iteration: int, progress: ProgressFn) -> Sta
         if eval_rows:
             attempt.write("eval", eval_rows)
         attempt.write("metrics", metric_rows(TRAIN_RM, metrics))
-    return StageResult(TRAIN_RM, iteration, metrics=metrics)
+    return StageResult(TRAIN_RM, iteration, metrics=metrics, warnings=checks.warnings)
+
+
+def auroc_metrics(eval_rows: list[dict[str, Any]]) -> dict[str, float]:
+    """The AUROC eval rows as stage metrics: `orm_auroc` etc. on the questions GRPO rewards
+    (train split), `orm_auroc_test` etc. on new questions."""
+    out = {}
+    for row in eval_rows:
+        metric = str(row["metric"])
+        if "auroc" in metric:
+            suffix = "" if row["split"] == TRAIN_SPLIT else f"_{row['split']}"
+            out[metric + suffix] = float(row["value"])
+    return out
+
+
+def _check_auroc(checks: GuardChecks, iteration: int, eval_rows: list[dict[str, Any]]) -> None:
+    """The rm_auroc guard on RM_k's ranking of fresh outputs of the questions GRPO rewards (an
+    AUROC undefined there, with outputs all right or all wrong, has no row and no check)."""
+    floor = checks.guards.rm_auroc_floor
+    for row in eval_rows:
+        metric = str(row["metric"])
+        if row["split"] == TRAIN_SPLIT and metric in ("orm_auroc", "prm_step_auroc"):
+            finding = auroc_finding(metric, float(row["value"]), floor, iteration)
+            checks.check(RM_AUROC, finding, metric.split("_")[0])
 
 
 def _fresh_outputs(

@@ -1,0 +1,47 @@
+"""Which stages read which config keys: the rule for rerunning a run with a corrected field.
+
+A run that failed in a stage may be rerun with a field changed, without --force-config, when
+no committed stage read that field: the stages that did commit would have computed the same
+with the new value, so the run still equals a clean run with the new config. A key listed
+here is read only by the stages named; every other key counts as read by every stage (the
+safe default: a field not listed here refuses the rerun once anything is committed).
+`guards.*` is read by no stage's outputs: a guard only decides whether a stage may commit.
+"""
+
+from __future__ import annotations
+
+from flows.names import EVALUATE, LABEL, TRAIN_RM, WARM_START
+
+# Dotted key (a section ends with ".") -> the stages that read it. The most specific wins.
+_READ_ONLY_BY: dict[str, frozenset[str]] = {
+    "guards.": frozenset(),
+    "warm_start.": frozenset({WARM_START}),
+    "labelling.": frozenset({LABEL}),
+    "evaluation.": frozenset({EVALUATE}),
+    # where each RM starts, its format and tokens, and how RMs train: train_rm alone (the GRPO
+    # stage loads the stored RM_k, whose own files say what it is)
+    "reward_models.orm.": frozenset({TRAIN_RM}),
+    "reward_models.prm.": frozenset({TRAIN_RM}),
+    **{
+        f"reward_models.{name}": frozenset({TRAIN_RM})
+        for name in (
+            "lr",
+            "epochs",
+            "continual_epochs",
+            "prm_epochs",
+            "batch_size",
+            "prm_label",
+            "replay_ratio",
+            "seed",
+            "retrain",
+            "eval_prompts",
+            "eval_samples",
+        )
+    },
+}
+
+
+def stages_reading(key: str) -> frozenset[str] | None:
+    """The stages that read config key `key` (dotted), None for every stage."""
+    matches = [p for p in _READ_ONLY_BY if key == p or (p.endswith(".") and key.startswith(p))]
+    return _READ_ONLY_BY[max(matches, key=len)] if matches else None

@@ -1,0 +1,86 @@
+"""The guards' checks on hand-made numbers, and what each action does with a finding."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+
+from flows.guards import (
+    EQUAL_REWARDS,
+    RM_LABELS,
+    GuardChecks,
+    GuardsConfig,
+    GuardTripped,
+    auroc_finding,
+    equal_rewards_finding,
+    label_balance_finding,
+    over_optimisation_finding,
+)
+
+
+def test_one_class_labels_name_the_class_and_the_fixes() -> None:
+    finding = label_balance_finding("orm", correct=0, total=24, iteration=0, min_minority=2)
+    assert finding is not None
+    assert "one class: all 24 labels are 0 (no output was correct)" in finding
+    assert "warm_start" in finding and "verifier alone" in finding
+    every = label_balance_finding("prm", correct=60, total=60, iteration=1, min_minority=2)
+    assert every is not None and "all 60 step labels are 1 (every output was correct)" in every
+
+
+def test_too_few_of_the_rarer_class() -> None:
+    # 23 correct, 1 wrong: the rarer class (wrong) has 1 < 2 labels
+    few = label_balance_finding("orm", correct=23, total=24, iteration=2, min_minority=2)
+    assert few is not None and "only 1 wrong of 24 labels" in few
+    assert label_balance_finding("orm", correct=22, total=24, iteration=2, min_minority=2) is None
+    assert label_balance_finding("orm", 0, 0, 0, 2) is not None  # nothing to train on at all
+
+
+def test_auroc_under_the_floor_and_below_chance() -> None:
+    assert auroc_finding("orm_auroc", 0.6, floor=0.6, iteration=0) is None  # at the floor: fine
+    low = auroc_finding("orm_auroc", 0.55, floor=0.6, iteration=0)
+    assert low is not None and "0.550" in low and "below chance" not in low
+    worse = auroc_finding("prm_step_auroc", 0.359, floor=0.6, iteration=1)
+    assert worse is not None and "below chance" in worse
+
+
+def test_over_optimisation_needs_the_gap_at_each_of_the_last_steps() -> None:
+    rm = [0.50, 0.70, 0.80, 0.90]
+    acc = [0.40, 0.40, 0.45, 0.50]
+    # gaps 0.10, 0.30, 0.35, 0.40: the last 3 all exceed 0.25, the last 4 do not
+    hit = over_optimisation_finding(rm, acc, gap=0.25, steps=3, iteration=1)
+    assert hit is not None and "paid 0.35 more" in hit  # (0.30 + 0.35 + 0.40) / 3
+    assert over_optimisation_finding(rm, acc, gap=0.25, steps=4, iteration=1) is None
+    assert over_optimisation_finding(rm[:2], acc[:2], gap=0.25, steps=3, iteration=1) is None
+
+
+def test_equal_rewards_share_of_flat_steps() -> None:
+    # steps whose groups were all rewarded alike: 2 of 4 (share 1.0 each), a half-flat one is not
+    shares = [1.0, 0.5, 1.0, 0.0]
+    found = equal_rewards_finding(shares, share=0.5, iteration=0)
+    assert found is not None and "2 of 4 steps" in found
+    assert equal_rewards_finding(shares, share=0.75, iteration=0) is None
+    assert equal_rewards_finding([], share=0.5, iteration=0) is None
+
+
+def test_each_action_stop_warn_off(caplog: pytest.LogCaptureFixture) -> None:
+    finding = "ORM training data of iteration 0 has one class"
+    with pytest.raises(GuardTripped, match=r"itergrpo resume r1 --set guards\.rm_labels=warn"):
+        GuardChecks(GuardsConfig(rm_labels="stop"), "r1").check(RM_LABELS, finding, "orm")
+
+    warned = GuardChecks(GuardsConfig(rm_labels="warn"), "r1")
+    with caplog.at_level(logging.WARNING, logger="itergrpo"):
+        warned.check(RM_LABELS, finding, "orm")
+        warned.check(EQUAL_REWARDS, None)
+    assert warned.metrics == {"guard_rm_labels_orm": 1.0, "guard_equal_rewards": 0.0}
+    assert warned.warnings == [f"rm_labels: {finding}"]
+    assert "guard rm_labels: ORM training data" in caplog.text
+
+    off = GuardChecks(GuardsConfig(rm_labels="off"), "r1")
+    off.check(RM_LABELS, finding, "orm")
+    assert off.metrics == {} and off.warnings == []
+
+
+def test_a_bad_action_names_the_field() -> None:
+    with pytest.raises(ValueError, match="rm_labels"):
+        GuardsConfig(rm_labels="maybe")  # type: ignore[arg-type]

@@ -1,0 +1,65 @@
+"""A micro run on a GSM8K-format file with the untrained tiny policy (no warm start): no
+output is right, every reward-model label is 0, and the rm_labels guard stops the run before
+train_rm commits, naming one-class data and the fixes; `resume --set guards.rm_labels=warn`
+goes on from the committed stages and records what the guard found."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from storage.sql import run_query
+from storage.store import RunStore
+from tests.flow_helpers import cli
+
+pytestmark = pytest.mark.slow
+
+
+def test_one_class_reward_data_stops_the_run_and_a_resume_goes_on(tmp_path: Path) -> None:
+    data = tmp_path / "gsm8k.jsonl"
+    rows = [
+        {"question": f"What is {a}+{b}?", "answer": f"{a}+{b}={a + b}\n#### {a + b}"}
+        for a in range(1, 7)
+        for b in range(1, 7)
+    ]
+    data.write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+    store_dir = tmp_path / "store"
+    untrained = ("--set", "run.warm_start=false", "--set", "run.iterations=1")
+    local = ("--set", "task.name=local_files", "--set", f"task.path={data}")
+    stopped = cli(store_dir, "run", "--config", "micro", "--run-id", "g", *local, *untrained)
+
+    assert stopped.returncode == 2, stopped.stderr[-3000:]
+    message = stopped.stderr.strip().splitlines()[-1]
+    assert "ORM training data of iteration 0 has one class: all 24 labels are 0" in message
+    assert "warm-start the policy" in message and "verifier alone" in message
+    assert "itergrpo resume g --set guards.rm_labels=warn" in message
+    assert "Traceback" not in stopped.stderr
+    store = RunStore(store_dir)
+    status = store.run_status("g")
+    assert status["status"] == "failed"
+    assert (status["failure"]["type"], status["failure"]["stage"]) == ("GuardTripped", "train_rm")
+    committed = [(r["iteration"], r["stage"]) for r in store.committed_stages("g")]
+    assert committed == [(0, "warm_start"), (0, "rollout"), (0, "label")]  # no train_rm
+    labels = run_query(store, "SELECT DISTINCT label FROM orm_labels WHERE run_id = 'g'")
+    assert labels.to_pylist() == [{"label": 0}]
+
+    went_on = cli(store_dir, "resume", "g", "--set", "guards.rm_labels=warn")
+
+    assert went_on.returncode == 0, went_on.stderr[-3000:]
+    assert "guard rm_labels: ORM training data of iteration 0 has one class" in went_on.stderr
+    assert store.run_status("g")["status"] == "completed"
+    assert store.run_config("g")["guards"]["rm_labels"] == "warn"
+    again = [(r["iteration"], r["stage"]) for r in store.committed_stages("g")]
+    assert again[:3] == committed  # kept, not rerun
+    assert [s for _, s in again[3:]] == ["train_rm", "grpo", "evaluate"]
+    found = run_query(
+        store,
+        "SELECT name, value FROM metrics WHERE run_id = 'g' AND stage = 'train_rm' "
+        "AND name LIKE 'guard_rm_labels_%' ORDER BY name",
+    ).to_pylist()
+    assert found == [
+        {"name": "guard_rm_labels_orm", "value": 1.0},
+        {"name": "guard_rm_labels_prm", "value": 1.0},
+    ]
