@@ -214,7 +214,7 @@ def grpo_stage(ctx: RunContext, iteration: int, progress: ProgressFn) -> StageRe
         save_model(ctx.checkpoint(POLICY, k + 1), model, tokenizer, updater.weights())
     finally:
         updater.close()
-    checks = _check_rewards(GuardChecks(cfg.guards, ctx.run_id), k, metric_log)
+    checks = check_step_rewards(GuardChecks(cfg.guards, ctx.run_id), k, metric_log)
     metric_log += metric_rows(GRPO, checks.metrics)
     with ctx.run.stage(k, GRPO) as attempt:
         attempt.write("policy_samples", sample_rows)
@@ -231,7 +231,9 @@ def grpo_stage(ctx: RunContext, iteration: int, progress: ProgressFn) -> StageRe
     return StageResult(GRPO, k, metrics=summary, warnings=checks.warnings)
 
 
-def _check_rewards(checks: GuardChecks, k: int, metric_log: list[dict[str, Any]]) -> GuardChecks:
+def check_step_rewards(
+    checks: GuardChecks, k: int, metric_log: list[dict[str, Any]]
+) -> GuardChecks:
     """The guards on what the stage's steps were paid: the learned reward over-paying against
     the verifier (steps with an RM reward), and steps with no reward contrast at all."""
     per_step: dict[int, dict[str, float]] = {}

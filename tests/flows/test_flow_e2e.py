@@ -162,6 +162,38 @@ def test_eval_rows_cover_each_policy_and_rm_drift_of_each_iteration(
     assert all(0.0 <= a["value"] <= 1.0 for a in aurocs), aurocs
 
 
+def test_each_guard_metric_agrees_with_the_numbers_it_judged(
+    micro_run: tuple[RunStore, str],
+) -> None:
+    """Every iteration stores each guard's verdict beside the figures it judged: the AUROC
+    guard trips exactly where the retrained RM's AUROC on GRPO's questions is under the floor
+    (micro's tiny RMs are near chance: at least one trips, the warn default lets the run go
+    on), the labels guard passes (micro's RMs see both labels)."""
+    store, run_id = micro_run
+    floor = micro_config(store.root, run_id).guards.rm_auroc_floor
+    verdicts = {
+        (r["iteration"], r["name"]): r["value"]
+        for r in sql(
+            store,
+            f"SELECT iteration, name, value FROM metrics WHERE run_id = '{run_id}' "
+            "AND name LIKE 'guard_%'",
+        )
+    }
+    aurocs = sql(
+        store,
+        f"SELECT policy_iteration AS k, metric, value FROM eval WHERE run_id = '{run_id}' "
+        "AND split = 'train' AND metric IN ('orm_auroc', 'prm_step_auroc')",
+    )
+    assert len(aurocs) == 4  # ORM and PRM, iterations 0 and 1
+    for a in aurocs:
+        tripped = verdicts[a["k"], f"guard_rm_auroc_{a['metric'].split('_')[0]}"]
+        assert tripped == float(a["value"] < floor), a
+    assert any(verdicts[k] == 1.0 for k in verdicts if "rm_auroc" in k[1])
+    for k in (0, 1):
+        assert verdicts[k, "guard_rm_labels_orm"] == verdicts[k, "guard_rm_labels_prm"] == 0.0
+        assert (k, "guard_equal_rewards") in verdicts
+
+
 def test_orm_trains_on_both_labels(micro_run: tuple[RunStore, str]) -> None:
     store, run_id = micro_run
     labels = sql(

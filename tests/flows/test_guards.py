@@ -17,6 +17,7 @@ from flows.guards import (
     label_balance_finding,
     over_optimisation_finding,
 )
+from flows.stages.grpo import check_step_rewards
 
 
 def test_one_class_labels_name_the_class_and_the_fixes() -> None:
@@ -84,3 +85,19 @@ def test_each_action_stop_warn_off(caplog: pytest.LogCaptureFixture) -> None:
 def test_a_bad_action_names_the_field() -> None:
     with pytest.raises(ValueError, match="rm_labels"):
         GuardsConfig(rm_labels="maybe")  # type: ignore[arg-type]
+
+
+def test_the_grpo_stage_judges_its_steps_from_their_metric_rows() -> None:
+    # 3 steps: two with every group rewarded alike (equal_reward_groups 1.0); the RM pays
+    # 0.40, 0.45, 0.50 while the verifier scores 0.1 each: gaps 0.30, 0.35, 0.40 > 0.25
+    log = []
+    for step, (flat, rm) in enumerate([(1.0, 0.40), (0.0, 0.45), (1.0, 0.50)]):
+        values = {"equal_reward_groups": flat, "rm_reward_mean": rm, "verifier_accuracy": 0.1}
+        log += [{"stage": "grpo", "step": step, "name": n, "value": v} for n, v in values.items()]
+    guards = GuardsConfig(over_optimisation_steps=3, equal_rewards_share=0.5)
+    checks = check_step_rewards(GuardChecks(guards, "r"), 0, log)
+    assert checks.metrics == {"guard_over_optimisation": 1.0, "guard_equal_rewards": 1.0}
+    assert any("2 of 3 steps" in w for w in checks.warnings)
+    stop_flat = GuardChecks(guards.model_copy(update={"equal_rewards": "stop"}), "r")
+    with pytest.raises(GuardTripped, match="1 of 1 steps had every group"):
+        check_step_rewards(stop_flat, 0, log[:3])  # step 0 alone: flat, too few for the gap

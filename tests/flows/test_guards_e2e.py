@@ -1,7 +1,8 @@
 """A micro run on a GSM8K-format file with the untrained tiny policy (no warm start): no
 output is right, every reward-model label is 0, and the rm_labels guard stops the run before
 train_rm commits, naming one-class data and the fixes; `resume --set guards.rm_labels=warn`
-goes on from the committed stages and records what the guard found."""
+goes on from the committed stages, and the RMs trained on one class over-pay, which the
+over-optimisation guard (set to stop) catches before GRPO commits; a last resume goes on."""
 
 from __future__ import annotations
 
@@ -40,26 +41,45 @@ def test_one_class_reward_data_stops_the_run_and_a_resume_goes_on(tmp_path: Path
     status = store.run_status("g")
     assert status["status"] == "failed"
     assert (status["failure"]["type"], status["failure"]["stage"]) == ("GuardTripped", "train_rm")
-    committed = [(r["iteration"], r["stage"]) for r in store.committed_stages("g")]
+    committed = _committed(store)
     assert committed == [(0, "warm_start"), (0, "rollout"), (0, "label")]  # no train_rm
     labels = run_query(store, "SELECT DISTINCT label FROM orm_labels WHERE run_id = 'g'")
     assert labels.to_pylist() == [{"label": 0}]
 
-    went_on = cli(store_dir, "resume", "g", "--set", "guards.rm_labels=warn")
+    # Go on past the labels; the RMs trained on one class then pay ~0.4 for outputs the
+    # verifier scores 0, which the over-optimisation guard, set to stop, catches.
+    over = ("--set", "guards.over_optimisation=stop", "--set", "guards.over_optimisation_steps=3")
+    overpaid = cli(store_dir, "resume", "g", "--set", "guards.rm_labels=warn", *over)
+
+    assert overpaid.returncode == 2, overpaid.stderr[-3000:]
+    assert "guard rm_labels: ORM training data of iteration 0 has one class" in overpaid.stderr
+    message = overpaid.stderr.strip().splitlines()[-1]
+    assert "the learned reward paid 0.4" in message and "more than the verifier" in message
+    assert store.run_status("g")["failure"]["stage"] == "grpo"
+    assert [s for _, s in _committed(store)] == ["warm_start", "rollout", "label", "train_rm"]
+
+    went_on = cli(store_dir, "resume", "g", "--set", "guards.over_optimisation=warn")
 
     assert went_on.returncode == 0, went_on.stderr[-3000:]
-    assert "guard rm_labels: ORM training data of iteration 0 has one class" in went_on.stderr
+    assert "guard over_optimisation: GRPO iteration 0" in went_on.stderr
     assert store.run_status("g")["status"] == "completed"
-    assert store.run_config("g")["guards"]["rm_labels"] == "warn"
-    again = [(r["iteration"], r["stage"]) for r in store.committed_stages("g")]
+    guards = store.run_config("g")["guards"]
+    assert (guards["rm_labels"], guards["over_optimisation"]) == ("warn", "warn")
+    again = _committed(store)
     assert again[:3] == committed  # kept, not rerun
     assert [s for _, s in again[3:]] == ["train_rm", "grpo", "evaluate"]
     found = run_query(
         store,
-        "SELECT name, value FROM metrics WHERE run_id = 'g' AND stage = 'train_rm' "
-        "AND name LIKE 'guard_rm_labels_%' ORDER BY name",
+        "SELECT stage, name, value FROM metrics WHERE run_id = 'g' AND name LIKE 'guard_%' "
+        "ORDER BY stage, name",
     ).to_pylist()
     assert found == [
-        {"name": "guard_rm_labels_orm", "value": 1.0},
-        {"name": "guard_rm_labels_prm", "value": 1.0},
+        {"stage": "grpo", "name": "guard_equal_rewards", "value": 0.0},
+        {"stage": "grpo", "name": "guard_over_optimisation", "value": 1.0},
+        {"stage": "train_rm", "name": "guard_rm_labels_orm", "value": 1.0},
+        {"stage": "train_rm", "name": "guard_rm_labels_prm", "value": 1.0},
     ]
+
+
+def _committed(store: RunStore) -> list[tuple[int, str]]:
+    return [(r["iteration"], r["stage"]) for r in store.committed_stages("g")]
