@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from flows.config import ItergrpoConfig
-from flows.engines.sampling import Purpose, RolloutEngines
+from flows.engines.sampling import FiniteSampler, Purpose, RolloutEngines
 from flows.names import POLICY
 from flows.runtime import derive_seed, resolve_device
 from storage.checkpoints import checkpoint_path
@@ -125,10 +125,12 @@ class RunContext:
             batch_size,
             shard_label or purpose,
         )
+        where = f"the {shard_label or purpose} sampling of policy_{policy_iteration}"
         if sharded is not None:
-            return sharded
+            return FiniteSampler(sharded, where)
         name = self.cfg.engines.rollout
-        return self.engines.engine(name, purpose, checkpoint, model, tokenizer, batch_size)
+        engine = self.engines.engine(name, purpose, checkpoint, model, tokenizer, batch_size)
+        return FiniteSampler(engine, where)
 
     def close(self) -> None:
         """Release what the run kept between stages (a rollout engine's worker process)."""

@@ -12,7 +12,8 @@ from typing import Literal
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from flows.config import EnginesSection
-from grpo_core.contracts.rollout import RolloutEngine
+from grpo_core.contracts.numerics import DIVERGED, require_finite
+from grpo_core.contracts.rollout import RolloutBatch, RolloutEngine, Sampler, SamplingParams
 from grpo_core.engines.registry import ROLLOUT_ENGINES, RolloutRequest
 
 log = logging.getLogger("itergrpo")
@@ -83,3 +84,21 @@ class RolloutEngines:
         if self._kept is not None:
             self._kept.close()
         self._kept = self._kept_key = None
+
+
+class FiniteSampler:
+    """A stage's sampler whose every batch has finite log-probs, checked before the stage can
+    store anything derived from it: a policy whose weights went non-finite (diverged, or a
+    damaged checkpoint) samples garbage with NaN log-probs, and its labels, reward models and
+    evaluation must not be committed (the GRPO step checks its own samples the same way)."""
+
+    def __init__(self, inner: Sampler, where: str) -> None:
+        self.inner, self.where = inner, where
+
+    def generate(
+        self, prompts: list[str], n: int, params: SamplingParams, seed: int
+    ) -> RolloutBatch:
+        batch = self.inner.generate(prompts, n, params, seed=seed)
+        sampled = [lp for row in batch.logprobs for lp in row]
+        require_finite("the policy's sampling log-probs", sampled, where=self.where, cause=DIVERGED)
+        return batch

@@ -25,6 +25,7 @@ from flows.names import EVAL_SPLIT, ORM, POLICY, PRM, TRAIN_RM, TRAIN_SPLIT
 from flows.progress import ProgressFn, iteration_label, log
 from flows.stages.health_lines import STALE, auroc_line
 from flows.stages.results import StageResult, metric_rows
+from grpo_core.contracts.numerics import require_finite
 from grpo_core.contracts.progress import rounded
 from grpo_core.contracts.rollout import RolloutBatch, SamplingParams
 from grpo_core.data.tasks.base import Problem, Split, Task
@@ -286,6 +287,13 @@ def rm_drift_rows(
     return [{"policy_iteration": k, **dataclasses.asdict(r)} for r in rows]
 
 
+def _require_finite_scores(what: str, scores: torch.Tensor | list[float], split: str) -> None:
+    """A reward model's scores of fresh outputs are finite before any AUROC is stored."""
+    where = f"the drift measurement on {split}-split outputs"
+    cause = "the reward model diverged (lower reward_models.lr) or its checkpoint is damaged"
+    require_finite(what, scores, where=where, cause=cause)
+
+
 def _split_rows(
     rm_cfg: RewardModelConfig,
     task: Task,
@@ -311,6 +319,7 @@ def _split_rows(
         if rm_cfg.use_orm:
             orm = rm(ORM, rm_iteration)
             probs = score_outcome(orm, row_prompts, sampled.texts)
+            _require_finite_scores(f"ORM_{rm_iteration}'s scores", probs, split)
             found += orm_eval_rows(probs.numpy(), correct, split)
             if not suffix:
                 found += best_of_n_rows(
@@ -321,6 +330,8 @@ def _split_rows(
         if rm_cfg.use_prm:
             prm = rm(PRM, rm_iteration)
             scored = score_steps(prm, row_prompts, sampled.texts)
+            flat = [x for scores in scored.scores for x in scores]
+            _require_finite_scores(f"PRM_{rm_iteration}'s step scores", flat, split)
             pairs = [
                 (s, [float(x) for x in y])
                 for s, y in zip(scored.scores, exact, strict=True)

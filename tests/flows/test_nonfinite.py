@@ -207,3 +207,41 @@ def test_diverged_policy_weights_are_named_not_a_key_error(
     )
     assert "the policy's sampling log-probs is nan" in str(err)
     assert "weights have diverged" in str(err)
+
+
+@pytest.mark.slow
+def test_a_non_finite_checkpoint_between_iterations_commits_nothing_and_the_repaired_run_is_clean(
+    micro_run: tuple[RunStore, str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """policy_1 (iteration 0's GRPO output) made non-finite on disk before iteration 1: the
+    rollout stage that samples it stops naming the log-probs, before anything of iteration 1
+    is stored; with the file repaired, the resumed run equals a clean one."""
+    from safetensors.torch import load_file, save_file
+
+    from flows.interrupts import FAULT_ENV
+    from flows.loop import execute_run
+    from flows.names import POLICY
+    from tests.flow_helpers import snapshot
+
+    clean_store, clean_id = micro_run
+    cfg = micro_config(tmp_path, clean_id)
+    monkeypatch.setenv(FAULT_ENV, "ValueError@rollout:1:1")  # stop after iteration 0
+    with pytest.raises(ValueError, match="injected"):
+        execute_run(cfg)
+    monkeypatch.delenv(FAULT_ENV)
+    store = RunStore(tmp_path)
+    weights = checkpoint_path(tmp_path, clean_id, POLICY, 1) / "model.safetensors"
+    good = weights.read_bytes()
+    save_file({name: t.fill_(math.nan) for name, t in load_file(weights).items()}, weights)
+    committed = store.committed_stages(clean_id)
+
+    with pytest.raises(NonFiniteError) as err:
+        execute_run(cfg)
+
+    assert "the policy's sampling log-probs is nan" in str(err.value)
+    assert "at the rollout sampling of policy_1" in str(err.value)
+    assert store.committed_stages(clean_id) == committed  # nothing of iteration 1
+    assert store.run_status(clean_id)["failure"]["stage"] == "rollout"
+    weights.write_bytes(good)
+    execute_run(cfg)
+    assert snapshot(store, clean_id) == snapshot(clean_store, clean_id)
