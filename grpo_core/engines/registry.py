@@ -10,6 +10,7 @@ imported when the engine is built.
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from importlib.util import find_spec
@@ -169,7 +170,10 @@ def _build_torch(model: nn.Module, optim: OptimizerSettings, settings: None) -> 
 
 
 def require_deepspeed(settings: DeepSpeedConfig | None = None) -> None:
-    """A SettingError naming the extra to install unless deepspeed is importable here."""
+    """A SettingError naming the extra to install unless deepspeed is importable here, or
+    naming engines.deepspeed.hostfile when it is not a readable hostfile."""
+    if settings is not None and settings.hostfile:
+        check_hostfile(Path(settings.hostfile))
     if find_spec("deepspeed") is None:
         import sys
 
@@ -177,6 +181,28 @@ def require_deepspeed(settings: DeepSpeedConfig | None = None) -> None:
             "engines.train = deepspeed, but deepspeed is not installed in this environment "
             f"({sys.executable}): install the gpu extra (pip install -e '.[gpu]'; `make venv` "
             "does), or set engines.train: torch"
+        )
+
+
+def check_hostfile(path: Path) -> None:
+    """A DeepSpeed hostfile: readable, with at least one `host slots=N` line (N >= 1) and
+    nothing else but blank lines and # comments."""
+    where = "engines.deepspeed.hostfile"
+    try:
+        lines = path.read_text().splitlines()
+    except OSError as exc:
+        raise SettingError(
+            f"{where} {path} cannot be read ({exc.strerror}): give an existing hostfile, or "
+            "leave it empty to launch on this node only"
+        ) from None
+    hosts = [line.split("#")[0].strip() for line in lines]
+    hosts = [h for h in hosts if h]
+    bad = next((h for h in hosts if not re.fullmatch(r"\S+\s+slots=[1-9]\d*", h)), None)
+    if bad is not None or not hosts:
+        shown = f"line {bad!r}" if bad is not None else "no host line"
+        raise SettingError(
+            f"{where} {path}: {shown}; each line must read 'HOST slots=N' (N >= 1), e.g. "
+            "'worker-1 slots=8'"
         )
 
 
