@@ -17,8 +17,10 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Iterator
+from pathlib import Path
 
 from flows.errors import PrefectApiError
 from flows.progress import log
@@ -42,21 +44,31 @@ def _free_port() -> int:
         return int(sock.getsockname()[1])
 
 
-def _wait_until_healthy(url: str, server: subprocess.Popen[bytes]) -> None:
+def _wait_until_healthy(url: str, server: subprocess.Popen[bytes], server_log: Path) -> None:
     import httpx
 
     deadline = time.monotonic() + STARTUP_SECONDS
     while time.monotonic() < deadline:
         if server.poll() is not None:
-            raise RuntimeError(f"the temporary Prefect server exited with code {server.returncode}")
+            raise RuntimeError(
+                f"the temporary Prefect server exited with code {server.returncode}; its "
+                f"output is in {server_log}:\n{_tail(server_log)}"
+            )
         with contextlib.suppress(httpx.HTTPError):
             if httpx.get(f"{url}/health", timeout=2).status_code == 200:
                 return
         time.sleep(0.2)
     raise RuntimeError(
         f"the temporary Prefect server did not answer at {url} within "
-        f"{STARTUP_SECONDS:.0f} s; set PREFECT_API_URL to a running server"
+        f"{STARTUP_SECONDS:.0f} s (its output: {server_log}); set PREFECT_API_URL to a "
+        "running server"
     )
+
+
+def _tail(path: Path, lines: int = 20) -> str:
+    with contextlib.suppress(OSError):
+        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+    return ""
 
 
 def _send_queued_logs() -> None:
@@ -113,6 +125,11 @@ def prefect_api() -> Iterator[None]:
         "PREFECT_SERVER_LOGGING_LEVEL": "ERROR",
     }
     log.info("starting a temporary Prefect server on %s", url)
+    # The server's own output goes to a file: stopped while a client still has a request in
+    # flight (a second Ctrl-C stops the run at once), it logs a database pool reset with a
+    # traceback that is not the run's and would read as its failure. Kept if it failed.
+    fd, name = tempfile.mkstemp(prefix="itergrpo-prefect-server-", suffix=".log")
+    server_log = Path(name)
     server = subprocess.Popen(
         [
             sys.executable,
@@ -132,10 +149,14 @@ def prefect_api() -> Iterator[None]:
         env=env,
         start_new_session=True,  # a terminal's Ctrl-C reaches the run, not its server
         preexec_fn=_stop_with_parent,  # only a prctl call, between fork and exec
-        stdout=subprocess.DEVNULL,
+        stdout=fd,
+        stderr=subprocess.STDOUT,
     )
+    os.close(fd)  # the server holds its own copy
+    started = False
     try:
-        _wait_until_healthy(url, server)
+        _wait_until_healthy(url, server, server_log)
+        started = True
         with temporary_settings({PREFECT_API_URL: url}):
             try:
                 yield
@@ -148,3 +169,5 @@ def prefect_api() -> Iterator[None]:
         except subprocess.TimeoutExpired:
             server.kill()
             server.wait()
+        if started:
+            server_log.unlink(missing_ok=True)

@@ -152,12 +152,6 @@ def test_the_temporary_server_dies_with_a_killed_cli(tmp_path: Path) -> None:
         cli.kill()
 
 
-@pytest.mark.xfail(
-    strict=False,
-    reason="known defect (issue 34 item 5): now and then the temporary Prefect server, stopped "
-    "as the CLI exits, logs a sqlalchemy pool-reset traceback; exit code, resume command and "
-    "status were right in every failing run seen",
-)
 def test_a_second_ctrl_c_under_prefect_stops_now_and_leaves_the_run_interrupted(
     tmp_path: Path,
 ) -> None:
