@@ -20,10 +20,25 @@ TMP_PREFIX = ".tmp-"
 DISK_FULL_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT})
 
 
-def disk_full_error(path: Path, exc: OSError) -> DiskFullError:
+# Free bytes under which a failed write is taken for a full disk: safetensors and torch.save
+# report running out of space as their own errors (SafetensorError, RuntimeError), not as an
+# OSError with ENOSPC, so the disk itself is asked.
+NEARLY_FULL_BYTES = 1 << 20
+
+
+def disk_is_full(directory: Path) -> bool:
+    """Whether the disk holding `directory` has (almost) no space left for this user."""
+    try:
+        return shutil.disk_usage(directory).free < NEARLY_FULL_BYTES
+    except OSError:
+        return False
+
+
+def disk_full_error(path: Path, exc: BaseException) -> DiskFullError:
     """The one-line error for a write to `path` that ran out of space (temp files removed)."""
+    code = exc.errno if isinstance(exc, OSError) and exc.errno else errno.ENOSPC
     return DiskFullError(
-        f"no space left to write {path} ({os.strerror(exc.errno or errno.ENOSPC)}); nothing "
+        f"no space left to write {path} ({os.strerror(code)}); nothing "
         "partial was kept: free space on that disk (or move the store to a larger one, "
         "--store), then resume the run"
     )
@@ -130,8 +145,10 @@ def atomic_directory(final_path: str | Path, *, overwrite: bool = False) -> Iter
                 _fsync_file(child)
         fsync_dir(tmp)
     except BaseException as exc:
+        # asked before the temp directory is removed, which frees what it had written
+        full = isinstance(exc, Exception) and disk_is_full(final.parent)
         shutil.rmtree(tmp, ignore_errors=True)
-        if isinstance(exc, OSError) and exc.errno in DISK_FULL_ERRNOS:
+        if (isinstance(exc, OSError) and exc.errno in DISK_FULL_ERRNOS) or full:
             raise disk_full_error(final, exc) from exc
         raise
     old: Path | None = None

@@ -6,6 +6,7 @@ from __future__ import annotations
 import errno
 import hashlib
 import json
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -182,3 +183,26 @@ def test_runs_lists_a_damaged_run_and_says_why(
     assert json.loads((tmp_path / "runs" / "ok" / "status.json").read_text())["status"] == (
         "completed"
     )
+
+
+def test_a_library_that_hides_enospc_is_still_a_full_disk(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """safetensors and torch.save report a full disk as their own errors (SafetensorError,
+    'PytorchStreamWriter failed writing file'): the disk itself is asked whether it is full."""
+    final = tmp_path / "iter-1"
+    usage = shutil.disk_usage(tmp_path)
+    full = usage._replace(free=4096)
+    monkeypatch.setattr(storage.atomic.shutil, "disk_usage", lambda _: full)
+    with (
+        pytest.raises(DiskFullError) as caught,
+        atomic_directory(final) as tmp,
+    ):
+        (tmp / "model.safetensors").write_bytes(b"half")
+        raise RuntimeError("PytorchStreamWriter failed writing file data/0: file write failed")
+    assert str(caught.value).startswith(f"no space left to write {final} (No space left")
+    assert listing(tmp_path) == {}
+
+    monkeypatch.setattr(storage.atomic.shutil, "disk_usage", lambda _: usage)  # room enough
+    with pytest.raises(RuntimeError, match="a bug"), atomic_directory(final):
+        raise RuntimeError("a bug")  # not a full disk: the traceback is kept
