@@ -171,7 +171,12 @@ def execute_run(
         except BaseException as exc:
             stopped = isinstance(exc, (RunInterrupted, KeyboardInterrupt, *stop_signals))
             status = "interrupted" if stopped else "failed"
-            run.set_status(status, failure=failure_record(exc, current[0] if current else None))
+            try:
+                run.set_status(status, failure=failure_record(exc, current[0] if current else None))
+            except OSError as unrecorded:  # e.g. the disk that stopped the run is still full
+                # the run's own error is the one to report; `runs` shows a run whose holder
+                # died while `running` as interrupted
+                log.warning("could not record the run as %s: %s", status, unrecorded)
             tracking.finish_after_error(status)
             raise
         finally:

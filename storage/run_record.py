@@ -18,7 +18,9 @@ STATUS_FIX = (
 )
 CONFIG_FIX = (
     "put back the config the run was started with (an earlier copy may sit beside it as "
-    "config.<time>.yaml); the run cannot be resumed or checked without it"
+    "config.<time>.yaml), or write it anew with `itergrpo run --config <that config> --run-id "
+    "<id> --force-config` (the damaged file is kept beside it); the run cannot be resumed or "
+    "checked without it"
 )
 
 

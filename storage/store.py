@@ -19,7 +19,7 @@ import duckdb
 import pyarrow as pa
 import yaml
 
-from storage.atomic import atomic_write_text
+from storage.atomic import atomic_write_bytes, atomic_write_text
 from storage.errors import (
     ConfigMismatchError,
     DamagedRunRecordError,
@@ -260,10 +260,16 @@ class RunStore(StoreLayout):
         if not path.exists():
             atomic_write_text(path, text)
             return
-        if not self._config_difference(run_id, config, upgrade, readers, force=force):
+        try:
+            changed = self._config_difference(run_id, config, upgrade, readers, force=force)
+        except DamagedRunRecordError:
+            if not force:
+                raise
+            changed = True  # replaced on request; the damaged file is kept beside, as it was
+        if not changed:
             return
         stamp = utc_now().strftime("%Y%m%dT%H%M%S%fZ")
-        atomic_write_text(path.with_name(f"config.{stamp}.yaml"), path.read_text())
+        atomic_write_bytes(path.with_name(f"config.{stamp}.yaml"), path.read_bytes())
         atomic_write_text(path, text)
 
     # ---- listing -------------------------------------------------------------------------

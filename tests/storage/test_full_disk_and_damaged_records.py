@@ -154,6 +154,23 @@ def test_a_damaged_config_yaml_names_the_file_and_the_fix(
     assert listing(tmp_path) == before
 
 
+def test_force_config_writes_a_damaged_config_anew_and_keeps_the_damaged_file(
+    tmp_path: Path,
+) -> None:
+    commit_a_stage(RunStore(tmp_path), "r", {"a": 1})
+    path = _damage(tmp_path, "config.yaml", "a: [unclosed\n")
+    store = RunStore(tmp_path)
+    store.check_can_open("r", {"a": 1}, force_config=True)
+    with store.open_run("r", {"a": 1}, force_config=True):
+        pass
+    assert store.run_config("r") == {"a": 1}
+    kept = list(path.parent.glob("config.*.yaml"))
+    assert [p.read_text() for p in kept] == ["a: [unclosed\n"]
+    _damage(tmp_path, "config.yaml", "- a list\n")
+    with pytest.raises(DamagedRunRecordError, match="--force-config"):  # the fix named
+        store.run_config("r")
+
+
 def test_cli_resume_of_a_damaged_config_is_one_line_exit_2(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

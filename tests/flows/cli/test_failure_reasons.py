@@ -101,3 +101,29 @@ def test_a_failed_ablation_stores_why(tmp_path: Path) -> None:
         "stage": None,  # the ablation's own record: the arm run keeps the stage
         "iteration": None,
     }
+
+
+def test_a_failure_that_cannot_be_recorded_still_reports_the_runs_own_error(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The disk that stopped the run may still be full when its failure is recorded: the run's
+    own error is what the user sees, with a warning that the status could not be written."""
+    from flows.interrupts import FAULT_ENV
+    from flows.loop import execute_run
+    from storage.errors import DiskFullError
+    from storage.run_writer import RunWriter
+    from tests.flow_helpers import micro_config
+
+    real = RunWriter.set_status
+
+    def full_when_failing(self: RunWriter, status: str, **kwargs: object) -> None:
+        if status == "failed":
+            raise DiskFullError("no space left to write status.json")
+        real(self, status, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(RunWriter, "set_status", full_when_failing)
+    monkeypatch.setenv(FAULT_ENV, "ValueError@warm_start:0:1")
+    with pytest.raises(ValueError, match="injected by ITERGRPO_FAULT"):
+        execute_run(micro_config(tmp_path, "full"))
+    assert "could not record the run as failed: no space left" in caplog.text
+    assert RunStore(tmp_path).run_status("full")["status"] == "running"  # left as it was
