@@ -19,13 +19,7 @@ pytestmark = pytest.mark.slow
 
 
 def test_one_class_reward_data_stops_the_run_and_a_resume_goes_on(tmp_path: Path) -> None:
-    data = tmp_path / "gsm8k.jsonl"
-    rows = [
-        {"question": f"What is {a}+{b}?", "answer": f"{a}+{b}={a + b}\n#### {a + b}"}
-        for a in range(1, 7)
-        for b in range(1, 7)
-    ]
-    data.write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+    data = _gsm8k_file(tmp_path)
     store_dir = tmp_path / "store"
     untrained = ("--set", "run.warm_start=false", "--set", "run.iterations=1")
     local = ("--set", "task.name=local_files", "--set", f"task.path={data}")
@@ -83,3 +77,61 @@ def test_one_class_reward_data_stops_the_run_and_a_resume_goes_on(tmp_path: Path
 
 def _committed(store: RunStore) -> list[tuple[int, str]]:
     return [(r["iteration"], r["stage"]) for r in store.committed_stages("g")]
+
+
+@pytest.mark.parametrize(
+    ("guard", "overrides", "stage", "said"),
+    [
+        # micro's tiny PRM ranks fresh outputs at AUROC 0.57 in iteration 0 (floor 0.6)
+        ("rm_auroc", (), "train_rm", "prm_step_auroc of iteration 0 is 0."),
+        # the untrained policy is wrong on every GSM8K question and the verifier is the only
+        # reward: every group is rewarded alike at every step
+        (
+            "equal_rewards",
+            (
+                "run.warm_start=false",
+                "grpo.rewards.orm=0",
+                "reward_models.use_orm=false",
+                "reward_models.use_prm=false",
+            ),
+            "grpo",
+            "3 of 3 steps had every group's outputs rewarded alike",
+        ),
+    ],
+    ids=["rm_auroc", "equal_rewards"],
+)
+def test_a_guard_set_to_stop_stops_before_the_commit_and_the_run_goes_on_after(
+    tmp_path: Path, guard: str, overrides: tuple[str, ...], stage: str, said: str
+) -> None:
+    from flows.guards import GuardTripped
+    from flows.loop import execute_run
+    from tests.flow_helpers import micro_config
+
+    data = _gsm8k_file(tmp_path) if guard == "equal_rewards" else None
+    local = ("task.name=local_files", f"task.path={data}") if data else ()
+    base = (*overrides, *local, "run.iterations=1")
+    root = tmp_path / "store"
+    with pytest.raises(GuardTripped, match=said):
+        execute_run(micro_config(root, "r", *base, f"guards.{guard}=stop"))
+    store = RunStore(root)
+    assert stage not in [r["stage"] for r in store.committed_stages("r")]
+    assert store.run_status("r")["failure"]["stage"] == stage
+
+    execute_run(micro_config(root, "r", *base, f"guards.{guard}=warn"))  # the fix
+
+    assert store.run_status("r")["status"] == "completed"
+    verdict = run_query(
+        store, f"SELECT value FROM metrics WHERE run_id = 'r' AND name LIKE 'guard_{guard}%'"
+    ).to_pylist()
+    assert {"value": 1.0} in verdict
+
+
+def _gsm8k_file(folder: Path) -> Path:
+    data = folder / "gsm8k.jsonl"
+    rows = [
+        {"question": f"What is {a}+{b}?", "answer": f"{a}+{b}={a + b}\n#### {a + b}"}
+        for a in range(1, 7)
+        for b in range(1, 7)
+    ]
+    data.write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+    return data
