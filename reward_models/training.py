@@ -1,6 +1,6 @@
 """Reward-model training: examples from label rows, BCE updates, and the record of what was seen.
 
-Continual training (GRPO_SPEC section 7): iteration 0 starts from the RM's source, iteration
+Continual training (docs/algorithm.md section 7): iteration 0 starts from the RM's source, iteration
 k > 0 from the k-1 reward model, on new labels plus a replay sample of earlier ones. Every
 example is re-tokenized from (prompt text, completion text) by the RM's own encoder, so
 replayed rows read back from the store train exactly like new ones, whatever the RM's tokenizer.

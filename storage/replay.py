@@ -1,4 +1,4 @@
-"""Replay sampling for continual RM training (GRPO_SPEC section 7).
+"""Replay sampling for continual RM training (docs/algorithm.md section 7).
 
 The RM training set of iteration k is the new labels plus replayed history, with replayed
 rows `ratio` of the mix: n_replay = round(ratio / (1 - ratio) * n_new), capped by history.

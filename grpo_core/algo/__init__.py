@@ -1,2 +1,2 @@
-"""The GRPO algorithm (GRPO_SPEC.md): advantages, losses, reward assembly, the policy update
+"""The GRPO algorithm (docs/algorithm.md): advantages, losses, reward assembly, the policy update
 and one GRPO step, with their settings. Pure functions of tensors: no I/O, no globals."""

@@ -1,4 +1,4 @@
-"""Advantage formulas (GRPO_SPEC sections 4-6) and the estimators built from them, vectorised
+"""Advantage formulas (docs/algorithm.md sections 4-6) and the estimators built from them, vectorised
 over groups (their names and needs: grpo_core/algo/estimators.py).
 
 Shapes: P prompts, G outputs per prompt, S steps per output, T response tokens. Rows of a

@@ -14,7 +14,7 @@ LossAgg = Literal["seq-mean-token-mean", "token-mean", "seq-mean-token-sum-norm"
 
 
 class GRPOConfig(BaseModel):
-    """Hyper-parameters of one GRPO policy update (GRPO_SPEC sections 1-6)."""
+    """Hyper-parameters of one GRPO policy update (docs/algorithm.md sections 1-6)."""
 
     model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 

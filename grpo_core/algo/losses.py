@@ -1,7 +1,7 @@
 """KL estimators, the clipped surrogate, loss aggregation and the GRPO loss.
 
 Shapes: B sequences, T token positions, V vocabulary. Masks mark response tokens; prompt
-and padding positions never count (GRPO_SPEC notation).
+and padding positions never count (docs/algorithm.md notation).
 """
 
 from __future__ import annotations

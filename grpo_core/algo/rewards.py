@@ -80,7 +80,7 @@ def process_rewards(
     outcome: Tensor,
     parts: dict[str, Tensor],
 ) -> StepRewards:
-    """Process supervision (GRPO_SPEC section 5): each output's PRM step scores are its step
+    """Process supervision (docs/algorithm.md section 5): each output's PRM step scores are its step
     rewards, with its outcome reward added to the last step so a process-supervised run can
     still be anchored to the checked answer. `rm` is the mean step score of each output."""
     if len(step_scores) != len(step_ends) or len(step_scores) != len(outcome):

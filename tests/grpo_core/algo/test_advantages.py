@@ -1,4 +1,4 @@
-"""Advantage estimators against GRPO_SPEC sections 4-6."""
+"""Advantage estimators against docs/algorithm.md sections 4-6."""
 
 import pytest
 import torch

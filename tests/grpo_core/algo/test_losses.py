@@ -1,4 +1,4 @@
-"""Losses against GRPO_SPEC sections 1-3, and against naive per-token references."""
+"""Losses against docs/algorithm.md sections 1-3, and against naive per-token references."""
 
 import math
 
