@@ -1,9 +1,9 @@
 """Reward-model labels: ORM labels from the verifier, PRM labels by Math-Shepherd Monte Carlo.
 
-PRM rule (docs/algorithm.md section 7): for each step prefix of a sampled solution, N completions are
-sampled with the current policy; hard = 1 if any reaches the gold answer, soft = the fraction
-that do. The last step is the whole solution, so it is labelled by the verifier directly and
-needs no completions (n_completions = 0, hard = soft = outcome).
+PRM rule (docs/algorithm.md section 7): for each step prefix of a sampled solution, N
+completions are sampled with the current policy; hard = 1 if any reaches the gold answer,
+soft = the fraction that do. The last step is the whole solution, so it is labelled by the
+verifier directly and needs no completions (n_completions = 0, hard = soft = outcome).
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
-"""Advantage formulas (docs/algorithm.md sections 4-6) and the estimators built from them, vectorised
-over groups (their names and needs: grpo_core/algo/estimators.py).
+"""Advantage formulas (docs/algorithm.md sections 4-6) and the estimators built from them,
+vectorised over groups (their names and needs: grpo_core/algo/estimators.py).
 
 Shapes: P prompts, G outputs per prompt, S steps per output, T response tokens. Rows of a
 flat batch are prompt-major (row r belongs to prompt r // G), as in RolloutBatch.
