@@ -11,6 +11,8 @@ from grpo_core.contracts.training import LRSchedule, OptimizerSettings
 
 KLEstimator = Literal["k1", "k2", "k3"]
 LossAgg = Literal["seq-mean-token-mean", "token-mean", "seq-mean-token-sum-norm"]
+# advantages.ProcessCredit's choices, spelt out here: the config loads without torch
+ProcessCredit = Literal["sum", "min"]
 
 
 class GRPOConfig(BaseModel):
@@ -129,6 +131,34 @@ class GRPOConfig(BaseModel):
         description="Sampling temperature the log-probs are computed at, more than 0, at most 10.",
     )
 
+    mask_truncated: bool = Field(
+        default=False,
+        description="Leave outputs cut at max_new_tokens out of the loss (DAPO's overlong "
+        "filtering): their tokens count in no sum or mean of the update; their rewards still "
+        "enter their group's baseline.",
+    )
+    dynamic_sampling: bool = Field(
+        default=False,
+        description="DAPO's dynamic sampling: drop the groups whose outputs all got the same "
+        "reward (they give no outcome gradient) and sample further prompts until the step has "
+        "prompts_per_step groups, or dynamic_sampling_max_rounds extra rounds were used.",
+    )
+    dynamic_sampling_max_rounds: int = Field(
+        default=3,
+        ge=0,
+        le=100,
+        description="Most extra sampling rounds per step under dynamic_sampling, 0 to 100; "
+        "each round draws as many new prompts as groups are still missing. A step that "
+        "reaches the cap trains on the groups it has (metric batch_filled = 0).",
+    )
+    process_credit: ProcessCredit = Field(
+        default="sum",
+        description="How grpo_process turns normalised step rewards into a token's advantage: "
+        "'sum' (paper: the sum over the steps ending at or after the token) or 'min' (PURE, "
+        "Cheng et al. 2025: the minimum of those steps' rewards, so a run of high-scoring "
+        "steps cannot outweigh one bad step).",
+    )
+
     @model_validator(mode="before")
     @classmethod
     def _refuse_replaced_fields(cls, data: Any) -> Any:
@@ -190,8 +220,16 @@ GRPO_PRESETS: dict[str, dict[str, Any]] = {
     },
     # Dr. GRPO (Liu et al. 2025): no std division, constant length normaliser.
     "dr_grpo": {"adv_estimator": "dr_grpo", "loss_agg": "seq-mean-token-sum-norm"},
-    # DAPO (Yu et al. 2025): clip-higher, token-level mean, no KL term.
-    "dapo": {"eps_high": 0.28, "loss_agg": "token-mean", "beta": 0.0},
+    # DAPO (Yu et al. 2025): clip-higher, token-level mean, no KL term, dynamic sampling and
+    # truncated outputs left out of the loss (its overlong reward is the `overlong` reward
+    # part: flows/grpo_presets.py sets its weight).
+    "dapo": {
+        "eps_high": 0.28,
+        "loss_agg": "token-mean",
+        "beta": 0.0,
+        "dynamic_sampling": True,
+        "mask_truncated": True,
+    },
 }
 
 

@@ -1,0 +1,384 @@
+"""DAPO's pieces and the length / credit formulas: overlong penalty, Kimi's length reward,
+min-form process credit, the truncation mask, dynamic sampling (hand-computed vectors and
+properties)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from grpo_core.algo.advantages import process_advantages
+from grpo_core.algo.config import GRPOConfig
+from grpo_core.algo.dynamic_sampling import (
+    SampledRound,
+    informative_groups,
+    round_seed,
+    sample_informative_groups,
+)
+from grpo_core.algo.estimators import VERIFIER
+from grpo_core.algo.losses import grpo_loss
+from grpo_core.algo.rewards import StepRewards
+from grpo_core.algo.step import (
+    ALL_GROUPS_EQUAL,
+    ALL_TRUNCATED,
+    grpo_step,
+    length_stats,
+    prompt_indices_at,
+    step_prompt_indices,
+)
+from grpo_core.contracts.rollout import RolloutBatch, SamplingParams
+from reward_models.parts.length import length_reward
+from reward_models.parts.overlong import cache_tokens, overlong_penalty
+from tests.grpo_core.algo.test_rewards import RecordingUpdate
+
+# ---- overlong penalty ---------------------------------------------------------------------
+
+
+def test_overlong_penalty_is_zero_then_linear_then_minus_one() -> None:
+    # max_len 10, cache 4: free up to 6; 7 -> (6-7)/4 = -0.25, 8 -> -0.5, 10 -> -1; 11 -> -1
+    got = overlong_penalty([0, 5, 6, 7, 8, 10, 11], max_len=10, cache=4)
+    assert got == [0.0, 0.0, 0.0, -0.25, -0.5, -1.0, -1.0]
+
+
+def test_overlong_penalty_without_cache_punishes_only_beyond_the_limit() -> None:
+    assert overlong_penalty([3, 10, 12], max_len=10, cache=0) == [0.0, 0.0, -1.0]
+
+
+def test_overlong_penalty_refuses_a_cache_longer_than_the_budget() -> None:
+    with pytest.raises(ValueError, match="cache <= max_len"):
+        overlong_penalty([1], max_len=4, cache=5)
+
+
+def test_the_cache_is_a_rounded_share_of_the_budget() -> None:
+    assert cache_tokens(20480, 0.2) == 4096  # DAPO's setting
+    assert cache_tokens(32, 0.2) == 6  # 6.4 rounds to 6
+
+
+# ---- length reward (Kimi k1.5) ------------------------------------------------------------
+
+
+def test_length_reward_by_hand() -> None:
+    # group 0 lengths 10, 20, 30, 20: min 10, max 30, span 20
+    #   lambda = 0.5 - (len - 10) / 20 = 0.5, 0.0, -0.5, 0.0
+    #   correct, correct, correct, wrong -> 0.5, 0.0, -0.5, min(0, 0.0) = 0.0
+    # group 1 lengths 4, 8: lambda 0.5, -0.5; both wrong -> min(0, 0.5) = 0, -0.5
+    # group 2 lengths 7, 7: equal -> 0, 0
+    lengths = [10, 20, 30, 20, 4, 8, 7, 7]
+    correct = [True, True, True, False, False, False, True, False]
+    groups = [0, 0, 0, 0, 1, 1, 2, 2]
+    assert length_reward(lengths, correct, groups) == [0.5, 0.0, -0.5, 0.0, 0.0, -0.5, 0.0, 0.0]
+
+
+def test_a_short_wrong_output_gets_nothing_a_long_one_is_penalised() -> None:
+    # lengths 2, 6, 10 -> lambda 0.5, 0.0, -0.5; all wrong -> 0, 0, -0.5
+    assert length_reward([2, 6, 10], [False] * 3, [0, 0, 0]) == [0.0, 0.0, -0.5]
+
+
+def test_length_reward_needs_one_verdict_per_output() -> None:
+    with pytest.raises(ValueError, match="a length, a verdict and a group"):
+        length_reward([1, 2], [True], [0, 0])
+
+
+def test_length_stats_by_hand() -> None:
+    # correct: 4 and 6 tokens -> 5; wrong: 9 -> 9; one of three truncated
+    stats = length_stats(
+        torch.tensor([4, 9, 6]), torch.tensor([1.0, 0.0, 1.0]), torch.tensor([False, True, False])
+    )
+    assert stats == {
+        "truncated_fraction": pytest.approx(1 / 3),
+        "length_correct_mean": 5.0,
+        "length_wrong_mean": 9.0,
+    }
+
+
+def test_length_stats_leave_out_a_mean_of_nothing() -> None:
+    stats = length_stats(torch.tensor([3, 5]), torch.tensor([0.0, 0.0]), torch.tensor([False] * 2))
+    assert stats == {"truncated_fraction": 0.0, "length_wrong_mean": 4.0}
+
+
+# ---- process credit: sum (paper) and min (PURE) -------------------------------------------
+
+
+def _one_output_credit(credit: str) -> list[float]:
+    # one group of two outputs; output 0 has steps [0.9, 0.1, 0.8] ending at tokens 1, 3, 5,
+    # output 1 one step 0.4 ending at 2; six response tokens each
+    rewards = torch.tensor([[[0.9, 0.1, 0.8], [0.4, 0.0, 0.0]]])
+    mask = torch.tensor([[[True, True, True], [True, False, False]]])
+    ends = torch.tensor([[[1, 3, 5], [2, 0, 0]]])
+    response = torch.ones(1, 2, 6)
+    out = process_advantages(rewards, mask, ends, response, eps=0.0, credit=credit)  # type: ignore[arg-type]
+    return [round(v, 6) for v in out[0, 0].tolist()]
+
+
+# group steps 0.9, 0.1, 0.8, 0.4: mean 0.55, population variance
+# (0.35^2 + 0.45^2 + 0.25^2 + 0.15^2) / 4 = (0.1225 + 0.2025 + 0.0625 + 0.0225) / 4 = 0.1025
+# std 0.320156...; z = 1.093216, -1.405564, 0.780869 (and -0.468521 for output 1)
+Z = (0.35 / 0.1025**0.5, -0.45 / 0.1025**0.5, 0.25 / 0.1025**0.5)
+
+
+def test_sum_credit_by_hand() -> None:
+    # tokens 0-1: z1 + z2 + z3 = 0.468521; tokens 2-3: z2 + z3 = -0.624695; tokens 4-5: z3
+    first, second, third = sum(Z), Z[1] + Z[2], Z[2]
+    expected = [first, first, second, second, third, third]
+    assert _one_output_credit("sum") == pytest.approx(expected, abs=1e-5)
+
+
+def test_min_credit_by_hand() -> None:
+    # tokens 0-1: min(z1, z2, z3) = z2 = -1.405564; tokens 2-3: min(z2, z3) = z2; 4-5: z3
+    expected = [Z[1], Z[1], Z[1], Z[1], Z[2], Z[2]]
+    assert _one_output_credit("min") == pytest.approx(expected, abs=1e-5)
+
+
+def test_min_credit_gives_zero_after_the_last_step_and_to_padding() -> None:
+    rewards = torch.tensor([[[1.0, 0.0], [0.0, 0.0]]])
+    mask = torch.tensor([[[True, False], [True, False]]])
+    ends = torch.tensor([[[1, 0], [0, 0]]])
+    response = torch.tensor([[[1.0, 1.0, 1.0, 0.0], [1.0, 1.0, 0.0, 0.0]]])
+    out = process_advantages(rewards, mask, ends, response, eps=0.0, credit="min")
+    # z-scores of 1 and 0: +1 and -1; output 0's step ends at 1 -> tokens 0, 1; token 2 after
+    # the last step: 0; token 3 padding: 0. Output 1's step ends at 0 -> token 0 only.
+    assert out[0].tolist() == [[1.0, 1.0, 0.0, 0.0], [-1.0, 0.0, 0.0, 0.0]]
+
+
+def test_process_credit_refuses_an_unknown_form() -> None:
+    with pytest.raises(ValueError, match="'sum' or 'min'"):
+        process_advantages(
+            torch.zeros(1, 1, 1),
+            torch.ones(1, 1, 1),
+            torch.zeros(1, 1, 1).long(),
+            torch.ones(1, 1, 2),
+            credit="max",
+        )  # type: ignore[arg-type]
+
+
+# ---- the truncation mask ------------------------------------------------------------------
+
+
+class LengthSampler:
+    """Outputs of 1, 2 or 3 tokens; the 3-token ones hit max_new_tokens = 3 ("length")."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[list[str], int]] = []
+
+    def generate(
+        self, prompts: list[str], n: int, params: SamplingParams, seed: int
+    ) -> RolloutBatch:
+        self.calls.append((prompts, seed))
+        rows = len(prompts) * n
+        completions = [[5 + r] * (1 + r % 3) for r in range(rows)]
+        return RolloutBatch(
+            prompt_index=[r // n for r in range(rows)],
+            prompt_ids=[[1, 2] for _ in range(rows)],
+            completion_ids=completions,
+            texts=[f"{prompts[r // n]}:{r % n}" for r in range(rows)],
+            finish_reasons=["length" if len(c) == 3 else "stop" for c in completions],
+            logprobs=[[-0.5] * len(c) for c in completions],
+        )
+
+
+def reward_second_output(batch: RolloutBatch) -> StepRewards:
+    """Output 1 of each group is right; prompts starting 'same' reward every output 0."""
+    total = torch.tensor(
+        [0.0 if t.startswith("same") else float(t.endswith(":1")) for t in batch.texts]
+    )
+    return StepRewards(total, {VERIFIER: total.clone()}, None)
+
+
+def run(
+    prompts: list[str], algo: GRPOConfig, sampler: LengthSampler, update: RecordingUpdate, **kw
+):  # type: ignore[no-untyped-def]
+    return grpo_step(
+        prompts,
+        sampler,
+        reward_second_output,
+        update,
+        algo,
+        group_size=3,
+        max_new_tokens=3,
+        pad_token_id=0,
+        seed=11,
+        **kw,
+    )
+
+
+def test_truncated_outputs_leave_the_loss_and_their_gradient_is_zero() -> None:
+    update = RecordingUpdate()
+    out = run(["a", "b"], GRPOConfig(mask_truncated=True, beta=0.04), LengthSampler(), update)
+    assert out.truncated == [False, False, True] * 2
+    ((batch, advantages, _, _),) = update.calls
+    assert batch.response_mask[[2, 5]].sum() == 0  # rows 2 and 5 were cut
+    assert batch.response_mask[[0, 1, 3, 4]].sum() == 1 + 2 + 1 + 2
+    assert advantages[[2, 5]].abs().sum() == 0 and out.advantages[[2, 5]].abs().sum() == 0
+    # the loss's gradient, policy and KL term, reaches no token of a truncated row
+    logp = torch.full(batch.response_mask.shape, -0.7, requires_grad=True)
+    ref = torch.full(batch.response_mask.shape, -0.2)
+    cfg = GRPOConfig(mask_truncated=True, beta=0.04, loss_agg="token-mean")
+    loss, _ = grpo_loss(logp, logp.detach() - 0.1, ref, advantages, batch.response_mask, cfg)
+    loss.backward()
+    assert logp.grad is not None
+    assert logp.grad[[2, 5]].abs().sum() == 0
+    assert logp.grad[[0, 1, 3, 4]].abs().sum() > 0
+    # token-mean over the 6 kept tokens only: the cut rows are not in the denominator either
+    kept = torch.tensor([0, 1, 3, 4])
+    alone, _ = grpo_loss(
+        logp[kept].detach(),
+        logp[kept].detach() - 0.1,
+        ref[kept],
+        advantages[kept],
+        batch.response_mask[kept],
+        cfg,
+    )
+    assert float(loss.detach()) == pytest.approx(float(alone))
+
+
+def test_without_the_mask_truncated_outputs_train() -> None:
+    update = RecordingUpdate()
+    run(["a"], GRPOConfig(), LengthSampler(), update)
+    ((batch, _, _, _),) = update.calls
+    assert batch.response_mask[2].sum() == 3
+
+
+class AllLongSampler(LengthSampler):
+    def generate(
+        self, prompts: list[str], n: int, params: SamplingParams, seed: int
+    ) -> RolloutBatch:
+        batch = super().generate(prompts, n, params, seed)
+        batch.finish_reasons = ["length"] * len(batch)
+        return batch
+
+
+def test_every_output_truncated_and_masked_is_a_skipped_step() -> None:
+    update = RecordingUpdate()
+    out = run(["a"], GRPOConfig(mask_truncated=True), AllLongSampler(), update)
+    assert out.skipped == ALL_TRUNCATED and update.calls == []
+    assert out.stats["truncated_fraction"] == 1.0
+
+
+# ---- dynamic sampling in a step -----------------------------------------------------------
+
+
+def test_dynamic_sampling_replaces_equal_groups_with_further_prompts() -> None:
+    asked: list[tuple[int, int]] = []
+    supply = iter(["same-x", "c", "d"])
+
+    def more(round_index: int, count: int):  # type: ignore[no-untyped-def]
+        asked.append((round_index, count))
+        return [next(supply) for _ in range(count)], reward_second_output
+
+    sampler, update = LengthSampler(), RecordingUpdate()
+    algo = GRPOConfig(dynamic_sampling=True, dynamic_sampling_max_rounds=3)
+    out = run(["same-a", "b", "same-b"], algo, sampler, update, more_prompts=more)
+    # round 0: same-a, b, same-b -> b kept, 2 missing; round 1: same-x, c -> c kept, 1
+    # missing; round 2: d -> kept. Drawn order: same-a b same-b same-x c d -> kept 1, 4, 5
+    assert asked == [(1, 2), (2, 1)]
+    assert out.kept_prompts == [1, 4, 5]
+    assert [p for p, _ in sampler.calls] == [["same-a", "b", "same-b"], ["same-x", "c"], ["d"]]
+    assert [s for _, s in sampler.calls] == [11, round_seed(11, 1), round_seed(11, 2)]
+    assert out.batch.prompt_index == [0, 0, 0, 1, 1, 1, 2, 2, 2]
+    assert [t.split(":")[0] for t in out.batch.texts[::3]] == ["b", "c", "d"]
+    assert out.stats["prompts_drawn"] == 6 and out.stats["groups_dropped"] == 3
+    assert out.stats["sampling_rounds"] == 3 and out.stats["batch_filled"] == 1.0
+    ((batch, _, _, _),) = update.calls
+    assert len(batch) == 9
+
+
+def test_dynamic_sampling_at_its_cap_trains_on_what_it_has() -> None:
+    def more(round_index: int, count: int):  # type: ignore[no-untyped-def]
+        return ["same"] * count, reward_second_output
+
+    update = RecordingUpdate()
+    algo = GRPOConfig(dynamic_sampling=True, dynamic_sampling_max_rounds=2)
+    out = run(["same", "b"], algo, LengthSampler(), update, more_prompts=more)
+    assert out.kept_prompts == [1] and out.skipped is None
+    assert out.stats["sampling_rounds"] == 3 and out.stats["batch_filled"] == 0.0
+    assert out.stats["prompts_drawn"] == 4 and out.stats["groups_dropped"] == 3
+
+
+def test_dynamic_sampling_with_no_informative_group_skips_the_step() -> None:
+    update = RecordingUpdate()
+    algo = GRPOConfig(dynamic_sampling=True)
+    out = run(["same-a", "same-b"], algo, LengthSampler(), update)  # no more_prompts: no rounds
+    assert out.skipped == ALL_GROUPS_EQUAL and update.calls == []
+    assert len(out.batch) == 6  # the first round's outputs are still reported
+    assert out.stats["batch_filled"] == 0.0 and out.stats["sampling_rounds"] == 1
+
+
+def test_a_first_round_seed_is_the_step_seed() -> None:
+    assert round_seed(123, 0) == 123
+    assert round_seed(123, 1) != round_seed(123, 2) != 123
+    assert round_seed(123, 1) == round_seed(123, 1)
+
+
+def test_informative_groups_by_hand() -> None:
+    # groups: [1, 1] equal, [0, 1] not, [2] one output, [0.5, 0.5 + 1e-7] equal within tol
+    rewards = torch.tensor([1.0, 1.0, 0.0, 1.0, 2.0, 0.5, 0.5 + 1e-7])
+    assert informative_groups(rewards, [0, 0, 1, 1, 2, 3, 3], 4) == [1]
+
+
+def test_the_prompt_cursor_is_step_prompt_indices_without_extra_rounds() -> None:
+    for step in range(5):
+        assert prompt_indices_at(7, step * 3, 3) == step_prompt_indices(7, step, 3)
+    assert prompt_indices_at(5, 9, 3) == [4, 0, 1]
+
+
+# ---- dynamic sampling: properties ---------------------------------------------------------
+
+group_rewards = st.lists(st.sampled_from([0.0, 1.0, 0.5]), min_size=1, max_size=4)
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    pool=st.lists(group_rewards, max_size=30),
+    target=st.integers(1, 6),
+    cap=st.integers(0, 4),
+)
+def test_kept_groups_are_unequal_and_the_batch_is_full_or_the_cap_reached(
+    pool: list[list[float]], target: int, cap: int
+) -> None:
+    taken = 0
+    sizes: list[int] = []
+
+    def draw(round_index: int, count: int) -> SampledRound:
+        nonlocal taken
+        groups = pool[taken : taken + count]
+        taken += len(groups)
+        sizes.append(len(groups))
+        rows = [(p, r) for p, g in enumerate(groups) for r in g]
+        total = torch.tensor([r for _, r in rows])
+        batch = RolloutBatch(
+            [p for p, _ in rows],
+            [[1]] * len(rows),
+            [[2]] * len(rows),
+            [str(r) for _, r in rows],
+            ["stop"] * len(rows),
+            [[-1.0]] * len(rows),
+        )
+        return SampledRound(len(groups), batch, StepRewards(total, {VERIFIER: total}, None))
+
+    found = sample_informative_groups(draw, target, cap)
+    kept_groups = [pool[i] for i in found.kept]
+    assert all(max(g) - min(g) > 0 for g in kept_groups)  # every kept group is unequal
+    exhausted = sizes[-1] == 0 or taken == len(pool)
+    assert found.filled == (len(found.kept) == target)
+    assert found.filled or found.rounds == cap + 1 or exhausted
+    assert len(found.kept) <= target and found.rounds <= cap + 1
+    assert found.prompts_drawn == taken == sum(sizes)
+    assert found.groups_dropped == taken - len(found.kept)
+    assert found.kept == sorted(found.kept) and all(0 <= i < taken for i in found.kept)
+    # the batch holds exactly the kept groups' outputs, in order, renumbered
+    assert found.rewards.total.tolist() == [r for g in kept_groups for r in g]
+    assert found.batch.prompt_index == [q for q, g in enumerate(kept_groups) for _ in g]
+    # no informative group was passed over while the batch still had room
+    if not found.filled:
+        skipped = [i for i in range(taken) if i not in found.kept]
+        assert all(max(pool[i]) == min(pool[i]) for i in skipped)
+
+
+def test_the_config_offers_the_credit_forms_the_formula_knows() -> None:
+    from typing import get_args
+
+    from grpo_core.algo import advantages, config
+
+    assert get_args(config.ProcessCredit) == get_args(advantages.ProcessCredit)
