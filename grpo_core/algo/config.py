@@ -184,6 +184,26 @@ class GRPOConfig(BaseModel):
             total_steps=total_steps,
         )
 
+    @model_validator(mode="after")
+    def _options_fit_the_estimator(self) -> GRPOConfig:
+        """Dynamic sampling drops groups with no spread in reward, which only a group-relative
+        estimator ignores (RFT and SFT learn from such groups); process_credit shapes step
+        rewards, which only a process estimator reads."""
+        spec = self.estimator
+        if self.dynamic_sampling and not spec.reads & {"rewards", "step_rewards"}:
+            raise ValueError(
+                f"grpo.algo.dynamic_sampling drops groups whose outputs got equal rewards, but "
+                f"adv_estimator {spec.name} learns from those too: set dynamic_sampling: false, "
+                "or use a group-relative estimator (grpo_outcome, dr_grpo, grpo_process)"
+            )
+        if self.process_credit != "sum" and not spec.needs_step_rewards:
+            raise ValueError(
+                f"grpo.algo.process_credit = {self.process_credit} shapes PRM step rewards, "
+                f"which adv_estimator {spec.name} does not read: use adv_estimator: "
+                "grpo_process, or leave process_credit at sum"
+            )
+        return self
+
     @field_validator("adv_estimator")
     @classmethod
     def _registered_estimator(cls, name: str) -> str:

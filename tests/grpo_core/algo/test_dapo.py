@@ -382,3 +382,16 @@ def test_the_config_offers_the_credit_forms_the_formula_knows() -> None:
     from grpo_core.algo import advantages, config
 
     assert get_args(config.ProcessCredit) == get_args(advantages.ProcessCredit)
+
+
+@pytest.mark.parametrize("estimator", ["rft", "online_rft", "sft"])
+def test_dynamic_sampling_is_refused_where_equal_groups_still_teach(estimator: str) -> None:
+    with pytest.raises(ValueError, match="dynamic_sampling: false"):
+        GRPOConfig(adv_estimator=estimator, dynamic_sampling=True)
+
+
+def test_min_credit_is_refused_without_step_rewards() -> None:
+    with pytest.raises(ValueError, match=r"process_credit = min.*grpo_process"):
+        GRPOConfig(process_credit="min")
+    assert GRPOConfig(adv_estimator="grpo_process", process_credit="min").process_credit == "min"
+    assert GRPOConfig(adv_estimator="dr_grpo", dynamic_sampling=True).dynamic_sampling
