@@ -297,6 +297,17 @@ def _report_step(k: int, step: int, steps: int, out: StepOutcome, progress: Prog
         stats["verifier_accuracy"],
         stats.get("kl", float("nan")),
     )
+    if "prompts_drawn" in stats:  # dynamic sampling: what it took to fill the batch
+        log.info(
+            "GRPO iter %d step %d: dynamic sampling drew %d prompts in %d rounds, dropped %d "
+            "equal-reward groups%s",
+            k,
+            step,
+            stats["prompts_drawn"],
+            stats["sampling_rounds"],
+            stats["groups_dropped"],
+            "" if stats["batch_filled"] else " (batch not filled: the round cap was reached)",
+        )
 
 
 def _sample_rows(

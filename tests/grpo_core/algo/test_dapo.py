@@ -395,3 +395,36 @@ def test_min_credit_is_refused_without_step_rewards() -> None:
         GRPOConfig(process_credit="min")
     assert GRPOConfig(adv_estimator="grpo_process", process_credit="min").process_credit == "min"
     assert GRPOConfig(adv_estimator="dr_grpo", dynamic_sampling=True).dynamic_sampling
+
+
+def test_kept_groups_carry_their_learned_and_step_rewards_across_rounds() -> None:
+    """Under process supervision a kept group's PRM step rewards, step ends and RM scores
+    travel with its outputs, whichever round sampled it."""
+
+    def round_of(rewards: list[float], tag: str) -> SampledRound:
+        n = len(rewards)
+        total = torch.tensor(rewards)
+        batch = RolloutBatch(
+            [r // 2 for r in range(n)],
+            [[1]] * n,
+            [[2, 3]] * n,
+            [f"{tag}{r}" for r in range(n)],
+            ["stop"] * n,
+            [[-1.0, -1.0]] * n,
+        )
+        steps = [[float(r), 0.5] for r in range(n)]
+        ends = [[0, 1]] * n
+        rm = total / 10
+        return SampledRound(
+            n // 2, batch, StepRewards(total, {VERIFIER: total.clone()}, rm, steps, ends)
+        )
+
+    # round 0: groups [1, 1] (equal) and [0, 1] (kept); round 1: group [2, 3] (kept)
+    rounds = [round_of([1.0, 1.0, 0.0, 1.0], "a"), round_of([2.0, 3.0], "b")]
+    found = sample_informative_groups(lambda i, count: rounds[i], 2, 1)
+    assert found.kept == [1, 2] and found.batch.texts == ["a2", "a3", "b0", "b1"]
+    assert found.rewards.total.tolist() == [0.0, 1.0, 2.0, 3.0]
+    assert found.rewards.rm is not None
+    assert found.rewards.rm.tolist() == pytest.approx([0.0, 0.1, 0.2, 0.3])
+    assert found.rewards.step_scores == [[2.0, 0.5], [3.0, 0.5], [0.0, 0.5], [1.0, 0.5]]
+    assert found.rewards.step_ends == [[0, 1]] * 4
