@@ -47,7 +47,7 @@ class DynamicSample:
     kept: list[int]  # position of each kept group among all prompts drawn this step, in order
     prompts_drawn: int
     groups_dropped: int
-    rounds: int  # sampling rounds used, the first included
+    rounds: int  # rounds that sampled, the first included
     filled: bool  # as many groups kept as the first round had prompts
 
     def stats(self) -> dict[str, float]:
@@ -92,9 +92,9 @@ def sample_informative_groups(draw: DrawRound, target: int, max_extra_rounds: in
     drawn, missing, used = 0, target, 0
     while missing > 0 and used <= max_extra_rounds:
         sampled = draw(used, missing)
-        used += 1
-        if sampled.num_prompts == 0:
+        if sampled.num_prompts == 0:  # the source has no prompt left: not a round
             break
+        used += 1
         keep = informative_groups(
             sampled.rewards.per_output, sampled.batch.prompt_index, sampled.num_prompts
         )[:missing]

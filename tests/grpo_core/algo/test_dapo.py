@@ -364,6 +364,7 @@ def test_kept_groups_are_unequal_and_the_batch_is_full_or_the_cap_reached(
     assert found.filled == (len(found.kept) == target)
     assert found.filled or found.rounds == cap + 1 or exhausted
     assert len(found.kept) <= target and found.rounds <= cap + 1
+    assert found.rounds == sum(1 for n in sizes if n > 0)  # a round that drew nothing is none
     assert found.prompts_drawn == taken == sum(sizes)
     assert found.groups_dropped == taken - len(found.kept)
     assert found.kept == sorted(found.kept) and all(0 <= i < taken for i in found.kept)
