@@ -4,6 +4,9 @@ overlong penalty, the length reward and process credit: test_length_and_credit.p
 
 from __future__ import annotations
 
+import copy
+from dataclasses import replace
+
 import pytest
 import torch
 from hypothesis import given, settings
@@ -26,8 +29,13 @@ from grpo_core.algo.step import (
     prompt_indices_at,
     step_prompt_indices,
 )
+from grpo_core.algo.update import grpo_update
+from grpo_core.contracts.policy_batch import build_policy_batch
 from grpo_core.contracts.rollout import RolloutBatch, SamplingParams
+from grpo_core.contracts.training import OptimizerSettings
+from grpo_core.engines.train import TorchEngine
 from tests.grpo_core.algo.test_rewards import RecordingUpdate
+from tests.models import tiny_llama
 
 # ---- the truncation mask ------------------------------------------------------------------
 
@@ -114,6 +122,34 @@ def test_without_the_mask_truncated_outputs_train() -> None:
     run(["a"], GRPOConfig(), LengthSampler(), update)
     ((batch, _, _, _),) = update.calls
     assert batch.response_mask[2].sum() == 3
+
+
+@pytest.mark.usefixtures("one_torch_thread")
+def test_a_real_update_ignores_what_a_masked_row_holds() -> None:
+    """On a tiny Llama, micro-batches of one row: with row 2 masked out, whatever its tokens
+    and advantage, the update moves the weights exactly as the batch without it does."""
+
+    base = tiny_llama(vocab=8, positions=16)
+    cfg = GRPOConfig(beta=0.0, lr=1e-2, loss_agg="token-mean", micro_batch_size=1)
+
+    def updated(completions: list[list[int]], advantage: list[float], keep: list[float]):  # type: ignore[no-untyped-def]
+        torch.manual_seed(0)
+        model = copy.deepcopy(base)
+        engine = TorchEngine(model, OptimizerSettings(lr=cfg.lr, max_grad_norm=cfg.max_grad_norm))
+        batch = build_policy_batch([[1, 2]] * len(completions), completions, pad_id=0)
+        masked = torch.tensor(keep).reshape(-1, 1) * batch.response_mask
+        batch = replace(batch, response_mask=masked)
+        advantages = torch.tensor(advantage).reshape(-1, 1) * batch.response_mask
+        grpo_update(engine, None, batch, advantages, cfg)
+        return [p.detach().clone() for p in model.parameters()]
+
+    kept = [[3, 4, 5], [4, 6]]
+    one = updated([*kept, [7, 7, 7]], [1.0, -1.0, 5.0], [1.0, 1.0, 0.0])
+    other = updated([*kept, [6, 3]], [1.0, -1.0, -9.0], [1.0, 1.0, 0.0])
+    alone = updated(kept, [1.0, -1.0], [1.0, 1.0])
+    assert all(torch.equal(a, b) for a, b in zip(one, other, strict=True))
+    assert all(torch.allclose(a, b, atol=1e-7) for a, b in zip(one, alone, strict=True))
+    assert any(not torch.equal(a, b) for a, b in zip(one, base.parameters(), strict=True))
 
 
 class AllLongSampler(LengthSampler):
