@@ -146,40 +146,10 @@ def grpo_step(
             empty, rewards_of_nothing(), torch.zeros(0, 0), skip_stats(NO_PROMPTS), NO_PROMPTS
         )
     params = SamplingParams(max_new_tokens=max_new_tokens, temperature=algo.temperature)
-    rounds: list[SampledRound] = []
-
-    def draw(round_index: int, count: int) -> SampledRound:
-        round_prompts, round_reward = prompts, reward
-        if round_index > 0:
-            round_prompts, round_reward = (
-                more_prompts(round_index, count) if more_prompts else ([], reward)
-            )
-        if not round_prompts:
-            return SampledRound(0, RolloutBatch([], [], [], [], [], []), rewards_of_nothing())
-        batch = sampler.generate(
-            round_prompts, group_size, params, seed=round_seed(seed, round_index)
-        )
-        sampled = [lp for row in batch.logprobs for lp in row]
-        require_finite("the policy's sampling log-probs", sampled, where=where, cause=DIVERGED)
-        rewards = round_reward(batch)
-        check_rewards(rewards, where)
-        rounds.append(SampledRound(len(round_prompts), batch, rewards))
-        return rounds[-1]
-
-    extra: dict[str, float] = {}
-    kept: list[int] | None = None
-    forced: str | None = None  # a skip decided before the batch is looked at
-    if algo.dynamic_sampling:
-        extra_rounds = algo.dynamic_sampling_max_rounds if more_prompts is not None else 0
-        found = sample_informative_groups(draw, len(prompts), extra_rounds)
-        extra = found.stats()
-        if found.kept:
-            batch, rewards, kept = found.batch, found.rewards, found.kept
-        else:  # nothing to learn from: report the first round's outputs, make no update
-            batch, rewards, forced = rounds[0].batch, rounds[0].rewards, ALL_GROUPS_EQUAL
-    else:
-        first = draw(0, len(prompts))
-        batch, rewards = first.batch, first.rewards
+    sampled = _sample_and_reward(
+        prompts, sampler, reward, algo, params, group_size, seed, where, more_prompts
+    )
+    batch, rewards, kept, extra = sampled.batch, sampled.rewards, sampled.kept, sampled.stats
     num_prompts = len(prompts) if kept is None else len(kept)
     # Advantages are computed on the CPU in response coordinates, then placed at the
     # completion columns of the padded batch (B, L) the update consumes.
@@ -194,7 +164,7 @@ def grpo_step(
     if algo.mask_truncated:
         kept_rows = (~truncated).to(padded.response_mask.dtype).reshape(-1, 1)
         trained = replace(padded, response_mask=padded.response_mask * kept_rows)
-    skipped = forced or skip_reason(num_prompts, int(response_mask.sum()))
+    skipped = sampled.forced or skip_reason(num_prompts, int(response_mask.sum()))
     if skipped is None and int(trained.response_mask.sum()) == 0:
         skipped = ALL_TRUNCATED
     if skipped is not None:
@@ -216,3 +186,57 @@ def grpo_step(
 def rewards_of_nothing() -> StepRewards:
     """The rewards of an empty batch."""
     return StepRewards(torch.zeros(0), {VERIFIER: torch.zeros(0)}, None)
+
+
+@dataclass
+class _Sampled:
+    """A step's batch after sampling and rewarding (and dynamic sampling's choice of groups)."""
+
+    batch: RolloutBatch
+    rewards: StepRewards
+    kept: list[int] | None  # StepOutcome.kept_prompts
+    forced: str | None  # a skip decided before the batch is looked at
+    stats: dict[str, float]  # dynamic sampling's metrics
+
+
+def _sample_and_reward(
+    prompts: list[str],
+    sampler: Sampler,
+    reward: RewardFn,
+    algo: GRPOConfig,
+    params: SamplingParams,
+    group_size: int,
+    seed: int,
+    where: str,
+    more_prompts: MorePrompts | None,
+) -> _Sampled:
+    """Sample and reward the step's prompts; under algo.dynamic_sampling keep the groups of
+    unequal rewards, drawing further rounds from `more_prompts` (none given: no extra round)."""
+    rounds: list[SampledRound] = []
+
+    def draw(round_index: int, count: int) -> SampledRound:
+        round_prompts, round_reward = prompts, reward
+        if round_index > 0:
+            round_prompts, round_reward = (
+                more_prompts(round_index, count) if more_prompts else ([], reward)
+            )
+        if not round_prompts:
+            return SampledRound(0, RolloutBatch([], [], [], [], [], []), rewards_of_nothing())
+        batch = sampler.generate(
+            round_prompts, group_size, params, seed=round_seed(seed, round_index)
+        )
+        sampled = [lp for row in batch.logprobs for lp in row]
+        require_finite("the policy's sampling log-probs", sampled, where=where, cause=DIVERGED)
+        rewards = round_reward(batch)
+        check_rewards(rewards, where)
+        rounds.append(SampledRound(len(round_prompts), batch, rewards))
+        return rounds[-1]
+
+    if not algo.dynamic_sampling:
+        first = draw(0, len(prompts))
+        return _Sampled(first.batch, first.rewards, None, None, {})
+    extra_rounds = algo.dynamic_sampling_max_rounds if more_prompts is not None else 0
+    found = sample_informative_groups(draw, len(prompts), extra_rounds)
+    if not found.kept:  # nothing to learn from: report the first round's outputs, no update
+        return _Sampled(rounds[0].batch, rounds[0].rewards, None, ALL_GROUPS_EQUAL, found.stats())
+    return _Sampled(found.batch, found.rewards, found.kept, None, found.stats())
