@@ -19,7 +19,8 @@ GRPO_STAGE_PRESETS: dict[str, dict[str, Any]] = {
     # the GRPO update of the paper and two later variants (grpo_core/algo/config.py)
     "paper": {"algo": GRPO_PRESETS["paper"]},
     "dr_grpo": {"algo": GRPO_PRESETS["dr_grpo"]},
-    "dapo": {"algo": GRPO_PRESETS["dapo"]},
+    # DAPO adds its overlong penalty to the reward (reward_models/parts/overlong.py)
+    "dapo": {"algo": GRPO_PRESETS["dapo"], "rewards": {"overlong": 1.0}},
     # the unified paradigm: SFT trains on gold solutions with coefficient 1 ...
     "sft": {"data_source": "gold", "algo": {"adv_estimator": "sft", "beta": 0.0}},
     # ... RFT on the correct ones of policy_0's samples, Online RFT of the current policy's

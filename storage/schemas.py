@@ -111,6 +111,8 @@ TABLE_SCHEMAS: dict[str, pa.Schema] = {
         _req("ratio_max", _F64),
         _req("n_completion_tokens", _I32),
         _req("correct", _BOOL),
+        # Cut at max_new_tokens (finish reason "length"); stores written before it read NULL.
+        _opt("truncated", _BOOL),
     ),
     "eval": _schema(
         # Which policy was evaluated: policy_0 (before RL), policy_k+1 after iteration k.

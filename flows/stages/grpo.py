@@ -9,6 +9,7 @@ checkpoint so the committed `policy_samples` hold every step exactly once.
 from __future__ import annotations
 
 import functools
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -35,7 +36,7 @@ from grpo_core.algo.step import (
     SKIPPED,
     StepOutcome,
     grpo_step,
-    step_prompt_indices,
+    prompt_indices_at,
 )
 from grpo_core.contracts.rollout import RolloutEngine, Sampler
 from grpo_core.data.tasks.base import Problem
@@ -77,6 +78,7 @@ def _save_progress(
     next_step: int,
     sample_rows: list[dict[str, Any]],
     metric_log: list[dict[str, Any]],
+    next_prompt: int,
 ) -> None:
     def write(tmp: Path) -> None:
         model.save_pretrained(tmp, safe_serialization=True, state_dict=updater.weights())
@@ -85,7 +87,7 @@ def _save_progress(
             tmp,
             optimizer_state=updater.save_state(tmp),
             rng_state=capture_rng_state(),
-            extra={"next_step": next_step},
+            extra={"next_step": next_step, "next_prompt": next_prompt},
         )
         pq.write_table(pa.Table.from_pylist(sample_rows), tmp / SAMPLES_FILE)
         pq.write_table(pa.Table.from_pylist(metric_log), tmp / METRICS_FILE)
@@ -105,15 +107,18 @@ def _resume_weights(path: Path, model: Any) -> bool:
 
 
 def _resume_point(
-    path: Path, updater: PolicyUpdater
-) -> tuple[int, list[dict[str, Any]], list[dict[str, Any]]]:
+    path: Path, updater: PolicyUpdater, per_step: int
+) -> tuple[int, list[dict[str, Any]], list[dict[str, Any]], int]:
+    """(next step, its sample rows, its metric rows, the prompt cursor) of the last progress
+    checkpoint; a checkpoint of a version without the cursor had it at step x per_step."""
     state = load_training_state(path)
     updater.load_state(path, state["optimizer_state"])
     restore_rng_state(state["rng_state"])
     samples = pq.read_table(path / SAMPLES_FILE).to_pylist()
     metrics = pq.read_table(path / METRICS_FILE).to_pylist()
     log.info("GRPO: resuming at step %d from %s", state["extra"]["next_step"], path)
-    return int(state["extra"]["next_step"]), samples, metrics
+    next_step = int(state["extra"]["next_step"])
+    return next_step, samples, metrics, int(state["extra"].get("next_prompt", next_step * per_step))
 
 
 def _training_data(
@@ -167,9 +172,13 @@ def grpo_stage(ctx: RunContext, iteration: int, progress: ProgressFn) -> StageRe
     start = 0
     sample_rows: list[dict[str, Any]] = []
     metric_log: list[dict[str, Any]] = []
+    next_prompt = 0
     if resumed:
-        start, sample_rows, metric_log = _resume_point(progress_dir, updater)
+        start, sample_rows, metric_log, next_prompt = _resume_point(
+            progress_dir, updater, g.prompts_per_step
+        )
     pool = ctx.task.problems(TRAIN_SPLIT, g.steps * g.prompts_per_step, seed=ctx.seed(GRPO, k))
+    cursor = PromptCursor(pool, next_prompt)
     sampler, follower = _training_data(ctx, k, model, tokenizer, pool)
     prompter = ctx.prompter(tokenizer)
     updated = resumed  # the policy differs from what the sampling engine was given
@@ -185,13 +194,13 @@ def grpo_stage(ctx: RunContext, iteration: int, progress: ProgressFn) -> StageRe
         for step in range(start, g.steps):
             if updated and follower is not None:  # the engine samples the updated policy
                 follower.receive_weights(updater.weights() or model.state_dict())
-            indices = step_prompt_indices(len(pool), step, g.prompts_per_step)
-            problems = [pool[i] for i in indices]
-            prompts = [prompter(p.question) for p in problems]
+            drawn = cursor.take(g.prompts_per_step)
+            prompts = [prompter(p.question) for p in drawn]
+            more_prompts = functools.partial(_extra_round, cursor, drawn, prompter, rewarder)
             out = grpo_step(
                 prompts,
                 sampler,
-                functools.partial(rewarder, problems, prompts),
+                functools.partial(rewarder, list(drawn), prompts),
                 updater,
                 algo,
                 group_size=g.group_size,
@@ -199,7 +208,10 @@ def grpo_stage(ctx: RunContext, iteration: int, progress: ProgressFn) -> StageRe
                 pad_token_id=tokenizer.pad_token_id,
                 seed=ctx.seed(GRPO, k, step),
                 where=f"GRPO iteration {k}, step {step}",
+                more_prompts=more_prompts,
             )
+            kept = out.kept_prompts or range(len(prompts))
+            problems = [drawn[i] for i in kept]
             updated = updated or out.skipped is None
             stats = out.stats
             metric_log += metric_rows(GRPO, stats, step)
@@ -208,7 +220,14 @@ def grpo_stage(ctx: RunContext, iteration: int, progress: ProgressFn) -> StageRe
             done = step + 1
             if done % g.checkpoint_every == 0 or done == g.steps or INTERRUPT.requested:
                 _save_progress(
-                    progress_dir, model, tokenizer, updater, done, sample_rows, metric_log
+                    progress_dir,
+                    model,
+                    tokenizer,
+                    updater,
+                    done,
+                    sample_rows,
+                    metric_log,
+                    cursor.position,
                 )
             INTERRUPT.check()
         save_model(ctx.checkpoint(POLICY, k + 1), model, tokenizer, updater.weights())
@@ -257,6 +276,39 @@ def check_step_rewards(
     return checks
 
 
+def _extra_round(
+    cursor: PromptCursor,
+    drawn: list[Problem],
+    prompter: Any,
+    rewarder: GRPORewarder,
+    round_index: int,
+    count: int,
+) -> tuple[list[str], Any]:
+    """Dynamic sampling's further prompts: the next `count` of the cursor, appended to the
+    step's `drawn` problems (StepOutcome.kept_prompts indexes them), with their reward. A
+    step never draws a problem twice: once it has drawn the whole pool, no more come."""
+    extra = cursor.take(min(count, len(cursor.pool) - len(drawn)))
+    drawn.extend(extra)
+    texts = [prompter(p.question) for p in extra]
+    return texts, functools.partial(rewarder, extra, texts)
+
+
+@dataclass
+class PromptCursor:
+    """The stage's place in its prompt pool: each step takes prompts_per_step from here, and
+    dynamic sampling's extra rounds the further ones they need; stored with the progress
+    checkpoint so a resumed stage draws exactly the prompts the uninterrupted one would."""
+
+    pool: list[Problem]
+    position: int = 0
+
+    def take(self, count: int) -> list[Problem]:
+        """The next `count` problems (wrapping round the pool; at most the whole pool)."""
+        problems = [self.pool[i] for i in prompt_indices_at(len(self.pool), self.position, count)]
+        self.position += count
+        return problems
+
+
 def _report_step(k: int, step: int, steps: int, out: StepOutcome, progress: ProgressFn) -> None:
     """The progress line and log line of one step (a skipped step says why)."""
     stats = out.stats
@@ -280,6 +332,17 @@ def _report_step(k: int, step: int, steps: int, out: StepOutcome, progress: Prog
         stats["verifier_accuracy"],
         stats.get("kl", float("nan")),
     )
+    if "prompts_drawn" in stats:  # dynamic sampling: what it took to fill the batch
+        log.info(
+            "GRPO iter %d step %d: dynamic sampling drew %d prompts in %d rounds, dropped %d "
+            "equal-reward groups%s",
+            k,
+            step,
+            stats["prompts_drawn"],
+            stats["sampling_rounds"],
+            stats["groups_dropped"],
+            "" if stats["batch_filled"] else " (batch not filled: the round cap was reached)",
+        )
 
 
 def _sample_rows(
@@ -306,6 +369,7 @@ def _sample_rows(
             "ratio_max": stats.get("ratio_max", 1.0),
             "n_completion_tokens": lengths[r],
             "correct": bool(rewards.verifier[r] > 0),
+            "truncated": out.truncated[r],
         }
         for r in range(len(batch))
     ]

@@ -14,6 +14,9 @@ import torch
 from torch import Tensor
 
 OutcomeScaling = Literal["group_std", "none"]
+# How grpo_process credits a token from the normalised rewards of the steps at or after it:
+# their sum (the paper) or their minimum (PURE); grpo.algo.process_credit's choices.
+ProcessCredit = Literal["sum", "min"]
 
 
 def outcome_advantages(
@@ -80,15 +83,47 @@ def step_rewards_to_token_advantages(
     return suffix_sum * response_mask.to(normed.dtype)
 
 
+def min_step_returns_to_token_advantages(
+    normed: Tensor, step_mask: Tensor, step_ends: Tensor, response_mask: Tensor
+) -> Tensor:
+    """Min-form credit (PURE, Cheng et al. 2025): A_t = the minimum of the normalised step
+    rewards whose step ends at index >= t, so the return of a step is its worst future step,
+    and high-scoring steps cannot buy back a bad one as in the sum. Tokens after the last step
+    end get 0. Shapes as step_rewards_to_token_advantages; the valid steps of a row come first
+    with ascending ends (pad_steps' layout)."""
+    num_tokens = response_mask.shape[-1]
+    if num_tokens == 0:
+        return torch.zeros(response_mask.shape, dtype=normed.dtype, device=normed.device)
+    valid = step_mask.bool()
+    if bool(((step_ends < 0) | (step_ends >= num_tokens))[valid].any()):
+        raise ValueError(f"step end indices must lie in [0, {num_tokens}) (got {step_ends})")
+    # the return of step j: min over valid steps j' >= j (+inf for padding, then 0)
+    high = torch.full_like(normed, float("inf"))
+    suffix_min = torch.where(valid, normed, high).flip(-1).cummin(-1).values.flip(-1)
+    returns = torch.where(valid, suffix_min, torch.zeros_like(normed))
+    returns = torch.cat([returns, torch.zeros_like(returns[..., :1])], dim=-1)
+    # token t's first step ending at or after it: the count of valid steps ending before t
+    positions = torch.arange(num_tokens, device=normed.device)
+    ended_before = (step_ends.unsqueeze(-1) < positions) & valid.unsqueeze(-1)  # (..., S, T)
+    first_step = ended_before.sum(-2)  # (..., T); = S' (no step left) after the last end
+    return returns.gather(-1, first_step) * response_mask.to(normed.dtype)
+
+
 def process_advantages(
     step_rewards: Tensor,
     step_mask: Tensor,
     step_ends: Tensor,
     response_mask: Tensor,
     eps: float = 1e-4,
+    credit: ProcessCredit = "sum",
 ) -> Tensor:
-    """Process advantages of P groups, spec section 5: (P, G, S) step rewards -> (P, G, T)."""
+    """Process advantages of P groups, spec section 5: (P, G, S) step rewards -> (P, G, T);
+    `credit`: 'sum' (paper) or 'min' (PURE) over the steps ending at or after each token."""
     normed = normalize_step_rewards(step_rewards, step_mask, eps)
+    if credit == "min":
+        return min_step_returns_to_token_advantages(normed, step_mask, step_ends, response_mask)
+    if credit != "sum":
+        raise ValueError(f"process credit must be 'sum' or 'min' (got {credit!r})")
     return step_rewards_to_token_advantages(normed, step_mask, step_ends, response_mask)
 
 
@@ -138,6 +173,7 @@ class AdvantageInputs:
     rewards, correct: (P, G) outcome rewards and verifier verdicts.
     step_rewards, step_mask, step_ends: (P, G, S) PRM step scores, valid steps, and the
     response-token index where each step ends.
+    process_credit: 'sum' or 'min' over a token's future steps (grpo.algo.process_credit).
     """
 
     response_mask: Tensor
@@ -146,6 +182,7 @@ class AdvantageInputs:
     step_rewards: Tensor | None = None
     step_mask: Tensor | None = None
     step_ends: Tensor | None = None
+    process_credit: ProcessCredit = "sum"  # how step rewards become token advantages
 
 
 def _require(value: Tensor | None, field: str, estimator: str) -> Tensor:
@@ -179,7 +216,9 @@ def grpo_process_estimator(inputs: AdvantageInputs, eps: float) -> Tensor:
     step_ends = _require(inputs.step_ends, "step_ends", "grpo_process")
     num_prompts, group_size, _ = step_rewards.shape
     response_mask = inputs.response_mask.reshape(num_prompts, group_size, -1)
-    advantages = process_advantages(step_rewards, step_mask, step_ends, response_mask, eps)
+    advantages = process_advantages(
+        step_rewards, step_mask, step_ends, response_mask, eps, inputs.process_credit
+    )
     return advantages.reshape(num_prompts * group_size, -1).to(torch.float32)
 
 

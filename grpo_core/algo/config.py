@@ -11,6 +11,8 @@ from grpo_core.contracts.training import LRSchedule, OptimizerSettings
 
 KLEstimator = Literal["k1", "k2", "k3"]
 LossAgg = Literal["seq-mean-token-mean", "token-mean", "seq-mean-token-sum-norm"]
+# advantages.ProcessCredit's choices, spelt out here: the config loads without torch
+ProcessCredit = Literal["sum", "min"]
 
 
 class GRPOConfig(BaseModel):
@@ -129,6 +131,34 @@ class GRPOConfig(BaseModel):
         description="Sampling temperature the log-probs are computed at, more than 0, at most 10.",
     )
 
+    mask_truncated: bool = Field(
+        default=False,
+        description="Leave outputs cut at max_new_tokens out of the loss (DAPO's overlong "
+        "filtering): their tokens count in no sum or mean of the update; their rewards still "
+        "enter their group's baseline.",
+    )
+    dynamic_sampling: bool = Field(
+        default=False,
+        description="DAPO's dynamic sampling: drop the groups whose outputs all got the same "
+        "reward (they give no outcome gradient) and sample further prompts until the step has "
+        "prompts_per_step groups, or dynamic_sampling_max_rounds extra rounds were used.",
+    )
+    dynamic_sampling_max_rounds: int = Field(
+        default=3,
+        ge=0,
+        le=100,
+        description="Most extra sampling rounds per step under dynamic_sampling, 0 to 100; "
+        "each round draws as many new prompts as groups are still missing. A step that "
+        "reaches the cap trains on the groups it has (metric batch_filled = 0).",
+    )
+    process_credit: ProcessCredit = Field(
+        default="sum",
+        description="How grpo_process turns normalised step rewards into a token's advantage: "
+        "'sum' (paper: the sum over the steps ending at or after the token) or 'min' (PURE, "
+        "Cheng et al. 2025: the minimum of those steps' rewards, so a run of high-scoring "
+        "steps cannot outweigh one bad step).",
+    )
+
     @model_validator(mode="before")
     @classmethod
     def _refuse_replaced_fields(cls, data: Any) -> Any:
@@ -153,6 +183,26 @@ class GRPOConfig(BaseModel):
             lr_schedule=self.lr_schedule,
             total_steps=total_steps,
         )
+
+    @model_validator(mode="after")
+    def _options_fit_the_estimator(self) -> GRPOConfig:
+        """Dynamic sampling drops groups with no spread in reward, which only a group-relative
+        estimator ignores (RFT and SFT learn from such groups); process_credit shapes step
+        rewards, which only a process estimator reads."""
+        spec = self.estimator
+        if self.dynamic_sampling and not spec.reads & {"rewards", "step_rewards"}:
+            raise ValueError(
+                f"grpo.algo.dynamic_sampling drops groups whose outputs got equal rewards, but "
+                f"adv_estimator {spec.name} learns from those too: set dynamic_sampling: false, "
+                "or use a group-relative estimator (grpo_outcome, dr_grpo, grpo_process)"
+            )
+        if self.process_credit != "sum" and not spec.needs_step_rewards:
+            raise ValueError(
+                f"grpo.algo.process_credit = {self.process_credit} shapes PRM step rewards, "
+                f"which adv_estimator {spec.name} does not read: use adv_estimator: "
+                "grpo_process, or leave process_credit at sum"
+            )
+        return self
 
     @field_validator("adv_estimator")
     @classmethod
@@ -190,8 +240,16 @@ GRPO_PRESETS: dict[str, dict[str, Any]] = {
     },
     # Dr. GRPO (Liu et al. 2025): no std division, constant length normaliser.
     "dr_grpo": {"adv_estimator": "dr_grpo", "loss_agg": "seq-mean-token-sum-norm"},
-    # DAPO (Yu et al. 2025): clip-higher, token-level mean, no KL term.
-    "dapo": {"eps_high": 0.28, "loss_agg": "token-mean", "beta": 0.0},
+    # DAPO (Yu et al. 2025): clip-higher, token-level mean, no KL term, dynamic sampling and
+    # truncated outputs left out of the loss (its overlong reward is the `overlong` reward
+    # part: flows/grpo_presets.py sets its weight).
+    "dapo": {
+        "eps_high": 0.28,
+        "loss_agg": "token-mean",
+        "beta": 0.0,
+        "dynamic_sampling": True,
+        "mask_truncated": True,
+    },
 }
 
 

@@ -141,6 +141,7 @@ def token_advantages(
         response_mask=response_mask,
         rewards=rewards.total.reshape(shape),
         correct=rewards.verifier.reshape(shape),
+        process_credit=algo.process_credit,
         **steps,
     )
     return algo.estimator.fn(inputs, algo.adv_eps)

@@ -345,6 +345,49 @@ def test_policy_samples_stored_before_reward_parts_read_their_parts_by_name(
     assert {p: p.read_bytes() for p in tmp_path.rglob("*.parquet")} == before
 
 
+def test_policy_samples_stored_before_truncated_read_it_as_null(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Files written before the truncated column read beside newer ones: NULL (unknown, not
+    False) in Python and in SQL, and the files are not rewritten."""
+    import pyarrow as pa
+
+    from storage import schemas
+    from storage.sql import run_query
+
+    new = schemas.TABLE_SCHEMAS["policy_samples"]
+    old = pa.schema([f for f in new if f.name != "truncated"])
+    row = {
+        "step": 0,
+        "problem_id": "p",
+        "sample_index": 0,
+        "completion": "1 + 1 = 2 and on and on",
+        "reward": 0.0,
+        "advantage": 0.0,
+        "kl": 0.0,
+        "ratio_mean": 1.0,
+        "ratio_max": 1.0,
+        "n_completion_tokens": 8,
+        "correct": False,
+    }
+    store = RunStore(tmp_path)
+    with store.open_run("r", {}) as run:
+        monkeypatch.setitem(schemas.TABLE_SCHEMAS, "policy_samples", old)
+        with run.stage(0, "grpo") as attempt:  # as an earlier version wrote it
+            attempt.write("policy_samples", [row])
+        monkeypatch.setitem(schemas.TABLE_SCHEMAS, "policy_samples", new)
+        with run.stage(1, "grpo") as attempt:
+            attempt.write("policy_samples", [{**row, "truncated": True}])
+    before = {p: p.read_bytes() for p in tmp_path.rglob("*.parquet")}
+    got = sorted(store.read("policy_samples", run_id="r").to_pylist(), key=lambda r: r["iteration"])
+    assert [r["truncated"] for r in got] == [None, True]
+    sql = run_query(
+        store, "SELECT iteration, truncated FROM policy_samples ORDER BY iteration"
+    ).to_pylist()
+    assert sql == [{"iteration": 0, "truncated": None}, {"iteration": 1, "truncated": True}]
+    assert {p: p.read_bytes() for p in tmp_path.rglob("*.parquet")} == before
+
+
 def test_a_non_finite_reward_part_is_refused_before_anything_is_written(tmp_path: Path) -> None:
     from storage.errors import NonFiniteValueError
 

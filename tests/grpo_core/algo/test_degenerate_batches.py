@@ -203,6 +203,9 @@ def test_a_step_whose_outputs_are_all_empty_is_skipped_with_its_rewards_reported
         "reward_mean": 0.0,
         "verifier_accuracy": 0.0,
         "equal_reward_groups": 1.0,
+        # every output stopped at once (finish "length") with no token, none correct
+        "truncated_fraction": 1.0,
+        "length_wrong_mean": 0.0,
     }
     assert out.advantages.shape == (6, 0)
 
