@@ -1,6 +1,7 @@
 """Named settings of the GRPO stage (`grpo.preset`): DeepSeekMath's unified paradigm, where
 SFT, RFT, Online RFT and GRPO differ only in data source, reward and gradient coefficient
-(paper section 5.2.1), and the paper / Dr. GRPO / DAPO variants of the GRPO update.
+(paper section 5.2.1), the paper / Dr. GRPO / DAPO variants of the GRPO update, and PPO
+with a critic.
 
 A preset fills the fields it names that are still at their defaults; a field given another
 value (in YAML, `--set` or the Prefect form) keeps it, so `--set grpo.preset=rft
@@ -20,6 +21,8 @@ GRPO_STAGE_PRESETS: dict[str, dict[str, Any]] = {
     "paper": {"algo": GRPO_PRESETS["paper"]},
     "dr_grpo": {"algo": GRPO_PRESETS["dr_grpo"]},
     "dapo": {"algo": GRPO_PRESETS["dapo"]},
+    # PPO with a critic and GAE, the algorithm GRPO drops the critic of (online samples)
+    "ppo": {"algo": GRPO_PRESETS["ppo"]},
     # the unified paradigm: SFT trains on gold solutions with coefficient 1 ...
     "sft": {"data_source": "gold", "algo": {"adv_estimator": "sft", "beta": 0.0}},
     # ... RFT on the correct ones of policy_0's samples, Online RFT of the current policy's

@@ -22,7 +22,9 @@ from flows.interrupts import INTERRUPT
 from flows.model_io import save_model
 from flows.names import GRPO, GRPO_PROGRESS, POLICY, TRAIN_SPLIT
 from flows.progress import ProgressFn, log
+from flows.stages.critic import commit_critic, open_critic, save_critic_progress
 from flows.stages.results import StageResult, mean, metric_rows
+from grpo_core.algo.critic_update import CriticLearner
 from grpo_core.algo.step import (
     SKIP_EXPLAINED,
     SKIPPED,
@@ -70,6 +72,7 @@ def _save_progress(
     next_step: int,
     sample_rows: list[dict[str, Any]],
     metric_log: list[dict[str, Any]],
+    critic: CriticLearner | None = None,
 ) -> None:
     def write(tmp: Path) -> None:
         model.save_pretrained(tmp, safe_serialization=True, state_dict=updater.weights())
@@ -82,6 +85,7 @@ def _save_progress(
         )
         pq.write_table(pa.Table.from_pylist(sample_rows), tmp / SAMPLES_FILE)
         pq.write_table(pa.Table.from_pylist(metric_log), tmp / METRICS_FILE)
+        save_critic_progress(tmp, critic)
 
     save_checkpoint(path, write, overwrite=True)
 
@@ -148,7 +152,7 @@ def grpo_stage(ctx: RunContext, iteration: int, progress: ProgressFn) -> StageRe
     policy_dir = ctx.require_checkpoint(POLICY, k)
     model, tokenizer = ctx.policy(k)
     reference = None
-    if algo.beta > 0:  # beta = 0 never loads the reference (no forward pass, no memory)
+    if algo.needs_reference:  # beta = 0 never loads the reference (no forward pass, no memory)
         reference = ctx.policy(k)[0].eval().requires_grad_(False)
     reward_models = _load_reward_models(ctx, k)
     progress_dir = ctx.checkpoint(GRPO_PROGRESS, k)
@@ -162,6 +166,7 @@ def grpo_stage(ctx: RunContext, iteration: int, progress: ProgressFn) -> StageRe
     metric_log: list[dict[str, Any]] = []
     if resumed:
         start, sample_rows, metric_log = _resume_point(progress_dir, updater)
+    critic = open_critic(ctx, k, model, reference, progress_dir, resumed)
     pool = ctx.task.problems(TRAIN_SPLIT, g.steps * g.prompts_per_step, seed=ctx.seed(GRPO, k))
     sampler, follower = _training_data(ctx, k, model, tokenizer, pool)
     prompter = ctx.prompter(tokenizer)
@@ -192,6 +197,7 @@ def grpo_stage(ctx: RunContext, iteration: int, progress: ProgressFn) -> StageRe
                 pad_token_id=tokenizer.pad_token_id,
                 seed=ctx.seed(GRPO, k, step),
                 where=f"GRPO iteration {k}, step {step}",
+                critic=critic,
             )
             updated = updated or out.skipped is None
             stats = out.stats
@@ -201,10 +207,11 @@ def grpo_stage(ctx: RunContext, iteration: int, progress: ProgressFn) -> StageRe
             done = step + 1
             if done % g.checkpoint_every == 0 or done == g.steps or INTERRUPT.requested:
                 _save_progress(
-                    progress_dir, model, tokenizer, updater, done, sample_rows, metric_log
+                    progress_dir, model, tokenizer, updater, done, sample_rows, metric_log, critic
                 )
             INTERRUPT.check()
         save_model(ctx.checkpoint(POLICY, k + 1), model, tokenizer, updater.weights())
+        commit_critic(ctx, k, critic)
     finally:
         updater.close()
     with ctx.run.stage(k, GRPO) as attempt:

@@ -7,6 +7,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from grpo_core.algo.estimators import ADVANTAGE_ESTIMATORS, EstimatorSpec
+from grpo_core.algo.ppo_config import PPOConfig
 from grpo_core.contracts.training import LRSchedule, OptimizerSettings
 
 KLEstimator = Literal["k1", "k2", "k3"]
@@ -129,6 +130,12 @@ class GRPOConfig(BaseModel):
         description="Sampling temperature the log-probs are computed at, more than 0, at most 10.",
     )
 
+    ppo: PPOConfig = Field(
+        default_factory=PPOConfig,
+        description="PPO's critic, GAE and KL-in-reward settings; read only when "
+        "adv_estimator = ppo (grpo_core/algo/ppo_config.py).",
+    )
+
     @model_validator(mode="before")
     @classmethod
     def _refuse_replaced_fields(cls, data: Any) -> Any:
@@ -165,6 +172,12 @@ class GRPOConfig(BaseModel):
         return ADVANTAGE_ESTIMATORS[self.adv_estimator]
 
     @property
+    def needs_reference(self) -> bool:
+        """A reference model is run: the KL term of the loss (beta), or PPO's KL penalty in
+        the reward."""
+        return self.beta > 0 or (self.estimator.needs_values and self.ppo.kl_coef > 0)
+
+    @property
     def process_supervision(self) -> bool:
         """Rewards per reasoning step (a PRM scores each step), not one per output."""
         return self.estimator.needs_step_rewards
@@ -192,6 +205,9 @@ GRPO_PRESETS: dict[str, dict[str, Any]] = {
     "dr_grpo": {"adv_estimator": "dr_grpo", "loss_agg": "seq-mean-token-sum-norm"},
     # DAPO (Yu et al. 2025): clip-higher, token-level mean, no KL term.
     "dapo": {"eps_high": 0.28, "loss_agg": "token-mean", "beta": 0.0},
+    # PPO with a critic (the seeds' baseline): GAE advantages, the KL penalty in the reward
+    # (grpo.algo.ppo.kl_coef) instead of the loss, token-level loss as verl and OpenRLHF.
+    "ppo": {"adv_estimator": "ppo", "beta": 0.0, "loss_agg": "token-mean"},
 }
 
 

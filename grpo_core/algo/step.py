@@ -16,6 +16,7 @@ from typing import Protocol
 import torch
 from torch import Tensor
 
+from grpo_core.algo.advantages import PPOTerms
 from grpo_core.algo.config import GRPOConfig
 from grpo_core.algo.estimators import VERIFIER
 from grpo_core.algo.rewards import StepRewards, check_rewards, reward_stats, token_advantages
@@ -47,6 +48,20 @@ class PolicyUpdate(Protocol):
         self, batch: PolicyBatch, advantages: Tensor, old_logprobs: Tensor | None, seed: int
     ) -> dict[str, float]:
         """Update on CPU tensors (B, L); returns the update's metrics."""
+        ...
+
+
+class ValueLearner(Protocol):
+    """A critic trained beside the policy (PPO: grpo_core/algo/critic_update.py)."""
+
+    def prepare(self, batch: PolicyBatch) -> PPOTerms:
+        """Values and KL terms of a CPU batch before the policy update."""
+        ...
+
+    def update(
+        self, batch: PolicyBatch, terms: PPOTerms, scores: Tensor, seed: int
+    ) -> dict[str, float]:
+        """Train on the batch towards the returns of `terms` and the (B,) rewards; metrics."""
         ...
 
 
@@ -96,11 +111,13 @@ def grpo_step(
     pad_token_id: int,
     seed: int,
     where: str = "GRPO step",
+    critic: ValueLearner | None = None,
 ) -> StepOutcome:
     """Sample `group_size` outputs for each prompt with `seed`, reward them, compute
     algo.adv_estimator's advantages and run `policy.update`; every value a step produces is
     checked finite (`where` names the step in the error). A batch `skip_reason` refuses makes
-    no update: its outcome has zero advantages and `skipped` set."""
+    no update: its outcome has zero advantages and `skipped` set. An estimator that reads
+    values (PPO) takes them from `critic`, which then trains on the same batch."""
     if not prompts:
         empty = RolloutBatch([], [], [], [], [], [])
         no_rewards = StepRewards(torch.zeros(0), {VERIFIER: torch.zeros(0)}, None)
@@ -120,10 +137,18 @@ def grpo_step(
         stats = {**skip_stats(skipped), **reward_stats(rewards, group_size)}
         require_finite_metrics(stats, where=where, cause=REWARD_SOURCE)
         return StepOutcome(batch, rewards, torch.zeros(response_mask.shape), stats, skipped)
-    advantages = token_advantages(algo, rewards, response_mask, (len(prompts), group_size))
+    terms = None
+    if algo.estimator.needs_values:
+        if critic is None:
+            raise ValueError(f"advantage estimator {algo.adv_estimator!r} needs a critic")
+        terms = critic.prepare(padded)
+    shape = (len(prompts), group_size)
+    advantages = token_advantages(algo, rewards, response_mask, shape, terms)
     require_finite("advantages", advantages, where=where, cause=REWARD_SOURCE)
     old = padded.lists_to_full(batch.logprobs) if algo.use_sampling_logprobs_as_old else None
     stats = policy.update(padded, padded.response_to_full(advantages), old, seed)
+    if critic is not None and terms is not None:
+        stats.update(critic.update(padded, terms, rewards.total, seed))
     stats.update(reward_stats(rewards, group_size))
     require_finite_metrics(stats, where=where, cause=DIVERGED)
     return StepOutcome(batch, rewards, advantages, stats)
