@@ -114,7 +114,7 @@ class CriticLearner:
                         "critic value loss", loss, where="the critic update", cause=DIVERGED
                     )
                     (ppo.vf_coef * loss).backward()
-                    loss_total += float(loss)
+                    loss_total += float(loss.detach())
                     clipped_total += float(clipped)
                 grad_norm = torch.nn.utils.clip_grad_norm_(params, algo.max_grad_norm)
                 grad_norm_total += float(grad_norm)
