@@ -9,8 +9,9 @@ seeded Llama and prompts: 1 warm-up + `--steps` timed steps of 8 prompts x G = 8
 1, mu 1, as the GRPO stage runs them (grpo_step, torch engine, HF sampling). GRPO: the
 `paper` preset (beta 0.04 in the loss). PPO: the `ppo` preset (the same 0.04 as KL penalty
 in the reward, a critic from the policy's backbone). Both run the reference model. Peak
-memory: max RSS on CPU, torch.cuda.max_memory_allocated on a GPU. The machine-speed reference
-(bench/machine_speed.py) is printed beside the CPU figures.
+memory: max RSS on CPU, torch.cuda.max_memory_allocated on a GPU; training state: the bytes
+of every model's parameters and gradients and the optimizers' moments. The machine-speed
+reference (bench/machine_speed.py) is printed beside the CPU figures.
 """
 
 from __future__ import annotations
@@ -94,6 +95,17 @@ def arith_rewards(prompts: list[str], batch: RolloutBatch) -> StepRewards:
     return StepRewards(total=score, parts={VERIFIER: score}, rm=None)
 
 
+def state_mib(models: list[nn.Module], optimizers: list[torch.optim.Optimizer]) -> float:
+    """MiB of the arm's training state: every model's parameters, a gradient the size of each
+    trainable one (held during the step), and the optimizers' moments; the part of the
+    memory the critic adds whatever the allocator does."""
+    params = [p for m in models for p in m.parameters()]
+    size = sum(p.numel() * p.element_size() * (2 if p.requires_grad else 1) for p in params)
+    moments = [v for o in optimizers for st in o.state.values() for v in st.values()]
+    size += sum(v.numel() * v.element_size() for v in moments if torch.is_tensor(v))
+    return size / 2**20
+
+
 def run_arm(arm: str, cfg: common.BenchConfig, model_dir: Path, device: str, steps: int) -> dict:
     """`steps` timed steps (after one warm-up) of one arm in this process."""
     torch.manual_seed(0)
@@ -136,6 +148,11 @@ def run_arm(arm: str, cfg: common.BenchConfig, model_dir: Path, device: str, ste
             torch.cuda.synchronize()
         if step >= common.WARMUP_STEPS:
             seconds.append(time.perf_counter() - start)
+    models: list[nn.Module] = [model, reference]
+    optimizers = [engine.optimizer]
+    if critic is not None:
+        models.append(critic.critic)
+        optimizers.append(critic.optimizer)
     peak = torch.cuda.max_memory_allocated() / 2**20 if device != "cpu" else common.peak_rss_mib()
     return {
         "arm": arm,
@@ -143,6 +160,7 @@ def run_arm(arm: str, cfg: common.BenchConfig, model_dir: Path, device: str, ste
         "seconds": seconds,
         "peak_mib": peak,
         "peak_kind": "cuda max_memory_allocated" if device != "cpu" else "max RSS",
+        "state_mib": state_mib(models, optimizers),
         "reward_mean_last": out.stats["reward_mean"],
         "params_m": sum(p.numel() for p in model.parameters()) / 1e6,
     }
@@ -181,13 +199,17 @@ def main() -> None:
         save_model(cfg, Path(tmp))
         reports = [run_worker(arm, cfg, Path(tmp), args.device, args.steps) for arm in ARMS]
     print(f"config {cfg.name}: {cfg.as_dict()}, device {args.device}, {args.steps} timed steps")
-    print(f"{'arm':<5} {'s/step (median)':>16} {'peak MiB':>10}  peak is")
+    print(f"{'arm':<5} {'s/step (median)':>16} {'peak MiB':>10} {'state MiB':>10}  peak is")
     for r in reports:
-        print(f"{r['arm']:<5} {r['median_s']:>16.3f} {r['peak_mib']:>10.0f}  {r['peak_kind']}")
+        print(
+            f"{r['arm']:<5} {r['median_s']:>16.3f} {r['peak_mib']:>10.0f} "
+            f"{r['state_mib']:>10.1f}  {r['peak_kind']}"
+        )
     grpo, ppo = reports
     print(
         f"RESULT ppo/grpo: s/step x{ppo['median_s'] / grpo['median_s']:.2f}, "
-        f"peak memory x{ppo['peak_mib'] / grpo['peak_mib']:.2f} "
+        f"peak memory x{ppo['peak_mib'] / grpo['peak_mib']:.2f}, "
+        f"training state x{ppo['state_mib'] / grpo['state_mib']:.2f} "
         f"({grpo['params_m']:.1f} M policy parameters)"
     )
     if args.device == "cpu" and not args.no_reference:

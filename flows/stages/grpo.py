@@ -152,7 +152,7 @@ def grpo_stage(ctx: RunContext, iteration: int, progress: ProgressFn) -> StageRe
     policy_dir = ctx.require_checkpoint(POLICY, k)
     model, tokenizer = ctx.policy(k)
     reference = None
-    if algo.needs_reference:  # beta = 0 never loads the reference (no forward pass, no memory)
+    if algo.needs_reference:  # no KL term or penalty: no reference (no forward pass, no memory)
         reference = ctx.policy(k)[0].eval().requires_grad_(False)
     reward_models = _load_reward_models(ctx, k)
     progress_dir = ctx.checkpoint(GRPO_PROGRESS, k)
