@@ -33,7 +33,7 @@ import torch
 from torch import Tensor, nn
 
 from grpo_core.algo.config import GRPOConfig
-from grpo_core.algo.critic_update import CriticLearner
+from grpo_core.algo.critic_update import CriticLearner, critic_optimizer_settings
 from grpo_core.algo.estimators import VERIFIER
 from grpo_core.algo.rewards import StepRewards
 from grpo_core.algo.step import grpo_step
@@ -122,7 +122,8 @@ def run_arm(arm: str, cfg: common.BenchConfig, model_dir: Path, device: str, ste
     critic = None
     if algo.estimator.needs_values:
         value_model = ValueModel.from_backbone(model_dir).to(device)
-        critic = CriticLearner(value_model, model, reference, algo)
+        critic_engine = TorchEngine(value_model, critic_optimizer_settings(algo))
+        critic = CriticLearner(value_model, critic_engine, model, reference, algo)
     sampler = HFRolloutEngine(model, tokenizer, show_progress=False)
     prompts = common.make_prompts(cfg)
     seconds: list[float] = []
@@ -152,7 +153,7 @@ def run_arm(arm: str, cfg: common.BenchConfig, model_dir: Path, device: str, ste
     optimizers = [engine.optimizer]
     if critic is not None:
         models.append(critic.critic)
-        optimizers.append(critic.optimizer)
+        optimizers.append(critic_engine.optimizer)
     peak = torch.cuda.max_memory_allocated() / 2**20 if device != "cpu" else common.peak_rss_mib()
     return {
         "arm": arm,

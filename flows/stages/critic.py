@@ -1,6 +1,7 @@
-"""PPO's critic in the GRPO stage: where the critic of iteration k comes from, how it travels
-in the stage's progress checkpoint (weights, optimizer, KL coefficient) and where the
-trained one is stored (checkpoints/<run>/critic/iter-<k+1>/, like policy_{k+1})."""
+"""PPO's critic in the GRPO stage: where the critic of iteration k comes from, the engine it
+trains on (engines.train in this process, as the reward models), how it travels in the
+stage's progress checkpoint (weights, optimizer, KL coefficient) and where the trained one
+is stored (checkpoints/<run>/critic/iter-<k+1>/, like policy_{k+1})."""
 
 from __future__ import annotations
 
@@ -10,14 +11,16 @@ from torch import nn
 from transformers import PreTrainedModel
 
 from flows.context import RunContext
+from flows.engines.train_engines import build_train_engine
 from flows.names import CRITIC, ORM, POLICY
 from flows.progress import log
-from grpo_core.algo.critic_update import CriticLearner
+from grpo_core.algo.critic_update import CriticLearner, critic_optimizer_settings
 from grpo_core.contracts.errors import SettingError
 from grpo_core.model.critic import CRITIC_FILE, ValueModel
 from storage.checkpoints import load_training_state, save_checkpoint, save_training_state
 
 PROGRESS_DIR = "critic"  # the critic inside a GRPO progress checkpoint
+ENGINE_STATE = "engine"  # DeepSpeed's own checkpoint of the critic, inside PROGRESS_DIR
 
 
 def _initial_critic(ctx: RunContext, k: int) -> ValueModel:
@@ -54,9 +57,13 @@ def open_critic(
             f"({critic.vocab_size}) is not the policy's ({policy.config.vocab_size}), so it "
             "cannot read the policy's tokens: set critic_init: policy"
         )
-    learner = CriticLearner(critic.to(ctx.device).eval(), policy, reference, algo)
+    # weights first: DeepSpeed copies them into its optimizer when the engine is built
+    critic.to(ctx.device)
+    engine = build_train_engine(ctx.cfg.engines, critic, critic_optimizer_settings(algo))
+    learner = CriticLearner(critic, engine, policy, reference, algo)
     if resumed:
-        learner.load_state_dict(load_training_state(saved)["optimizer_state"])
+        state = load_training_state(saved)["optimizer_state"]
+        learner.load_state(saved / ENGINE_STATE, state)
     return learner
 
 
@@ -64,17 +71,18 @@ def save_critic_progress(directory: Path, learner: CriticLearner | None) -> None
     """Critic weights, optimizer and KL coefficient into a progress checkpoint being written."""
     if learner is None:
         return
-    saved = learner.critic.save(directory / PROGRESS_DIR)
-    save_training_state(saved, optimizer_state=learner.state_dict(), rng_state=None)
+    saved = learner.critic.save(directory / PROGRESS_DIR, learner.weights())
+    state = learner.save_state(saved / ENGINE_STATE)
+    save_training_state(saved, optimizer_state=state, rng_state=None)
 
 
 def commit_critic(ctx: RunContext, k: int, learner: CriticLearner | None) -> None:
     """The trained critic as critic_{k+1}, atomically (iteration k+1 continues from it)."""
     if learner is None:
         return
-    critic = learner.critic
+    critic, weights = learner.critic, learner.weights()
 
     def write(tmp: Path) -> None:
-        critic.save(tmp)
+        critic.save(tmp, weights)
 
     save_checkpoint(ctx.checkpoint(CRITIC, k + 1), write, overwrite=True)

@@ -1,9 +1,11 @@
 """PPO's critic in a GRPO stage: before the policy update, its values and the KL terms of a
 batch (what the `ppo` estimator reads); after it, mu epochs of clipped value-loss steps on
-the same batch with the critic's own AdamW, and the adaptive KL coefficient's update."""
+the same batch on the critic's own training engine (torch or DeepSpeed, its own AdamW), and
+the adaptive KL coefficient's update."""
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -20,6 +22,7 @@ from grpo_core.algo.ppo import (
 )
 from grpo_core.contracts.numerics import DIVERGED, require_finite
 from grpo_core.contracts.policy_batch import PolicyBatch
+from grpo_core.contracts.training import OptimizerSettings, TrainEngine
 from grpo_core.model.critic import ValueModel
 from grpo_core.model.forward import sequence_logprobs
 
@@ -28,27 +31,39 @@ def _device(model: nn.Module) -> torch.device:
     return next(model.parameters()).device
 
 
+def critic_optimizer_settings(algo: GRPOConfig) -> OptimizerSettings:
+    """The critic's AdamW: grpo.algo.ppo.critic_lr at a constant rate, the policy's betas,
+    weight decay and gradient clipping."""
+    return OptimizerSettings(
+        lr=algo.ppo.critic_lr,
+        weight_decay=algo.weight_decay,
+        betas=(algo.adam_beta1, algo.adam_beta2),
+        max_grad_norm=algo.max_grad_norm,
+    )
+
+
 class CriticLearner:
-    """The critic, its optimizer and the KL coefficient of one GRPO stage; `policy` is the
-    model the stage updates in place (pi_old before each update), `reference` pi_ref (None:
-    no KL penalty in the reward)."""
+    """The critic on its training engine (built on it with critic_optimizer_settings) and the
+    KL coefficient of one GRPO stage; `policy` is the model the stage updates in place
+    (pi_old before each update), `reference` pi_ref (None: no KL penalty in the reward)."""
 
     def __init__(
         self,
         critic: ValueModel,
+        engine: TrainEngine,
         policy: nn.Module,
         reference: nn.Module | None,
         algo: GRPOConfig,
     ) -> None:
-        self.critic, self.policy, self.reference, self.algo = critic, policy, reference, algo
-        ppo = algo.ppo
-        self.optimizer = torch.optim.AdamW(
-            critic.parameters(),
-            lr=ppo.critic_lr,
-            betas=(algo.adam_beta1, algo.adam_beta2),
-            weight_decay=algo.weight_decay,
-        )
-        self.kl_coef = ppo.kl_coef
+        self.critic, self.engine = critic, engine
+        self.policy, self.reference, self.algo = policy, reference, algo
+        self.kl_coef = algo.ppo.kl_coef
+
+    def _values(self, batch: PolicyBatch) -> Tensor:
+        """The critic's (B, L) values of a batch on the engine's device (through the engine:
+        DeepSpeed gathers what it has partitioned)."""
+        values: Tensor = self.engine.model(batch)
+        return values
 
     def _logprobs(self, model: nn.Module, batch: PolicyBatch) -> Tensor:
         part = batch.to(_device(model))
@@ -58,9 +73,10 @@ class CriticLearner:
     @torch.no_grad()
     def prepare(self, batch: PolicyBatch) -> PPOTerms:
         """Values and log(pi_old / pi_ref) of a CPU batch, in response coordinates."""
+        self.engine.eval()
         values = torch.cat(
             [
-                self.critic(batch.select(rows).to(self.critic.device)).cpu()
+                self._values(batch.select(rows).to(self.engine.device)).cpu()
                 for rows in torch.split(torch.arange(len(batch)), self.algo.micro_batch_size)
             ]
         )
@@ -86,24 +102,23 @@ class CriticLearner:
         algo, ppo = self.algo, self.algo.ppo
         mask = batch.full_to_response(batch.response_mask)
         targets = ppo_targets(terms, scores, mask)
-        dev = self.critic.device
+        dev = self.engine.device
         rows = batch.to(dev)
         returns = batch.response_to_full(targets.returns).to(dev)
         old_values = batch.response_to_full(terms.values).to(dev)
         generator = torch.Generator().manual_seed(seed)
-        params = [p for p in self.critic.parameters() if p.requires_grad]
-        self.critic.train()
+        self.engine.zero_grad()
+        self.engine.train()
         loss_total = clipped_total = grad_norm_total = 0.0
         steps = 0
         for _ in range(algo.mu):
             order = torch.randperm(len(batch), generator=generator).to(dev)
             for mini in torch.tensor_split(order, algo.mini_batches_per_epoch):
                 tokens = rows.response_mask[mini].sum().clamp(min=1.0)
-                self.optimizer.zero_grad(set_to_none=True)
                 for micro in torch.split(mini, algo.micro_batch_size):
                     part = rows.select(micro)
                     loss, clipped = clipped_value_loss(
-                        self.critic(part),
+                        self._values(part),
                         old_values[micro],
                         returns[micro],
                         part.response_mask,
@@ -113,14 +128,12 @@ class CriticLearner:
                     require_finite(
                         "critic value loss", loss, where="the critic update", cause=DIVERGED
                     )
-                    (ppo.vf_coef * loss).backward()
+                    self.engine.backward(ppo.vf_coef * loss)
                     loss_total += float(loss.detach())
                     clipped_total += float(clipped)
-                grad_norm = torch.nn.utils.clip_grad_norm_(params, algo.max_grad_norm)
-                grad_norm_total += float(grad_norm)
-                self.optimizer.step()
+                grad_norm_total += self.engine.step()  # clip, AdamW step, clear gradients
                 steps += 1
-        self.critic.eval()
+        self.engine.eval()
         current_kl = sequence_kl(terms.log_ratio, mask)
         count = mask.sum().clamp(min=1.0)
         metrics = {
@@ -141,11 +154,16 @@ class CriticLearner:
             )
         return metrics
 
-    def state_dict(self) -> dict[str, Any]:
-        """What resumes the critic's training besides its weights: optimizer and KL coef."""
-        return {"optimizer": self.optimizer.state_dict(), "kl_coef": self.kl_coef}
+    def weights(self) -> dict[str, Tensor]:
+        """The trained critic's whole weights (keys of ValueModel.state_dict())."""
+        return self.engine.full_state_dict()
 
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Resume from `state_dict`'s output (the weights are loaded already)."""
-        self.optimizer.load_state_dict(state["optimizer"])
+    def save_state(self, directory: Path) -> dict[str, Any]:
+        """What resumes the critic's training besides its weights: the engine's optimizer
+        state (DeepSpeed may write its own checkpoint into `directory`) and the KL coef."""
+        return {"engine": self.engine.save_optimizer_state(directory), "kl_coef": self.kl_coef}
+
+    def load_state(self, directory: Path, state: dict[str, Any]) -> None:
+        """Resume from what save_state gave (the weights are loaded already)."""
+        self.engine.load_optimizer_state(directory, state["engine"])
         self.kl_coef = float(state["kl_coef"])

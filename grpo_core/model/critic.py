@@ -102,11 +102,17 @@ class ValueModel(nn.Module):
                 hf_logging.set_verbosity(verbosity)
         return cls(net)
 
-    def save(self, directory: str | Path) -> Path:
-        """Weights (safetensors) and config into `directory`, marked as a critic."""
+    def save(self, directory: str | Path, state_dict: dict[str, Tensor] | None = None) -> Path:
+        """Weights (safetensors) and config into `directory`, marked as a critic; state_dict
+        (keys of this module's state_dict) replaces the weights held here, e.g. whole weights
+        gathered from a DeepSpeed engine."""
         path = Path(directory)
         path.mkdir(parents=True, exist_ok=True)
-        cast(PreTrainedModel, self.net).save_pretrained(path, safe_serialization=True)
+        weights = None
+        if state_dict is not None:
+            weights = {k.removeprefix("net."): v for k, v in state_dict.items()}
+        net = cast(PreTrainedModel, self.net)
+        net.save_pretrained(path, safe_serialization=True, state_dict=weights)
         (path / CRITIC_FILE).write_text(json.dumps({"head": "scalar"}) + "\n")
         return path
 

@@ -10,9 +10,10 @@ import pytest
 import torch
 
 from grpo_core.algo.config import GRPOConfig
-from grpo_core.algo.critic_update import CriticLearner
+from grpo_core.algo.critic_update import CriticLearner, critic_optimizer_settings
 from grpo_core.algo.ppo import adaptive_kl_coef, ppo_targets, sequence_kl
 from grpo_core.contracts.policy_batch import build_policy_batch
+from grpo_core.engines.train import TorchEngine
 from grpo_core.model.critic import ValueModel
 from grpo_core.model.forward import sequence_logprobs
 from tests.models import tiny_llama
@@ -27,12 +28,19 @@ def algo(**ppo: object) -> GRPOConfig:
     )
 
 
+def on_engine(
+    critic: ValueModel, cfg: GRPOConfig, reference: torch.nn.Module | None
+) -> CriticLearner:
+    engine = TorchEngine(critic, critic_optimizer_settings(cfg))
+    return CriticLearner(critic, engine, tiny_llama(seed=3), reference, cfg)
+
+
 def learner(tmp_path: Path, reference_seed: int | None = 4, **ppo: object) -> CriticLearner:
     path = tmp_path / "policy"
     if not path.is_dir():
         tiny_llama(seed=3).save_pretrained(path)
     reference = None if reference_seed is None else tiny_llama(seed=reference_seed)
-    return CriticLearner(ValueModel.from_backbone(path), tiny_llama(seed=3), reference, algo(**ppo))
+    return on_engine(ValueModel.from_backbone(path), algo(**ppo), reference)
 
 
 def test_prepare_gives_the_critics_values_and_the_policy_to_reference_log_ratio(
@@ -79,15 +87,12 @@ def test_the_adaptive_controller_updates_the_coefficient_after_each_step(tmp_pat
 def test_a_learner_resumed_from_its_state_continues_exactly(tmp_path: Path) -> None:
     first = learner(tmp_path, kl_ctl="adaptive", target_kl=1e-6, horizon=10)
     first.update(BATCH, first.prepare(BATCH), SCORES, seed=0)
-    saved = first.critic.save(tmp_path / "critic")
-    state = copy.deepcopy(first.state_dict())  # as saved: first's next step must not touch it
-    resumed = CriticLearner(
-        ValueModel.load(saved),
-        tiny_llama(seed=3),
-        tiny_llama(seed=4),
-        algo(kl_ctl="adaptive", target_kl=1e-6, horizon=10),
-    )
-    resumed.load_state_dict(state)
+    saved = first.critic.save(tmp_path / "critic", first.weights())
+    # as saved: first's next step must not touch it
+    state = copy.deepcopy(first.save_state(saved / "engine"))
+    cfg = algo(kl_ctl="adaptive", target_kl=1e-6, horizon=10)
+    resumed = on_engine(ValueModel.load(saved), cfg, tiny_llama(seed=4))
+    resumed.load_state(saved / "engine", state)
     want = first.update(BATCH, first.prepare(BATCH), SCORES, seed=1)
     got = resumed.update(BATCH, resumed.prepare(BATCH), SCORES, seed=1)
     assert got == want
