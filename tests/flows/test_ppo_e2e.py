@@ -1,10 +1,13 @@
 """`grpo.preset=ppo` end to end on `micro` (one iteration): the critic is stored, its metrics
 are, and a kill -9 mid-GRPO resumes to the uninterrupted run exactly, the critic's weights,
-optimizer moments and adaptive KL coefficient included (CPU, one thread: deterministic)."""
+optimizer moments and adaptive KL coefficient included (CPU, one thread: deterministic), on
+the torch engine and on DeepSpeed ZeRO-3 (policy and critic; the critic's optimizer then
+resumes from DeepSpeed's own checkpoint)."""
 
 from __future__ import annotations
 
 import signal
+from importlib.util import find_spec
 from pathlib import Path
 from typing import Any
 
@@ -45,9 +48,23 @@ def critic_weights(store: Path) -> dict[str, Any]:
     return {k: v.tolist() for k, v in load_file(str(path / "model.safetensors")).items()}
 
 
-def test_ppo_runs_micro_stores_the_critic_and_resumes_a_kill_exactly(tmp_path: Path) -> None:
+@pytest.mark.parametrize(
+    "engine",
+    [
+        pytest.param((), id="torch"),
+        pytest.param(
+            ("engines.train=deepspeed", "engines.deepspeed.zero_stage=3"),
+            id="deepspeed-zero3",
+            marks=pytest.mark.skipif(find_spec("deepspeed") is None, reason="no deepspeed"),
+        ),
+    ],
+)
+def test_ppo_runs_micro_stores_the_critic_and_resumes_a_kill_exactly(
+    tmp_path: Path, engine: tuple[str, ...]
+) -> None:
+    sets = (*PPO, *engine)
     reference = tmp_path / "reference"
-    execute_run(micro_config(reference, RUN_ID, *PPO))
+    execute_run(micro_config(reference, RUN_ID, *sets))
     metrics = grpo_metrics(reference)
     for name in ("value_loss", "explained_variance", "value_mean", "returns_mean", "kl_coef"):
         assert all((step, name) in metrics for step in range(3)), name
@@ -55,11 +72,12 @@ def test_ppo_runs_micro_stores_the_critic_and_resumes_a_kill_exactly(tmp_path: P
     assert metrics[(2, "kl_coef")] != metrics[(0, "kl_coef")]
 
     store = tmp_path / "killed"
-    args = ("--config", "micro", "--run-id", RUN_ID, *(f"--set={o}" for o in PPO))
+    args = ("--config", "micro", "--run-id", RUN_ID, *(f"--set={o}" for o in sets))
     killed = cli(store, "run", *args, fault="SIGKILL@grpo:0:2")  # step 0 saved, step 1 not
     assert killed.returncode == -signal.SIGKILL, killed.stderr[-2000:]
     progress = checkpoint_path(store, RUN_ID, GRPO_PROGRESS, 0)
     assert (progress / "critic" / CRITIC_FILE).is_file()
+    assert (progress / "critic" / "engine").is_dir() == bool(engine)  # DeepSpeed's own
     resumed = cli(store, "resume", RUN_ID)
     assert resumed.returncode == 0, resumed.stderr[-2000:]
     assert "GRPO: resuming at step 1" in resumed.stderr
