@@ -187,3 +187,38 @@ def test_kl_controller_moves_towards_the_target_by_at_most_its_clip(
         assert new >= coef
     elif kl < target:
         assert new <= coef
+
+
+@settings(max_examples=60, deadline=None)
+@given(lengths, st.floats(0.0, 1.0), st.data())
+def test_shaped_rewards_of_an_output_sum_to_its_score_minus_the_penalty(
+    row_lengths: list[int], kl_coef: float, data: st.DataObject
+) -> None:
+    width = max(row_lengths)
+    mask = torch.tensor([[1.0] * n + [0.0] * (width - n) for n in row_lengths])
+    shape = (len(row_lengths), width)
+    draw = st.lists(reward, min_size=width * shape[0], max_size=width * shape[0])
+    log_ratio = torch.tensor(data.draw(draw)).reshape(shape)
+    scores = torch.tensor(data.draw(st.lists(reward, min_size=shape[0], max_size=shape[0])))
+    shaped = kl_shaped_rewards(scores, log_ratio, mask, kl_coef)
+    has_tokens = mask.sum(-1) > 0
+    want = (scores * has_tokens) - kl_coef * (log_ratio * mask).sum(-1)
+    assert torch.allclose(shaped.sum(-1), want, atol=1e-3)
+    assert bool((shaped[mask == 0] == 0).all())
+
+
+@settings(max_examples=60, deadline=None)
+@given(lengths.filter(lambda n: sum(n) >= 2), st.data())
+def test_whitened_advantages_have_zero_mean_and_unit_variance_on_the_mask(
+    row_lengths: list[int], data: st.DataObject
+) -> None:
+    width = max(row_lengths)
+    mask = torch.tensor([[1.0] * n + [0.0] * (width - n) for n in row_lengths])
+    values = st.lists(st.floats(-5, 5, width=32), min_size=mask.numel(), max_size=mask.numel())
+    x = torch.tensor(data.draw(values), dtype=torch.float64).reshape(mask.shape)
+    picked = x[mask > 0]
+    if float(picked.var(unbiased=False)) < 1e-3:  # near-constant: whitening only centres
+        return
+    out = masked_whiten(x, mask.double())[mask > 0]
+    assert float(out.mean()) == pytest.approx(0.0, abs=1e-6)
+    assert float(out.var(unbiased=False)) == pytest.approx(1.0, abs=1e-4)
