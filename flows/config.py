@@ -101,7 +101,8 @@ class GRPOStageSection(_Section):
         "are still at their defaults: 'sft' (gold solutions, coefficient 1), 'rft' (correct "
         "samples of policy_0), 'online_rft' (correct samples of the current policy), "
         "'grpo_os' / 'grpo_ps' (GRPO with outcome / PRM step rewards), or the update variants "
-        "'paper', 'dr_grpo', 'dapo'. Empty: the fields as given.",
+        "'paper', 'dr_grpo', 'dapo', or 'ppo' (PPO with a critic and GAE). Empty: the "
+        "fields as given.",
         json_schema_extra={"enum": [*GRPO_STAGE_PRESETS, None]},
     )
     data_source: DataSource = Field(
@@ -321,6 +322,11 @@ class ItergrpoConfig(_Section):
             raise ValueError(
                 f"grpo.algo.adv_estimator = {estimator.name} rewards each step with the PRM, but "
                 "reward_models.use_prm = false: set use_prm: true, or adv_estimator: grpo_outcome"
+            )
+        if estimator.needs_values and self.grpo.algo.ppo.critic_init == "orm" and not rms.use_orm:
+            raise ValueError(
+                "grpo.algo.ppo.critic_init = orm starts the critic from the ORM, but "
+                "reward_models.use_orm = false: set use_orm: true, or critic_init: policy"
             )
         if estimator.needs_weighted_reward and not any(rewards.weights().values()):
             raise ValueError(

@@ -1,6 +1,7 @@
 """Named settings of the GRPO stage (`grpo.preset`): DeepSeekMath's unified paradigm, where
 SFT, RFT, Online RFT and GRPO differ only in data source, reward and gradient coefficient
-(paper section 5.2.1), and the paper / Dr. GRPO / DAPO variants of the GRPO update.
+(paper section 5.2.1), the paper / Dr. GRPO / DAPO variants of the GRPO update, and PPO
+with a critic.
 
 A preset fills the fields it names that are still at their defaults; a field given another
 value (in YAML, `--set` or the Prefect form) keeps it, so `--set grpo.preset=rft
@@ -21,6 +22,8 @@ GRPO_STAGE_PRESETS: dict[str, dict[str, Any]] = {
     "dr_grpo": {"algo": GRPO_PRESETS["dr_grpo"]},
     # DAPO adds its overlong penalty to the reward (reward_models/parts/overlong.py)
     "dapo": {"algo": GRPO_PRESETS["dapo"], "rewards": {"overlong": 1.0}},
+    # PPO with a critic and GAE, the algorithm GRPO drops the critic of (online samples)
+    "ppo": {"algo": GRPO_PRESETS["ppo"]},
     # the unified paradigm: SFT trains on gold solutions with coefficient 1 ...
     "sft": {"data_source": "gold", "algo": {"adv_estimator": "sft", "beta": 0.0}},
     # ... RFT on the correct ones of policy_0's samples, Online RFT of the current policy's

@@ -23,6 +23,7 @@ POLICY = "policy"  # policy/iter-k is the policy that iteration k starts from (a
 ORM: Final = "orm"
 PRM: Final = "prm"
 GRPO_PROGRESS = "grpo-progress"  # intra-stage resume point of the GRPO stage of iteration k
+CRITIC: Final = "critic"  # critic/iter-k: PPO's value model that iteration k starts from
 
 
 def default_run_id(preset: str = "run") -> str:

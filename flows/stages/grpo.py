@@ -30,7 +30,9 @@ from flows.interrupts import INTERRUPT
 from flows.model_io import save_model
 from flows.names import GRPO, GRPO_PROGRESS, POLICY, TRAIN_SPLIT
 from flows.progress import ProgressFn, log
+from flows.stages.critic import commit_critic, open_critic, save_critic_progress
 from flows.stages.results import StageResult, mean, metric_rows
+from grpo_core.algo.critic_update import CriticLearner
 from grpo_core.algo.step import (
     SKIP_EXPLAINED,
     SKIPPED,
@@ -79,6 +81,7 @@ def _save_progress(
     sample_rows: list[dict[str, Any]],
     metric_log: list[dict[str, Any]],
     next_prompt: int,
+    critic: CriticLearner | None = None,
 ) -> None:
     def write(tmp: Path) -> None:
         model.save_pretrained(tmp, safe_serialization=True, state_dict=updater.weights())
@@ -91,6 +94,7 @@ def _save_progress(
         )
         pq.write_table(pa.Table.from_pylist(sample_rows), tmp / SAMPLES_FILE)
         pq.write_table(pa.Table.from_pylist(metric_log), tmp / METRICS_FILE)
+        save_critic_progress(tmp, critic)
 
     save_checkpoint(path, write, overwrite=True)
 
@@ -160,7 +164,7 @@ def grpo_stage(ctx: RunContext, iteration: int, progress: ProgressFn) -> StageRe
     policy_dir = ctx.require_checkpoint(POLICY, k)
     model, tokenizer = ctx.policy(k)
     reference = None
-    if algo.beta > 0:  # beta = 0 never loads the reference (no forward pass, no memory)
+    if algo.needs_reference:  # no KL term or penalty: no reference (no forward pass, no memory)
         reference = ctx.policy(k)[0].eval().requires_grad_(False)
     reward_models = _load_reward_models(ctx, k)
     progress_dir = ctx.checkpoint(GRPO_PROGRESS, k)
@@ -177,6 +181,7 @@ def grpo_stage(ctx: RunContext, iteration: int, progress: ProgressFn) -> StageRe
         start, sample_rows, metric_log, next_prompt = _resume_point(
             progress_dir, updater, g.prompts_per_step
         )
+    critic = open_critic(ctx, k, model, reference, progress_dir, resumed)
     pool = ctx.task.problems(TRAIN_SPLIT, g.steps * g.prompts_per_step, seed=ctx.seed(GRPO, k))
     cursor = PromptCursor(pool, next_prompt)
     sampler, follower = _training_data(ctx, k, model, tokenizer, pool)
@@ -209,6 +214,7 @@ def grpo_stage(ctx: RunContext, iteration: int, progress: ProgressFn) -> StageRe
                 seed=ctx.seed(GRPO, k, step),
                 where=f"GRPO iteration {k}, step {step}",
                 more_prompts=more_prompts,
+                critic=critic,
             )
             kept = out.kept_prompts or range(len(prompts))
             problems = [drawn[i] for i in kept]
@@ -228,9 +234,11 @@ def grpo_stage(ctx: RunContext, iteration: int, progress: ProgressFn) -> StageRe
                     sample_rows,
                     metric_log,
                     cursor.position,
+                    critic,
                 )
             INTERRUPT.check()
         save_model(ctx.checkpoint(POLICY, k + 1), model, tokenizer, updater.weights())
+        commit_critic(ctx, k, critic)
     finally:
         updater.close()
     checks = check_step_rewards(GuardChecks(cfg.guards, ctx.run_id), k, metric_log)

@@ -8,7 +8,7 @@ flat batch are prompt-major (row r belongs to prompt r // G), as in RolloutBatch
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal
+from typing import Literal, TypeVar
 
 import torch
 from torch import Tensor
@@ -17,6 +17,7 @@ OutcomeScaling = Literal["group_std", "none"]
 # How grpo_process credits a token from the normalised rewards of the steps at or after it:
 # their sum (the paper) or their minimum (PURE); grpo.algo.process_credit's choices.
 ProcessCredit = Literal["sum", "min"]
+_V = TypeVar("_V")
 
 
 def outcome_advantages(
@@ -166,6 +167,21 @@ def rft_coefficients(correct: Tensor) -> Tensor:
 
 
 @dataclass(frozen=True)
+class PPOTerms:
+    """What PPO's estimator reads besides the outcome reward (grpo_core/algo/ppo.py), in
+    response coordinates (B, T): the critic's values V(s_t) before each response token, and
+    log pi_old - log pi_ref of each token, which the KL penalty kl_coef scales into the
+    per-token rewards; gamma and lam are GAE's discount and trace decay."""
+
+    values: Tensor
+    log_ratio: Tensor
+    kl_coef: float
+    gamma: float
+    lam: float
+    whiten: bool
+
+
+@dataclass(frozen=True)
 class AdvantageInputs:
     """Everything an estimator may read; B = P * G rows, prompt-major.
 
@@ -174,6 +190,7 @@ class AdvantageInputs:
     step_rewards, step_mask, step_ends: (P, G, S) PRM step scores, valid steps, and the
     response-token index where each step ends.
     process_credit: 'sum' or 'min' over a token's future steps (grpo.algo.process_credit).
+    ppo: the critic's values and the KL penalty's terms (only PPO reads them).
     """
 
     response_mask: Tensor
@@ -183,9 +200,10 @@ class AdvantageInputs:
     step_mask: Tensor | None = None
     step_ends: Tensor | None = None
     process_credit: ProcessCredit = "sum"  # how step rewards become token advantages
+    ppo: PPOTerms | None = None
 
 
-def _require(value: Tensor | None, field: str, estimator: str) -> Tensor:
+def _require(value: _V | None, field: str, estimator: str) -> _V:
     if value is None:
         raise ValueError(f"advantage estimator {estimator!r} needs AdvantageInputs.{field}")
     return value

@@ -7,6 +7,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from grpo_core.algo.estimators import ADVANTAGE_ESTIMATORS, EstimatorSpec
+from grpo_core.algo.ppo_config import PPOConfig
 from grpo_core.contracts.training import LRSchedule, OptimizerSettings
 
 KLEstimator = Literal["k1", "k2", "k3"]
@@ -158,6 +159,11 @@ class GRPOConfig(BaseModel):
         "Cheng et al. 2025: the minimum of those steps' rewards, so a run of high-scoring "
         "steps cannot outweigh one bad step).",
     )
+    ppo: PPOConfig = Field(
+        default_factory=PPOConfig,
+        description="PPO's critic, GAE and KL-in-reward settings; read only when "
+        "adv_estimator = ppo (grpo_core/algo/ppo_config.py).",
+    )
 
     @model_validator(mode="before")
     @classmethod
@@ -215,6 +221,12 @@ class GRPOConfig(BaseModel):
         return ADVANTAGE_ESTIMATORS[self.adv_estimator]
 
     @property
+    def needs_reference(self) -> bool:
+        """A reference model is run: the KL term of the loss (beta), or PPO's KL penalty in
+        the reward."""
+        return self.beta > 0 or (self.estimator.needs_values and self.ppo.kl_coef > 0)
+
+    @property
     def process_supervision(self) -> bool:
         """Rewards per reasoning step (a PRM scores each step), not one per output."""
         return self.estimator.needs_step_rewards
@@ -250,6 +262,9 @@ GRPO_PRESETS: dict[str, dict[str, Any]] = {
         "dynamic_sampling": True,
         "mask_truncated": True,
     },
+    # PPO with a critic (the seeds' baseline): GAE advantages, the KL penalty in the reward
+    # (grpo.algo.ppo.kl_coef) instead of the loss, token-level loss as verl and OpenRLHF.
+    "ppo": {"adv_estimator": "ppo", "beta": 0.0, "loss_agg": "token-mean"},
 }
 
 

@@ -31,7 +31,8 @@ DATA_SOURCES: tuple[DataSource, ...] = ("online", "policy_0", "gold")
 SAMPLED_SOURCES: frozenset[DataSource] = frozenset({"online", "policy_0"})
 # The AdvantageInputs an estimator reads besides response_mask: the weighted outcome reward,
 # the verifier's verdict, or the PRM's step rewards (which need a trained PRM).
-AdvantageField = Literal["rewards", "correct", "step_rewards"]
+# The critic's values (PPO) are read too, and the stage then trains a critic beside the policy.
+AdvantageField = Literal["rewards", "correct", "step_rewards", "values"]
 # The reward part every GRPO step scores whatever its weight: its 1/0 is `correct`.
 VERIFIER = "verifier"
 
@@ -65,6 +66,11 @@ class EstimatorSpec:
     def needs_weighted_reward(self) -> bool:
         """Reads the weighted outcome reward, so at least one reward weight must be > 0."""
         return "rewards" in self.reads
+
+    @property
+    def needs_values(self) -> bool:
+        """Reads a critic's values (PPO): the stage trains a value model beside the policy."""
+        return "values" in self.reads
 
 
 ADVANTAGE_ESTIMATORS: Registry[EstimatorSpec] = Registry("advantage estimator")
@@ -130,4 +136,12 @@ register_adv_estimator(
     reads=set(),
     data_sources={"gold"},
     summary="1 for every gold solution",
+)
+register_adv_estimator(
+    "ppo",
+    "grpo_core.algo.ppo:ppo_estimator",
+    reads={"rewards", "values"},
+    data_sources={"online"},
+    summary="PPO with a critic: GAE (grpo.algo.ppo.gamma, lam) on per-token rewards, the "
+    "weighted reward on the last token minus the KL penalty; trains a value model",
 )

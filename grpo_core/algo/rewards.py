@@ -13,7 +13,12 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from grpo_core.algo.advantages import AdvantageInputs, pad_steps, zero_advantage_group_fraction
+from grpo_core.algo.advantages import (
+    AdvantageInputs,
+    PPOTerms,
+    pad_steps,
+    zero_advantage_group_fraction,
+)
 from grpo_core.algo.config import GRPOConfig
 from grpo_core.algo.estimators import VERIFIER
 from grpo_core.contracts.numerics import REWARD_SOURCE, require_finite
@@ -128,9 +133,14 @@ def check_rewards(rewards: StepRewards, where: str) -> None:
 
 
 def token_advantages(
-    algo: GRPOConfig, rewards: StepRewards, response_mask: Tensor, shape: tuple[int, int]
+    algo: GRPOConfig,
+    rewards: StepRewards,
+    response_mask: Tensor,
+    shape: tuple[int, int],
+    ppo: PPOTerms | None = None,
 ) -> Tensor:
-    """(B, T) advantages in response coordinates from algo.adv_estimator; shape = (P, G)."""
+    """(B, T) advantages in response coordinates from algo.adv_estimator; shape = (P, G);
+    `ppo`: the critic's values and the KL terms, for an estimator that reads values."""
     steps: dict[str, Tensor] = {}
     if rewards.step_scores is not None and rewards.step_ends is not None:
         step_rewards, step_mask, step_ends = pad_steps(
@@ -142,6 +152,7 @@ def token_advantages(
         rewards=rewards.total.reshape(shape),
         correct=rewards.verifier.reshape(shape),
         process_credit=algo.process_credit,
+        ppo=ppo,
         **steps,
     )
     return algo.estimator.fn(inputs, algo.adv_eps)

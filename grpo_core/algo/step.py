@@ -16,6 +16,7 @@ from typing import Protocol
 import torch
 from torch import Tensor
 
+from grpo_core.algo.advantages import PPOTerms
 from grpo_core.algo.config import GRPOConfig
 from grpo_core.algo.dynamic_sampling import SampledRound, round_seed, sample_informative_groups
 from grpo_core.algo.estimators import VERIFIER
@@ -57,6 +58,20 @@ class PolicyUpdate(Protocol):
         self, batch: PolicyBatch, advantages: Tensor, old_logprobs: Tensor | None, seed: int
     ) -> dict[str, float]:
         """Update on CPU tensors (B, L); returns the update's metrics."""
+        ...
+
+
+class ValueLearner(Protocol):
+    """A critic trained beside the policy (PPO: grpo_core/algo/critic_update.py)."""
+
+    def prepare(self, batch: PolicyBatch) -> PPOTerms:
+        """Values and KL terms of a CPU batch before the policy update."""
+        ...
+
+    def update(
+        self, batch: PolicyBatch, terms: PPOTerms, scores: Tensor, seed: int
+    ) -> dict[str, float]:
+        """Train on the batch towards the returns of `terms` and the (B,) rewards; metrics."""
         ...
 
 
@@ -133,13 +148,16 @@ def grpo_step(
     seed: int,
     where: str = "GRPO step",
     more_prompts: MorePrompts | None = None,
+    critic: ValueLearner | None = None,
 ) -> StepOutcome:
     """Sample `group_size` outputs for each prompt with `seed`, reward them, compute
     algo.adv_estimator's advantages and run `policy.update`; every value a step produces is
     checked finite (`where` names the step in the error). A batch `skip_reason` refuses makes
     no update: its outcome has zero advantages and `skipped` set. Under algo.dynamic_sampling
     groups of equal rewards are dropped and `more_prompts` asked for more (none given: no
-    extra round); algo.mask_truncated leaves outputs cut at max_new_tokens out of the loss."""
+    extra round); algo.mask_truncated leaves outputs cut at max_new_tokens out of the loss.
+    An estimator that reads values (PPO) takes them from `critic`, which then trains on the
+    same batch."""
     if not prompts:
         empty = RolloutBatch([], [], [], [], [], [])
         return StepOutcome(
@@ -171,12 +189,20 @@ def grpo_step(
         stats = {**skip_stats(skipped), **reward_stats(rewards, group_size), **extra}
         require_finite_metrics(stats, where=where, cause=REWARD_SOURCE)
         return StepOutcome(batch, rewards, torch.zeros(response_mask.shape), stats, skipped, kept)
-    advantages = token_advantages(algo, rewards, response_mask, (num_prompts, group_size))
+    terms = None
+    if algo.estimator.needs_values:
+        if critic is None:
+            raise ValueError(f"advantage estimator {algo.adv_estimator!r} needs a critic")
+        terms = critic.prepare(trained)
+    shape = (num_prompts, group_size)
+    advantages = token_advantages(algo, rewards, response_mask, shape, terms)
     require_finite("advantages", advantages, where=where, cause=REWARD_SOURCE)
     if algo.mask_truncated:
         advantages = advantages * (~truncated).to(advantages.dtype).reshape(-1, 1)
     old = padded.lists_to_full(batch.logprobs) if algo.use_sampling_logprobs_as_old else None
     stats = policy.update(trained, trained.response_to_full(advantages), old, seed)
+    if critic is not None and terms is not None:
+        stats.update(critic.update(trained, terms, rewards.total, seed))
     stats.update(reward_stats(rewards, group_size))
     stats.update(extra)
     require_finite_metrics(stats, where=where, cause=DIVERGED)

@@ -238,6 +238,7 @@ def test_a_preset_can_name_a_base_and_state_only_what_differs(tmp_path: Path) ->
         ("grpo_os", "online", "grpo_outcome", 0.04),
         ("grpo_ps", "online", "grpo_process", 0.04),
         ("dr_grpo", "online", "dr_grpo", 0.04),
+        ("ppo", "online", "ppo", 0.0),  # PPO's KL penalty is in the reward, not the loss
     ],
 )
 def test_presets_set_the_unified_paradigm_from_set_yaml_and_the_form(
@@ -258,6 +259,35 @@ def test_presets_set_the_unified_paradigm_from_set_yaml_and_the_form(
     assert validate_config(form).grpo.data_source == source
 
 
+@pytest.mark.parametrize(
+    ("overrides", "names"),
+    [
+        (
+            ["grpo.preset=ppo", "grpo.algo.ppo.critic_init=orm", "reward_models.use_orm=false"],
+            ["grpo.algo.ppo.critic_init = orm", "use_orm: true", "critic_init: policy"],
+        ),
+        (["grpo.preset=ppo", "grpo.algo.ppo.lam=1.5"], ["grpo.algo.ppo.lam", "1"]),
+        (["grpo.preset=ppo", "grpo.algo.ppo.kl_ctl=pid"], ["grpo.algo.ppo.kl_ctl", "adaptive"]),
+        (["grpo.preset=ppo", "grpo.algo.ppo.vf_clip=0"], ["grpo.algo.ppo.vf_clip"]),
+    ],
+)
+def test_bad_ppo_settings_are_refused_naming_the_field(
+    overrides: list[str], names: list[str]
+) -> None:
+    with pytest.raises(ConfigError) as err:
+        load_config("micro", [*overrides, "grpo.rewards.orm=0"])
+    for name in names:
+        assert name in str(err.value)
+
+
+def test_the_ppo_preset_reads_the_critic_and_runs_the_reference_for_its_kl_penalty() -> None:
+    algo = load_config("micro", ["grpo.preset=ppo"]).grpo.algo
+    assert algo.estimator.needs_values and algo.beta == 0.0 and algo.needs_reference
+    no_kl = load_config("micro", ["grpo.preset=ppo", "grpo.algo.ppo.kl_coef=0"]).grpo.algo
+    assert not no_kl.needs_reference
+    assert not load_config("micro", ["grpo.preset=dapo"]).grpo.algo.needs_reference
+
+
 def test_a_field_given_another_value_than_its_default_wins_over_the_preset() -> None:
     cfg = load_config("micro", ["grpo.preset=dapo", "grpo.algo.eps_high=0.3"])
     assert cfg.grpo.algo.eps_high == 0.3 and cfg.grpo.algo.loss_agg == "token-mean"
@@ -273,7 +303,8 @@ def test_a_field_given_another_value_than_its_default_wins_over_the_preset() -> 
             ["grpo.preset=sft", "grpo.algo.use_sampling_logprobs_as_old=true"],
             ["no sampling log-probs"],
         ),
-        (["grpo.preset=ppo"], ["grpo.preset", "'sft'", "'grpo_ps'"]),
+        (["grpo.preset=a2c"], ["grpo.preset", "'sft'", "'grpo_ps'", "'ppo'"]),
+        (["grpo.algo.adv_estimator=ppo", "grpo.data_source=policy_0"], ["ppo trains on"]),
     ],
 )
 def test_a_data_source_the_estimator_cannot_use_is_refused(

@@ -54,6 +54,21 @@ def test_micro_suite_is_two_arms_by_two_seeds(tmp_path: Path) -> None:
     ]
 
 
+def test_the_ppo_suite_compares_ppo_and_grpo_at_the_same_budget(tmp_path: Path) -> None:
+    name, suite = load_suite("ppo")
+    plan = make_plan(name, suite, seeds=None, ablation_id=None, store_root=tmp_path)
+    by_arm = {r.arm: r.config for r in plan.arm_runs() if r.seed == 0}
+    assert set(by_arm) == {"grpo_os", "ppo"} and suite.seeds == 3
+    grpo, ppo = by_arm["grpo_os"], by_arm["ppo"]
+    assert ppo.grpo.algo.estimator.needs_values and not grpo.grpo.algo.estimator.needs_values
+    same = [
+        (c.grpo.steps, c.grpo.prompts_per_step, c.grpo.group_size, c.grpo.algo.mu)
+        for c in (grpo, ppo)
+    ]
+    assert same[0] == same[1] and grpo.grpo.rewards == ppo.grpo.rewards
+    assert ppo.grpo.algo.ppo.kl_coef == grpo.grpo.algo.beta  # the same KL weight, moved
+
+
 def test_unknown_suite_names_the_suites() -> None:
     with pytest.raises(ConfigError, match=r"--suite nope: unknown suite; suites: default, micro"):
         load_suite("nope")

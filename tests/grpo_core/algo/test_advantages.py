@@ -117,6 +117,7 @@ def test_registry_names_and_token_broadcast() -> None:
         "rft",
         "online_rft",
         "sft",
+        "ppo",
     }
     response_mask = torch.tensor([[1.0, 1.0, 0.0], [1.0, 0.0, 0.0]])
     inputs = AdvantageInputs(
@@ -134,7 +135,7 @@ def test_registry_names_and_token_broadcast() -> None:
     process = get_adv_estimator("grpo_process")(inputs, 1e-4)
     assert torch.allclose(process, outcome, atol=1e-3)
     with pytest.raises(ValueError, match="grpo_outcome"):
-        get_adv_estimator("ppo")
+        get_adv_estimator("a2c")
 
 
 @given(st.floats(-10, 10, allow_nan=False), st.integers(1, 5))

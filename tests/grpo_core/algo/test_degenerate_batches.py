@@ -15,6 +15,7 @@ from hypothesis import strategies as st
 
 from grpo_core.algo.advantages import (
     AdvantageInputs,
+    PPOTerms,
     outcome_advantages,
     process_advantages,
     zero_advantage_group_fraction,
@@ -89,6 +90,7 @@ def test_every_estimator_gives_zeros_when_no_output_has_a_token(name: str) -> No
         step_rewards=torch.zeros(2, 2, 1),
         step_mask=torch.zeros(2, 2, 1, dtype=torch.bool),
         step_ends=torch.zeros(2, 2, 1, dtype=torch.long),
+        ppo=PPOTerms(torch.zeros(4, 0), torch.zeros(4, 0), 0.04, 1.0, 0.95, whiten=True),
     )
     out = ADVANTAGE_ESTIMATORS[name].fn(inputs, 1e-4)
     assert out.shape == (4, 0)

@@ -81,18 +81,22 @@ def test_paper_preset_is_the_default() -> None:
     assert paper.loss_agg == "seq-mean-token-mean" and paper.adv_estimator == "grpo_outcome"
 
 
-def test_dr_grpo_and_dapo_presets() -> None:
+def test_dr_grpo_dapo_and_ppo_presets() -> None:
     dr = GRPOConfig.from_preset("dr_grpo", max_len_norm=48)
     assert dr.adv_estimator == "dr_grpo" and dr.loss_agg == "seq-mean-token-sum-norm"
     assert dr.max_len_norm == 48
     dapo = GRPOConfig.from_preset("dapo")
     assert (dapo.eps_high, dapo.loss_agg, dapo.beta) == (0.28, "token-mean", 0.0)
     assert GRPOConfig(adv_estimator="grpo_process").process_supervision
+    ppo = GRPOConfig.from_preset("ppo")  # the KL penalty moves from the loss to the reward
+    assert (ppo.adv_estimator, ppo.beta, ppo.loss_agg) == ("ppo", 0.0, "token-mean")
+    for name, field in type(ppo.ppo).model_fields.items():
+        assert field.description and len(field.description) > 20, name
 
 
 def test_unknown_preset_lists_the_names() -> None:
     with pytest.raises(ValueError, match=r"dapo.*dr_grpo.*paper"):
-        GRPOConfig.from_preset("ppo")
+        GRPOConfig.from_preset("a2c")
 
 
 @pytest.mark.parametrize(
@@ -106,4 +110,4 @@ def test_invalid_values_and_unknown_fields_are_rejected(bad: dict[str, object]) 
 def test_every_field_describes_its_range() -> None:
     for name, field in GRPOConfig.model_fields.items():
         assert field.description and len(field.description) > 20, name
-    assert set(GRPO_PRESETS) == {"paper", "dr_grpo", "dapo"}
+    assert set(GRPO_PRESETS) == {"paper", "dr_grpo", "dapo", "ppo"}
