@@ -61,6 +61,8 @@ def test_a_served_deployment_merges_partial_parameters_and_logs_its_stages(
     with prefect_test_harness(server_startup_timeout=120):
         env = {**os.environ, "PREFECT_API_URL": str(PREFECT_API_URL.value())}
         env["OMP_NUM_THREADS"] = "1"
+        # The runner looks for scheduled flow runs every 10 s by default: idle test time.
+        env["PREFECT_RUNNER_POLL_FREQUENCY"] = "1"
         serve = subprocess.Popen(
             [
                 *(sys.executable, "-m", "flows.cli", "serve", "--config", "micro"),
@@ -79,6 +81,7 @@ def test_a_served_deployment_merges_partial_parameters_and_logs_its_stages(
                 "iterative-rl/t",
                 parameters={"config": {"run": {"iterations": 1, "run_id": "served-1"}}},
                 timeout=300,
+                poll_interval=1,
             )
             assert isinstance(flow_run, FlowRun)  # the sync call returns the run itself
             assert flow_run.state is not None and flow_run.state.is_completed(), flow_run.state
