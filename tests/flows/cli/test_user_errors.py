@@ -268,22 +268,25 @@ INJECTED_BUG = "ValueError@warm_start:0:1"
 
 
 @pytest.mark.slow
+@pytest.mark.usefixtures("prefect_harness")
 def test_a_bug_in_a_stage_keeps_its_traceback_in_the_prefect_flow_run_logs(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     from prefect.client.orchestration import get_client
-    from prefect.testing.utilities import prefect_test_harness
+    from prefect.client.schemas.filters import LogFilter, LogFilterFlowRunId
 
     from flows.interrupts import FAULT_ENV
+    from tests.prefect_harness import flow_run_ids, new_flow_runs
 
     monkeypatch.setenv(FAULT_ENV, INJECTED_BUG)
     argv = ["run", "--config", "micro", "--store", str(tmp_path), "--run-id", "bug"]
-    with prefect_test_harness(server_startup_timeout=120):
-        with pytest.raises(ValueError, match="injected by ITERGRPO_FAULT"):
-            main(argv)  # not turned into a message: the interpreter prints its traceback
-        with get_client(sync_client=True) as client:
-            runs = client.read_flow_runs()
-            logs = client.read_logs()
+    before = flow_run_ids()  # the server is shared: only this test's flow runs count
+    with pytest.raises(ValueError, match="injected by ITERGRPO_FAULT"):
+        main(argv)  # not turned into a message: the interpreter prints its traceback
+    runs = new_flow_runs(before)
+    with get_client(sync_client=True) as client:
+        mine = LogFilter(flow_run_id=LogFilterFlowRunId(any_=[r.id for r in runs]))
+        logs = client.read_logs(log_filter=mine)
     assert len(runs) == 1 and runs[0].state is not None and runs[0].state.is_failed()
     failures = [entry.message for entry in logs if entry.message.startswith("Task run failed")]
     assert len(failures) == 1, [entry.message for entry in logs]
