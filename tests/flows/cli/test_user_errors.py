@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import subprocess
 from collections.abc import Callable
 from pathlib import Path
 
@@ -249,18 +250,18 @@ def test_prefect_logs_a_user_error_without_its_traceback() -> None:
     assert all(r.exc_info is not None for r in bugs)  # a bug keeps its traceback, ValueError too
 
 
-def test_a_bug_in_a_stage_keeps_its_traceback_in_the_terminal(tmp_path: Path) -> None:
+def test_a_bug_in_a_stage_keeps_its_traceback_in_the_terminal(
+    bug_run: tuple[subprocess.CompletedProcess[str], Path],
+) -> None:
     """Only UserError is a one-line message: a ValueError raised inside a stage (what a bug in
     a zip(strict=True), pyarrow or a tokenizer raises) reaches the terminal with its traceback
     and exit status 1, not 2."""
-    from tests.flow_helpers import cli
-
-    out = cli(tmp_path, "run", "--config", "micro", "--run-id", "bug", fault=INJECTED_BUG)
+    out, store = bug_run
     assert out.returncode == 1, out.stderr
     assert "Traceback (most recent call last)" in out.stderr
     assert "ValueError: injected by ITERGRPO_FAULT" in out.stderr
     assert "itergrpo run: error:" not in out.stderr
-    assert RunStore(tmp_path).run_status("bug")["status"] == "failed"
+    assert RunStore(store).run_status("bug")["status"] == "failed"
 
 
 # The warm start's first progress report: the first stage of every run.
