@@ -2,6 +2,7 @@
 
 import os
 from collections.abc import Iterator
+from typing import Any
 
 os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
 os.environ.setdefault("DO_NOT_TRACK", "1")
@@ -45,3 +46,28 @@ def one_torch_thread() -> Iterator[None]:
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(threads)
+
+
+@pytest.fixture(scope="session")
+def prefect_test_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Any, str]]:
+    """One Prefect server subprocess for every test that uses `prefect_harness`."""
+    from tests.prefect_harness import prefect_test_server as start_server
+
+    with start_server(tmp_path_factory.mktemp("prefect")) as server:
+        yield server
+
+
+@pytest.fixture
+def prefect_harness(
+    request: pytest.FixtureRequest, prefect_test_server: tuple[Any, str]
+) -> Iterator[None]:
+    """What `prefect_test_harness` gives a test, on the session's server (started once)."""
+    from tests.prefect_harness import harness_settings
+
+    with harness_settings(*prefect_test_server):
+        yield
+    users = [
+        i for i in request.session.items if "prefect_harness" in getattr(i, "fixturenames", ())
+    ]
+    if users and request.node is users[-1]:
+        prefect_test_server[0].stop()  # its last user: not idle (~1 s CPU a minute) to the end

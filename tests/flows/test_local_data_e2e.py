@@ -12,12 +12,12 @@ from pathlib import Path
 import pytest
 from datasets import Dataset, DatasetDict
 
+from flows.cli import main
 from flows.config_files import stored_config_migrated, validate_config
 from grpo_core.data.answer_formats import ANSWER_FORMATS
 from grpo_core.data.tasks.registry import make_task
 from storage.sql import run_query
 from storage.store import RunStore
-from tests.flow_helpers import cli
 
 pytestmark = pytest.mark.slow
 
@@ -80,12 +80,15 @@ def test_micro_runs_on_local_data_and_judges_in_its_answer_format(
 ) -> None:
     data = write(tmp_path)
     store_dir = tmp_path / "store"
-    done = cli(
-        store_dir,
-        *("run", "--config", "micro", "--run-id", "local"),
-        *("--set", "task.name=local_files", "--set", f"task.path={data}"),
+    # The CLI in this process (no kill here): a child process would add ~5 s of CPU imports.
+    code = main(
+        [
+            *("run", "--config", "micro", "--run-id", "local", "--no-prefect"),
+            *("--set", "task.name=local_files", "--set", f"task.path={data}"),
+            *("--store", str(store_dir)),
+        ]
     )
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert code == 0
     store = RunStore(store_dir)
     assert store.run_status("local")["status"] == "completed"
 

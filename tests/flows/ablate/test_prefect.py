@@ -7,15 +7,20 @@ from pathlib import Path
 
 import pytest
 from prefect.client.orchestration import get_client
-from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterKey
-from prefect.testing.utilities import prefect_test_harness
+from prefect.client.schemas.filters import (
+    ArtifactFilter,
+    ArtifactFilterKey,
+    TaskRunFilter,
+    TaskRunFilterFlowRunId,
+)
 
 from flows.ablate.flow import ablate
 from flows.ablate.suites import Suite
 from flows.prefect_flow import artifact_key
 from storage.store import RunStore
+from tests.prefect_harness import flow_run_ids, new_flow_runs
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("prefect_harness")]
 
 
 def test_each_arm_seed_run_is_a_subflow_of_one_ablation_flow_run(tmp_path: Path) -> None:
@@ -25,17 +30,20 @@ def test_each_arm_seed_run_is_a_subflow_of_one_ablation_flow_run(tmp_path: Path)
         overrides=["run.iterations=1", "grpo.steps=2"],
         arms={"grpo_os": [], "online_rft": ["grpo.algo.adv_estimator=online_rft"]},
     )
-    with prefect_test_harness(server_startup_timeout=120):
-        out = ablate("abl", "tiny", suite.model_dump(mode="json"), 1, str(tmp_path))
-        with get_client(sync_client=True) as client:
-            runs = client.read_flow_runs()
-            parents = {r.parent_task_run_id for r in runs if r.parent_task_run_id}
-            tasks = {t.id: t for t in client.read_task_runs()}
-            artifacts = client.read_artifacts(
-                artifact_filter=ArtifactFilter(
-                    key=ArtifactFilterKey(any_=[artifact_key("abl", "ablation")])
-                )
+    before = flow_run_ids()  # the server is shared: only this test's flow runs count
+    out = ablate("abl", "tiny", suite.model_dump(mode="json"), 1, str(tmp_path))
+    runs = new_flow_runs(before)
+    parents = {r.parent_task_run_id for r in runs if r.parent_task_run_id}
+    with get_client(sync_client=True) as client:
+        mine = TaskRunFilterFlowRunId(any_=[r.id for r in runs])
+        tasks = {
+            t.id: t for t in client.read_task_runs(task_run_filter=TaskRunFilter(flow_run_id=mine))
+        }
+        artifacts = client.read_artifacts(
+            artifact_filter=ArtifactFilter(
+                key=ArtifactFilterKey(any_=[artifact_key("abl", "ablation")])
             )
+        )
     rows = RunStore(tmp_path).read("ablation", run_id="abl").to_pylist()
     assert out == {"ablation_id": "abl", "rows": len(rows)}
     (top,) = [r for r in runs if r.parent_task_run_id is None]

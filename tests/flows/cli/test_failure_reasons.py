@@ -4,6 +4,7 @@ shown by `itergrpo runs`; a second Ctrl-C leaves an `interrupted`, resumable run
 from __future__ import annotations
 
 import json
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -39,11 +40,9 @@ def test_failure_line_names_stage_iteration_type_and_message() -> None:
 
 
 def test_a_failed_runs_reason_is_stored_and_shown_by_runs(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    bug_run: tuple[subprocess.CompletedProcess[str], Path], capsys: pytest.CaptureFixture[str]
 ) -> None:
-    out = cli(
-        tmp_path, "run", "--config", "micro", "--run-id", "bug", fault="ValueError@warm_start:0:1"
-    )
+    out, tmp_path = bug_run  # `itergrpo run` stopped by ValueError@warm_start:0:1
     assert out.returncode == 1, out.stderr[-2000:]
     status = RunStore(tmp_path).run_status("bug")
     assert status["status"] == "failed"

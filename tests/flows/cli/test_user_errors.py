@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import subprocess
 from collections.abc import Callable
 from pathlib import Path
 
@@ -249,18 +250,18 @@ def test_prefect_logs_a_user_error_without_its_traceback() -> None:
     assert all(r.exc_info is not None for r in bugs)  # a bug keeps its traceback, ValueError too
 
 
-def test_a_bug_in_a_stage_keeps_its_traceback_in_the_terminal(tmp_path: Path) -> None:
+def test_a_bug_in_a_stage_keeps_its_traceback_in_the_terminal(
+    bug_run: tuple[subprocess.CompletedProcess[str], Path],
+) -> None:
     """Only UserError is a one-line message: a ValueError raised inside a stage (what a bug in
     a zip(strict=True), pyarrow or a tokenizer raises) reaches the terminal with its traceback
     and exit status 1, not 2."""
-    from tests.flow_helpers import cli
-
-    out = cli(tmp_path, "run", "--config", "micro", "--run-id", "bug", fault=INJECTED_BUG)
+    out, store = bug_run
     assert out.returncode == 1, out.stderr
     assert "Traceback (most recent call last)" in out.stderr
     assert "ValueError: injected by ITERGRPO_FAULT" in out.stderr
     assert "itergrpo run: error:" not in out.stderr
-    assert RunStore(tmp_path).run_status("bug")["status"] == "failed"
+    assert RunStore(store).run_status("bug")["status"] == "failed"
 
 
 # The warm start's first progress report: the first stage of every run.
@@ -268,22 +269,25 @@ INJECTED_BUG = "ValueError@warm_start:0:1"
 
 
 @pytest.mark.slow
+@pytest.mark.usefixtures("prefect_harness")
 def test_a_bug_in_a_stage_keeps_its_traceback_in_the_prefect_flow_run_logs(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     from prefect.client.orchestration import get_client
-    from prefect.testing.utilities import prefect_test_harness
+    from prefect.client.schemas.filters import LogFilter, LogFilterFlowRunId
 
     from flows.interrupts import FAULT_ENV
+    from tests.prefect_harness import flow_run_ids, new_flow_runs
 
     monkeypatch.setenv(FAULT_ENV, INJECTED_BUG)
     argv = ["run", "--config", "micro", "--store", str(tmp_path), "--run-id", "bug"]
-    with prefect_test_harness(server_startup_timeout=120):
-        with pytest.raises(ValueError, match="injected by ITERGRPO_FAULT"):
-            main(argv)  # not turned into a message: the interpreter prints its traceback
-        with get_client(sync_client=True) as client:
-            runs = client.read_flow_runs()
-            logs = client.read_logs()
+    before = flow_run_ids()  # the server is shared: only this test's flow runs count
+    with pytest.raises(ValueError, match="injected by ITERGRPO_FAULT"):
+        main(argv)  # not turned into a message: the interpreter prints its traceback
+    runs = new_flow_runs(before)
+    with get_client(sync_client=True) as client:
+        mine = LogFilter(flow_run_id=LogFilterFlowRunId(any_=[r.id for r in runs]))
+        logs = client.read_logs(log_filter=mine)
     assert len(runs) == 1 and runs[0].state is not None and runs[0].state.is_failed()
     failures = [entry.message for entry in logs if entry.message.startswith("Task run failed")]
     assert len(failures) == 1, [entry.message for entry in logs]

@@ -176,30 +176,32 @@ def count_deepspeed_engines(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[st
 @needs_deepspeed
 @pytest.mark.slow
 def test_micro_run_with_deepspeed_zero2_matches_torch(
-    tmp_path: Path, count_deepspeed_engines: list[str]
+    micro_run: tuple[RunStore, str], tmp_path: Path, count_deepspeed_engines: list[str]
 ) -> None:
-    torch_store, ds_store = tmp_path / "torch", tmp_path / "ds"
-    execute_run(micro_config(torch_store, "eng"))
-    assert count_deepspeed_engines == []
+    # The torch-engine reference is the session's micro run (same preset, seed and run id).
+    reference, run_id = micro_run
+    assert reference.run_config(run_id)["engines"]["train"] == "torch"
+    torch_store, ds_store = reference.root, tmp_path / "ds"
     ds_cfg = micro_config(
-        ds_store, "eng", "engines.train=deepspeed", "engines.deepspeed.zero_stage=2"
+        ds_store, run_id, "engines.train=deepspeed", "engines.deepspeed.zero_stage=2"
     )
     execute_run(ds_cfg)
     # Per iteration: the GRPO policy and both reward models trained through DeepSpeed.
     assert sorted(count_deepspeed_engines) == sorted(
         ["LlamaForCausalLM", "RewardModel", "RewardModel"] * ds_cfg.run.iterations
     )
-    gap = assert_close_metrics(grpo_metrics(torch_store, "eng"), grpo_metrics(ds_store, "eng"))
+    gap = assert_close_metrics(grpo_metrics(torch_store, run_id), grpo_metrics(ds_store, run_id))
     weights = max(
         max_weight_gap(
-            checkpoint_path(torch_store, "eng", role, k), checkpoint_path(ds_store, "eng", role, k)
+            checkpoint_path(torch_store, run_id, role, k),
+            checkpoint_path(ds_store, run_id, role, k),
         )
         for role, k in [(POLICY, 1), (POLICY, 2), ("orm", 1), ("prm", 1)]
     )
     print(f"DeepSpeed ZeRO-2 vs torch: GRPO metrics max |gap| {gap:.2e}, weights {weights:.2e}")
     assert weights <= WEIGHT_TOL
     # Same labels and reward-model training mix: nothing outside the engines changed.
-    want, got = snapshot(RunStore(torch_store), "eng"), snapshot(RunStore(ds_store), "eng")
+    want, got = snapshot(reference, run_id), snapshot(RunStore(ds_store), run_id)
     for table in ("prompts", "orm_labels", "rm_train"):
         assert got[table] == want[table], table
 

@@ -91,19 +91,18 @@ def test_resume_hint_names_the_run_id_parameter() -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.usefixtures("prefect_harness")
 def test_a_deployment_flow_run_refused_for_a_config_clash_names_force_config(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Through the real flow (as a deployment's flow run calls it): the clash found by the
     pre-flight fails the flow run with the parameter named."""
-    from prefect.testing.utilities import prefect_test_harness
-
     from flows.prefect_flow import iterative_rl
 
     cfg = micro_config(tmp_path, "clash")
     commit_a_stage(RunStore(tmp_path), "clash", {"something": "else"})
     monkeypatch.setenv(DEPLOYMENT_ENV, "6f1c7c1e-0000-4000-8000-000000000001")
-    with prefect_test_harness(server_startup_timeout=120), pytest.raises(StoreError) as caught:
+    with pytest.raises(StoreError) as caught:
         iterative_rl(cfg)
     assert "the deployment parameter `force_config` set to true" in str(caught.value)
     assert "--force-config" not in str(caught.value)

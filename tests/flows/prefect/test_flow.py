@@ -1,8 +1,8 @@
-"""The Prefect flow on `micro` under prefect_test_harness: task per stage, artifacts, resume."""
+"""The Prefect flow on `micro` on the tests' Prefect server (tests/prefect_harness.py): task
+per stage, artifacts, resume."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -10,27 +10,23 @@ from prefect.client.orchestration import get_client
 from prefect.client.schemas.filters import (
     ArtifactFilter,
     ArtifactFilterKey,
-    FlowRunFilter,
     LogFilter,
+    LogFilterFlowRunId,
     LogFilterLevel,
+    TaskRunFilter,
+    TaskRunFilterFlowRunId,
 )
 from prefect.client.schemas.objects import Artifact
 from prefect.logging.handlers import APILogHandler
-from prefect.testing.utilities import prefect_test_harness
 
 from flows.loop import planned_stages
 from flows.prefect_flow import artifact_key, iterative_rl, served_config
 from flows.tracking.record import mlflow_run
 from storage.store import RunStore
 from tests.flow_helpers import micro_config
+from tests.prefect_harness import flow_run_ids, new_flow_runs
 
-pytestmark = pytest.mark.slow
-
-
-@pytest.fixture(scope="module", autouse=True)
-def harness() -> Iterator[None]:
-    with prefect_test_harness(server_startup_timeout=120):
-        yield
+pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("prefect_harness")]
 
 
 def artifacts(key: str) -> list[Artifact]:
@@ -58,7 +54,9 @@ def test_the_summary_artifact_links_the_runs_mlflow_run(tmp_path: Path) -> None:
 
 def test_flow_runs_each_stage_as_a_task_publishes_artifacts_and_resumes(tmp_path: Path) -> None:
     cfg = micro_config(tmp_path, "pf-1", "run.iterations=1")
+    before = flow_run_ids()
     out = iterative_rl(cfg)
+    (run,) = new_flow_runs(before)  # the server is shared: this test's own flow run
     n_stages = len(planned_stages(cfg))
     assert out == {"run_id": "pf-1", "stages_run": n_stages, "stages_skipped": 0}
     assert len(RunStore(tmp_path).committed_stages("pf-1")) == n_stages
@@ -75,10 +73,11 @@ def test_flow_runs_each_stage_as_a_task_publishes_artifacts_and_resumes(tmp_path
     inlined = str(summary[0].data).count("](data:image/png;base64,iVBORw0KGgo")  # PNG magic
     assert inlined == len(pngs)
 
+    assert run.name
     with get_client(sync_client=True) as client:
-        runs = client.read_flow_runs(flow_run_filter=FlowRunFilter())
-        tasks = client.read_task_runs()
-    assert any(r.name for r in runs)
+        tasks = client.read_task_runs(
+            task_run_filter=TaskRunFilter(flow_run_id=TaskRunFilterFlowRunId(any_=[run.id]))
+        )
     names = {t.name for t in tasks}
     assert {"warm_start-iter0", "rollout-iter0", "grpo-iter0", "evaluate-iter0"} <= names
     progress = [t for t in tasks if t.name == "grpo-iter0"]
@@ -87,7 +86,12 @@ def test_flow_runs_each_stage_as_a_task_publishes_artifacts_and_resumes(tmp_path
     # itergrpo's own lines reach the flow run's logs (what the UI's Logs tab shows)
     APILogHandler().flush()
     with get_client(sync_client=True) as client:
-        logs = client.read_logs(log_filter=LogFilter(level=LogFilterLevel(ge_=0)), limit=200)
+        logs = client.read_logs(
+            log_filter=LogFilter(
+                level=LogFilterLevel(ge_=0), flow_run_id=LogFilterFlowRunId(any_=[run.id])
+            ),
+            limit=200,
+        )
     messages = "\n".join(log.message for log in logs)
     assert "iteration 0 (1 of 1): rollout done in" in messages
     assert "GRPO iter 0 step 0: reward" in messages

@@ -20,7 +20,6 @@ from prefect.client.schemas.objects import FlowRun
 from prefect.deployments import run_deployment
 from prefect.settings import PREFECT_API_URL
 from prefect.states import Cancelling
-from prefect.testing.utilities import prefect_test_harness
 
 from storage.store import RunStore
 from tests.flow_helpers import REPO
@@ -54,39 +53,42 @@ def _flow_run_log(flow_run: FlowRun, wanted: str, timeout: float) -> str:
             time.sleep(1)
 
 
+@pytest.mark.usefixtures("prefect_harness")
 def test_a_served_deployment_merges_partial_parameters_and_logs_its_stages(
     tmp_path: Path,
 ) -> None:
     store = tmp_path / "store"
-    with prefect_test_harness(server_startup_timeout=120):
-        env = {**os.environ, "PREFECT_API_URL": str(PREFECT_API_URL.value())}
-        env["OMP_NUM_THREADS"] = "1"
-        serve = subprocess.Popen(
-            [
-                *(sys.executable, "-m", "flows.cli", "serve", "--config", "micro"),
-                *("--store", str(store), "--name", "t"),
-            ],
-            cwd=REPO,
-            env=env,
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.PIPE,
-            text=True,
-            start_new_session=True,
+    env = {**os.environ, "PREFECT_API_URL": str(PREFECT_API_URL.value())}
+    env["OMP_NUM_THREADS"] = "1"
+    # The runner looks for scheduled flow runs every 10 s by default: idle test time.
+    env["PREFECT_RUNNER_POLL_FREQUENCY"] = "1"
+    serve = subprocess.Popen(
+        [
+            *(sys.executable, "-m", "flows.cli", "serve", "--config", "micro"),
+            *("--store", str(store), "--name", "t"),
+        ],
+        cwd=REPO,
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+    try:
+        _wait_for_deployment("iterative-rl/t", serve, timeout=120)
+        flow_run = run_deployment(
+            "iterative-rl/t",
+            parameters={"config": {"run": {"iterations": 1, "run_id": "served-1"}}},
+            timeout=300,
+            poll_interval=1,
         )
-        try:
-            _wait_for_deployment("iterative-rl/t", serve, timeout=120)
-            flow_run = run_deployment(
-                "iterative-rl/t",
-                parameters={"config": {"run": {"iterations": 1, "run_id": "served-1"}}},
-                timeout=300,
-            )
-            assert isinstance(flow_run, FlowRun)  # the sync call returns the run itself
-            assert flow_run.state is not None and flow_run.state.is_completed(), flow_run.state
-            messages = _flow_run_log(flow_run, "iteration 0 (1 of 1): grpo done in", timeout=60)
-            cancelled = _cancel_from_the_ui_midway(run_id="served-2")
-        finally:
-            os.killpg(serve.pid, signal.SIGTERM)
-            serve.wait(timeout=60)
+        assert isinstance(flow_run, FlowRun)  # the sync call returns the run itself
+        assert flow_run.state is not None and flow_run.state.is_completed(), flow_run.state
+        messages = _flow_run_log(flow_run, "iteration 0 (1 of 1): grpo done in", timeout=60)
+        cancelled = _cancel_from_the_ui_midway(run_id="served-2")
+    finally:
+        os.killpg(serve.pid, signal.SIGTERM)
+        serve.wait(timeout=60)
     status = RunStore(store).run_status("served-1")
     assert (status["status"], status["iterations_done"]) == ("completed", 1)
     stored = yaml.safe_load((store / "runs" / "served-1" / "config.yaml").read_text())

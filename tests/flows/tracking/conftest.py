@@ -22,10 +22,12 @@ def _free_port() -> int:
         return port
 
 
-@pytest.fixture
-def mlflow_server(tmp_path: Path) -> Iterator[str]:
-    """A real MLflow tracking server on 127.0.0.1 (sqlite store, artifacts in tmp_path),
-    stopped with its workers when the test ends."""
+@pytest.fixture(scope="module")
+def mlflow_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """A real MLflow tracking server on 127.0.0.1 (sqlite store, artifacts in a temp dir),
+    stopped with its workers when the module's tests end. One per module: a start costs
+    seconds of CPU; the tests sharing it log under experiments of their own."""
+    tmp_path = tmp_path_factory.mktemp("mlflow")
     port = _free_port()
     log = (tmp_path / "mlflow-server.log").open("w")
     server = subprocess.Popen(
