@@ -53,7 +53,8 @@ def test_the_summary_artifact_links_the_runs_mlflow_run(tmp_path: Path) -> None:
 
 
 def test_flow_runs_each_stage_as_a_task_publishes_artifacts_and_resumes(tmp_path: Path) -> None:
-    cfg = micro_config(tmp_path, "pf-1", "run.iterations=1")
+    # a floor micro's tiny RMs cannot reach: the AUROC guard warns, as a flow-run artifact
+    cfg = micro_config(tmp_path, "pf-1", "run.iterations=1", "guards.rm_auroc_floor=0.999")
     before = flow_run_ids()
     out = iterative_rl(cfg)
     (run,) = new_flow_runs(before)  # the server is shared: this test's own flow run
@@ -66,6 +67,9 @@ def test_flow_runs_each_stage_as_a_task_publishes_artifacts_and_resumes(tmp_path
     assert "greedy_acc" in str(table[0].data)
     summary = artifacts(artifact_key("pf-1", "summary"))
     assert summary and summary[0].type == "markdown" and "pf-1" in str(summary[0].data)
+    guards = artifacts(artifact_key("pf-1", "guards"))
+    assert guards and guards[0].type == "markdown"
+    assert "train_rm" in str(guards[0].data) and "rm_auroc: " in str(guards[0].data)
     # the report page with its plots: PNGs inlined, since the UI cannot read the store
     reports = tmp_path / "reports" / "pf-1"
     pngs = sorted(reports.glob("*.png"))
