@@ -26,6 +26,7 @@ from grpo_core.algo.config import GRPOConfig
 from grpo_core.contracts.policy_batch import PolicyBatch
 from grpo_core.contracts.registry import Registry
 from grpo_core.contracts.training import OptimizerSettings, TrainEngine
+from grpo_core.engines.config import TrainWorkersConfig
 
 LOOPBACK = "127.0.0.1"
 START_TIMEOUT_SETTING = "engines.workers.start_timeout_s"
@@ -223,6 +224,16 @@ class RayWorkersUpdater:
         self.policy_dir, self.dtype = policy_dir, policy_dtype
         self.timeout = workers.start_timeout_s
         self.ray, self.owns_ray = start_ray(ray_address, workers.ranks * workers.num_cpus_per_rank)
+        self.ranks: list[Any] = []
+        self.pids: list[int] = []
+        self.loaded = False
+        try:
+            self._start(workers, threads)
+        except BaseException:
+            self.close()  # no ranks or local Ray left behind by a failed start
+            raise
+
+    def _start(self, workers: TrainWorkersConfig, threads: int | None) -> None:
         cuda = workers.num_gpus_per_rank > 0
         env = {"OMP_NUM_THREADS": str(threads or 1), "DS_ACCELERATOR": "cuda" if cuda else "cpu"}
         actor = self.ray.remote(PolicyRank)
@@ -238,8 +249,7 @@ class RayWorkersUpdater:
         ]
         address, port = self._get(self.ranks[0].rendezvous.remote())
         backend = self._all(lambda r: r.join.remote(address, port))[0]
-        self.pids: list[int] = self._all(lambda r: r.pid.remote())
-        self.loaded = False
+        self.pids = self._all(lambda r: r.pid.remote())
         log.info(
             "training ranks: %d Ray actors (pids %s) in a %s group at %s:%d, up in %.1f s",
             len(self.ranks), self.pids, backend, address, port, time.perf_counter() - started,

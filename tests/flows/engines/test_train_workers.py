@@ -116,6 +116,25 @@ def assert_same_updates(
 
 
 @pytest.mark.slow
+def test_ranks_that_cannot_be_placed_stop_the_stage_naming_the_field(tmp_path: Path) -> None:
+    """GPU ranks on a CPU-only local Ray are never placed: the start times out with the
+    setting named, and the local Ray the updater started is stopped again. (First in the
+    module: before the module's own Ray starts.)"""
+    import ray
+
+    assert not ray.is_initialized()
+    engines = EnginesSection.model_validate(
+        {"train_workers": "ray", "workers": {"num_gpus_per_rank": 1, "start_timeout_s": 3}}
+    )
+    grpo = GRPOStageSection.model_validate(GRPO)
+    policy_dir = saved_policy(tmp_path / "policy_0")
+    model = load_policy(policy_dir)[0]
+    with pytest.raises(RuntimeError, match=r"not ready within 3 s \(engines\.workers\.start_"):
+        build_policy_updater(engines, grpo, 1, model, None, policy_dir, tmp_path, "float32")
+    assert not ray.is_initialized()
+
+
+@pytest.mark.slow
 @pytest.mark.parametrize("train", ["torch", pytest.param("deepspeed", marks=needs_deepspeed)])
 def test_two_ray_ranks_update_as_one_process_in_the_same_processes(
     tmp_path: Path, local_ray: Any, train: str
