@@ -23,6 +23,7 @@ from flows.config import EnginesSection, GRPOStageSection
 from flows.engines.train_engines import grpo_total_steps
 from flows.progress import log
 from grpo_core.algo.config import GRPOConfig
+from grpo_core.contracts.errors import SettingError
 from grpo_core.contracts.policy_batch import PolicyBatch
 from grpo_core.contracts.registry import Registry
 from grpo_core.contracts.training import OptimizerSettings, TrainEngine
@@ -259,7 +260,7 @@ class RayWorkersUpdater:
         try:
             return self.ray.get(ref, timeout=self.timeout)
         except self.ray.exceptions.GetTimeoutError as err:
-            raise RuntimeError(
+            raise SettingError(
                 f"training ranks: not ready within {self.timeout:.0f} s ({START_TIMEOUT_SETTING}); "
                 "does the Ray cluster have the CPUs/GPUs engines.workers reserves per rank?"
             ) from err

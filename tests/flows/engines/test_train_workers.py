@@ -24,6 +24,7 @@ import torch
 from flows.config import EnginesSection, GRPOStageSection, ItergrpoConfig
 from flows.engines.policy_updaters import InProcessUpdater, build_policy_updater
 from flows.engines.train_engines import build_policy_engine
+from grpo_core.contracts.errors import SettingError
 from grpo_core.contracts.policy_batch import PolicyBatch, build_policy_batch
 from grpo_core.model.config import PolicyConfig
 from grpo_core.model.policy import build_char_tokenizer, create_tiny_policy, load_policy
@@ -129,7 +130,7 @@ def test_ranks_that_cannot_be_placed_stop_the_stage_naming_the_field(tmp_path: P
     grpo = GRPOStageSection.model_validate(GRPO)
     policy_dir = saved_policy(tmp_path / "policy_0")
     model = load_policy(policy_dir)[0]
-    with pytest.raises(RuntimeError, match=r"not ready within 3 s \(engines\.workers\.start_"):
+    with pytest.raises(SettingError, match=r"not ready within 3 s \(engines\.workers\.start_"):
         build_policy_updater(engines, grpo, 1, model, None, policy_dir, tmp_path, "float32")
     assert not ray.is_initialized()
 
