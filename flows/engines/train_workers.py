@@ -78,6 +78,12 @@ class PolicyRank:
         """This rank's process id (a test checks that no step starts a process)."""
         return os.getpid()
 
+    def node(self) -> str:
+        """The Ray node this rank runs on (a test checks the placement)."""
+        import ray
+
+        return str(ray.get_runtime_context().get_node_id())
+
     def rendezvous(self) -> tuple[str, int]:
         """Rank 0: the address and a free port of this node, where the group meets."""
         import ray
@@ -227,6 +233,7 @@ class RayWorkersUpdater:
         self.ray, self.owns_ray = start_ray(ray_address, workers.ranks * workers.num_cpus_per_rank)
         self.ranks: list[Any] = []
         self.pids: list[int] = []
+        self.nodes: list[str] = []
         self.loaded = False
         try:
             self._start(workers, threads)
@@ -251,9 +258,12 @@ class RayWorkersUpdater:
         address, port = self._get(self.ranks[0].rendezvous.remote())
         backend = self._all(lambda r: r.join.remote(address, port))[0]
         self.pids = self._all(lambda r: r.pid.remote())
+        self.nodes = self._all(lambda r: r.node.remote())
         log.info(
-            "training ranks: %d Ray actors (pids %s) in a %s group at %s:%d, up in %.1f s",
-            len(self.ranks), self.pids, backend, address, port, time.perf_counter() - started,
+            "training ranks: %d Ray actors (pids %s) on %d node(s) in a %s group at %s:%d, "
+            "up in %.1f s",
+            len(self.ranks), self.pids, len(set(self.nodes)), backend, address, port,
+            time.perf_counter() - started,
         )  # fmt: skip
 
     def _get(self, ref: Any) -> Any:

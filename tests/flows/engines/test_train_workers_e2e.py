@@ -100,7 +100,7 @@ def test_ray_ranks_killed_mid_grpo_resume_exactly(tmp_path: Path) -> None:
         args += ["--set", item]
     killed = cli(store, *args, fault="SIGKILL@grpo:0:2")  # step 0 checkpointed, step 1 not
     assert killed.returncode == -signal.SIGKILL, killed.stderr[-2000:]
-    started = re.search(r"training ranks: 2 Ray actors \(pids \[(\d+), (\d+)\]\)", killed.stderr)
+    started = re.search(r"training ranks: 2 Ray actors \(pids \[(\d+), (\d+)\]\) on", killed.stderr)
     assert started is not None, killed.stderr[-2000:]
     pids = [int(p) for p in started.groups()]
     deadline = time.monotonic() + 60
