@@ -187,3 +187,17 @@ def test_train_workers_settings_name_the_field() -> None:
         )
     with pytest.raises(ValueError, match=r"engines\.workers\.ranks"):
         ItergrpoConfig.model_validate({"engines": {"workers": {"ranks": 0}}})
+
+
+def test_missing_ray_names_the_field_and_the_fix(monkeypatch: pytest.MonkeyPatch) -> None:
+    from flows.engines import availability
+
+    cfg = ItergrpoConfig.model_validate({"engines": {"train_workers": "ray"}})
+    availability.check_engines(cfg.engines)  # ray is installed here
+    monkeypatch.setattr(availability, "find_spec", lambda name: None)
+    with pytest.raises(SettingError) as err:
+        availability.check_engines(cfg.engines)
+    message = str(err.value)
+    assert "engines.train_workers = ray" in message and "pip install -e '.[ray]'" in message
+    assert "engines.train_workers: none" in message
+    availability.check_engines(ItergrpoConfig().engines)  # the default needs no ray
