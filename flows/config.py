@@ -27,7 +27,7 @@ from flows.tracking.config import TrackingSection
 from grpo_core.algo.config import GRPOConfig
 from grpo_core.algo.estimators import ADVANTAGE_ESTIMATORS, DataSource
 from grpo_core.data.tasks.registry import TaskConfig
-from grpo_core.engines.config import DeepSpeedConfig, VLLMSettings
+from grpo_core.engines.config import DeepSpeedConfig, TrainWorkersConfig, VLLMSettings
 from grpo_core.engines.registry import ROLLOUT_ENGINES, TRAIN_ENGINES
 from grpo_core.model.config import EvalConfig, PolicyConfig, PromptConfig, WarmStartConfig
 from reward_models.config import LabellingConfig, RewardModelConfig
@@ -206,6 +206,19 @@ class EnginesSection(_Section):
     vllm: VLLMSettings = Field(
         default_factory=VLLMSettings, description="vLLM worker settings when rollout = vllm."
     )
+    train_workers: Literal["none", "ray"] = Field(
+        "none",
+        description="Where the GRPO update runs: none (in the stage's process, or one "
+        "deepspeed launcher job per step with deepspeed.processes_per_node > 1 or a hostfile) "
+        "or ray (engines.workers.ranks Ray actors kept for the whole GRPO stage, each one rank "
+        "of a gloo/NCCL group running engines.train: deepspeed, or torch with DDP; fed each "
+        "step's batch through Ray's object store). Ray: cluster.ray_address, else a local Ray "
+        "on 127.0.0.1 started and stopped by the stage (the ray extra).",
+    )
+    workers: TrainWorkersConfig = Field(
+        default_factory=TrainWorkersConfig,
+        description="The ranks of train_workers = ray: how many, CPUs and GPUs per rank.",
+    )
 
     @field_validator("train")
     @classmethod
@@ -228,11 +241,29 @@ class EnginesSection(_Section):
         stay out of the GRPO stage (vllm.in_grpo: false)."""
         return "hf" if self.rollout == "vllm" and not self.vllm.in_grpo else self.rollout
 
+    @model_validator(mode="after")
+    def _one_way_to_many_ranks(self) -> EnginesSection:
+        ds = self.deepspeed
+        if self.train_workers == "ray" and (ds.processes_per_node > 1 or ds.hostfile):
+            raise ValueError(
+                "engines.train_workers = ray places its ranks with engines.workers.ranks, not "
+                "the deepspeed launcher: leave engines.deepspeed.processes_per_node at 1 and "
+                "engines.deepspeed.hostfile empty (or set train_workers: none to launch)"
+            )
+        return self
+
     @property
     def launched(self) -> bool:
         """True when GRPO updates go through the deepspeed launcher (several processes)."""
         ds = self.deepspeed
-        return self.train == "deepspeed" and (ds.processes_per_node > 1 or bool(ds.hostfile))
+        launcher = ds.processes_per_node > 1 or bool(ds.hostfile)
+        return self.train == "deepspeed" and self.train_workers == "none" and launcher
+
+    @property
+    def updates_in_process(self) -> bool:
+        """True when the GRPO update runs in the stage's process (which then holds the
+        reference); False for launcher jobs and Ray workers, which load their own."""
+        return not self.launched and self.train_workers == "none"
 
 
 class ClusterSection(_Section):
@@ -362,6 +393,18 @@ class ItergrpoConfig(_Section):
                 "hides the GPUs from tasks that reserve none"
             )
         return self
+
+    @model_validator(mode="after")
+    def _train_workers_can_use_the_device(self) -> ItergrpoConfig:
+        gpus, device = self.engines.workers.num_gpus_per_rank, self.run.device
+        fits = device == "auto" or (device == "cpu") == (gpus == 0)
+        if self.engines.train_workers != "ray" or fits:
+            return self
+        raise ValueError(
+            f"engines.workers.num_gpus_per_rank = {gpus} with run.device = {device}: CPU ranks "
+            "(gloo) reserve 0 GPUs and CUDA ranks (NCCL) one each; set num_gpus_per_rank to "
+            f"{0 if device == 'cpu' else 1}"
+        )
 
     @model_validator(mode="after")
     def _engines_fit_together(self) -> ItergrpoConfig:

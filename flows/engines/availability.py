@@ -3,7 +3,10 @@
 
 from __future__ import annotations
 
+from importlib.util import find_spec
+
 from flows.config import EnginesSection
+from grpo_core.contracts.errors import SettingError
 from grpo_core.engines.registry import ROLLOUT_ENGINES, TRAIN_ENGINES
 
 
@@ -11,3 +14,8 @@ def check_engines(engines: EnginesSection) -> None:
     """Fail before any stage runs when a selected engine is not installed here."""
     TRAIN_ENGINES[engines.train].requires(engines.settings_of(engines.train))
     ROLLOUT_ENGINES[engines.rollout].requires(engines.settings_of(engines.rollout))
+    if engines.train_workers == "ray" and find_spec("ray") is None:
+        raise SettingError(
+            "engines.train_workers = ray, but ray is not installed in this environment: "
+            "pip install -e '.[ray]' (`make venv` does), or set engines.train_workers: none"
+        )

@@ -246,10 +246,18 @@ def build_policy_updater(
     policy_dir: Path,
     jobs_dir: Path,
     policy_dtype: str,
+    ray_address: str | None = None,
 ) -> PolicyUpdater:
     """The GRPO stage's update path for engines.train and engines.deepspeed: in this process,
-    or through the deepspeed launcher (jobs under `jobs_dir`, ranks loading the policy in
-    `policy_dtype`) when engines.launched."""
+    through the deepspeed launcher (jobs under `jobs_dir`, ranks loading the policy in
+    `policy_dtype`) when engines.launched, or on long-lived Ray actors (at `ray_address`,
+    else a local Ray) when engines.train_workers = ray (flows/engines/train_workers.py)."""
+    if engines.train_workers == "ray":
+        from flows.engines.train_workers import RayWorkersUpdater
+
+        return RayWorkersUpdater(
+            engines, grpo, threads, model, policy_dir, policy_dtype, ray_address, DEEPSPEED_STATE
+        )
     if engines.launched:
         deepspeed = engines.deepspeed
         return LaunchedUpdater(grpo, deepspeed, threads, model, policy_dir, jobs_dir, policy_dtype)

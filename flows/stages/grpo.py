@@ -164,14 +164,24 @@ def grpo_stage(ctx: RunContext, iteration: int, progress: ProgressFn) -> StageRe
     policy_dir = ctx.require_checkpoint(POLICY, k)
     model, tokenizer = ctx.policy(k)
     reference = None
-    if algo.needs_reference:  # no KL term or penalty: no reference (no forward pass, no memory)
+    # no KL term or penalty: no reference (no forward pass, no memory); launched jobs and Ray
+    # training ranks load their own for the loss, but PPO's KL penalty is computed here
+    if algo.needs_reference and (cfg.engines.updates_in_process or algo.estimator.needs_values):
         reference = ctx.policy(k)[0].eval().requires_grad_(False)
     reward_models = _load_reward_models(ctx, k)
     progress_dir = ctx.checkpoint(GRPO_PROGRESS, k)
     resumed = _resume_weights(progress_dir, model)
     jobs_dir = ctx.checkpoint(LAUNCH_JOBS, k)
     updater = build_policy_updater(
-        cfg.engines, g, ctx.threads, model, reference, policy_dir, jobs_dir, cfg.policy.dtype
+        cfg.engines,
+        g,
+        ctx.threads,
+        model,
+        reference,
+        policy_dir,
+        jobs_dir,
+        cfg.policy.dtype,
+        ray_address=cfg.cluster.ray_address,
     )
     start = 0
     sample_rows: list[dict[str, Any]] = []

@@ -126,3 +126,39 @@ class VLLMSettings(BaseModel):
         description="Environment variables added to the worker's (e.g. {'VLLM_CPU_OMP_THREADS_"
         "BIND': 'nobind'} on a small shared CPU machine).",
     )
+
+
+class TrainWorkersConfig(BaseModel):
+    """The long-lived training ranks of engines.train_workers = ray: how many, and what each
+    reserves on the Ray cluster (docs/train_workers.md)."""
+
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
+
+    ranks: int = Field(
+        default=2,
+        ge=1,
+        le=1024,
+        description="Training ranks (Ray actors, one torch.distributed rank each), 1 to 1024; "
+        "every rank runs its share of each mini-batch's rows (data parallel).",
+    )
+    num_cpus_per_rank: float = Field(
+        default=1.0,
+        ge=0.0,
+        le=256.0,
+        description="CPUs Ray reserves for each rank (0 to 256).",
+    )
+    num_gpus_per_rank: int = Field(
+        default=0,
+        ge=0,
+        le=1,
+        description="GPUs Ray reserves for each rank: 0 (CPU ranks, gloo) or 1 (one GPU per "
+        "rank, NCCL; needs run.device auto or cuda).",
+    )
+    start_timeout_s: float = Field(
+        default=600.0,
+        gt=0.0,
+        le=86400.0,
+        description="Seconds to wait for the ranks to be placed, join their process group and "
+        "load the policy (more than 0, at most 86400); past it the stage stops naming this "
+        "field (e.g. a cluster without the CPUs/GPUs the ranks reserve).",
+    )

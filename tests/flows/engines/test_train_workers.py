@@ -1,0 +1,203 @@
+"""Long-lived training ranks (engines.train_workers = ray): two gloo ranks on Ray actors give
+the single-process torch engine's update, and keep their processes from step to step.
+
+Tolerance: the ranks run the same fp32 loss code and the same torch AdamW as TorchEngine;
+two ranks only reorder float sums (each rank's share of a mini-batch, then a gradient
+all-reduce; DeepSpeed also flattens ZeRO partitions). Each reordering moves a value by ~1
+ulp (6e-8 relative); the engine tests measure <= 3e-7 after 4 optimizer steps of lr 1e-2
+that move the weights by > 1e-2, so 2e-6 per weight and per loss metric is a few times the
+round-off and far below what a lost micro-batch, a wrong gradient scale (x2: the mean DDP
+takes instead of the sum) or a missing clip moves (>= 1e-3).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from importlib.util import find_spec
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from flows.config import EnginesSection, GRPOStageSection, ItergrpoConfig
+from flows.engines.policy_updaters import InProcessUpdater, build_policy_updater
+from flows.engines.train_engines import build_policy_engine
+from grpo_core.contracts.errors import SettingError
+from grpo_core.contracts.policy_batch import PolicyBatch, build_policy_batch
+from grpo_core.model.config import PolicyConfig
+from grpo_core.model.policy import build_char_tokenizer, create_tiny_policy, load_policy
+
+needs_ray = pytest.mark.skipif(find_spec("ray") is None, reason="ray is not installed")
+needs_deepspeed = pytest.mark.skipif(find_spec("deepspeed") is None, reason="no deepspeed")
+
+TOL = 2e-6
+# 8 rows, 2 mini-batches of 4 per epoch, 2 epochs: 4 optimizer steps, each rank 2 rows of
+# each mini-batch; clipping below the measured norms; KL against a reference.
+GRPO = {
+    "steps": 2,
+    "prompts_per_step": 2,
+    "group_size": 4,
+    "algo": {
+        "mu": 2,
+        "mini_batches_per_epoch": 2,
+        "lr": 1e-2,
+        "beta": 0.04,
+        "max_grad_norm": 0.5,
+        "warmup_steps": 1,
+    },
+}
+
+pytestmark = [needs_ray, pytest.mark.usefixtures("one_torch_thread")]
+
+
+@pytest.fixture(scope="module")
+def local_ray() -> Iterator[Any]:
+    """A Ray on loopback for this module's tests, stopped after them."""
+    import ray
+
+    ray.init(address="local", _node_ip_address="127.0.0.1", include_dashboard=False, num_cpus=2)
+    yield ray
+    ray.shutdown()
+
+
+def saved_policy(path: Path) -> Path:
+    tokenizer = build_char_tokenizer()
+    policy = create_tiny_policy(PolicyConfig(hidden_size=32, intermediate_size=64), tokenizer)
+    policy.save_pretrained(path)
+    tokenizer.save_pretrained(path)
+    return path
+
+
+def ragged_batch(rows: int, vocab: int) -> tuple[PolicyBatch, torch.Tensor]:
+    gen = torch.Generator().manual_seed(0)
+    prompts = [torch.randint(1, vocab, (2 + i % 3,), generator=gen).tolist() for i in range(rows)]
+    outputs = [
+        torch.randint(1, vocab, (1 + (5 * i) % 7,), generator=gen).tolist() for i in range(rows)
+    ]
+    batch = build_policy_batch(prompts, outputs, pad_id=0, padding_side="left")
+    return batch, batch.expand_per_sequence(torch.randn(rows, generator=gen))
+
+
+def engines_section(train: str) -> EnginesSection:
+    return EnginesSection.model_validate({"train": train, "train_workers": "ray"})
+
+
+def single_process_updates(
+    policy_dir: Path, grpo: GRPOStageSection, steps: list[tuple[PolicyBatch, torch.Tensor]]
+) -> tuple[dict[str, torch.Tensor], list[dict[str, float]]]:
+    model = load_policy(policy_dir)[0]
+    reference = load_policy(policy_dir)[0].eval().requires_grad_(False)
+    engine = build_policy_engine(EnginesSection(), grpo, model)
+    updater = InProcessUpdater(engine, grpo.algo, model, reference)
+    metrics = [updater.update(b, a, None, seed=s) for s, (b, a) in enumerate(steps)]
+    return model.state_dict(), metrics
+
+
+def assert_same_updates(
+    want: tuple[dict[str, torch.Tensor], list[dict[str, float]]],
+    got: tuple[dict[str, torch.Tensor], list[dict[str, float]]],
+    start: dict[str, torch.Tensor],
+) -> float:
+    (want_w, want_m), (got_w, got_m) = want, got
+    moved = max(float((want_w[n] - start[n]).abs().max()) for n in want_w)
+    assert moved > 1e-2  # the updates really changed the weights
+    gap = max(float((want_w[n] - got_w[n]).abs().max()) for n in want_w)
+    assert gap < TOL, gap
+    for w, g in zip(want_m, got_m, strict=True):
+        assert g["optimizer_steps"] == w["optimizer_steps"] == 4
+        assert g["lr"] == w["lr"]
+        for key in ("loss", "policy_loss", "kl", "entropy"):
+            assert g[key] == pytest.approx(w[key], abs=TOL), key
+        # exp(new - old log-prob) of ~2.6: relative, as for the norm (measured 1.9e-6)
+        for key in ("ratio_max", "grad_norm"):
+            assert g[key] == pytest.approx(w[key], rel=1e-5), key
+    return gap
+
+
+@pytest.mark.slow
+def test_ranks_that_cannot_be_placed_stop_the_stage_naming_the_field(tmp_path: Path) -> None:
+    """GPU ranks on a CPU-only local Ray are never placed: the start times out with the
+    setting named, and the local Ray the updater started is stopped again. (First in the
+    module: before the module's own Ray starts.)"""
+    import ray
+
+    assert not ray.is_initialized()
+    engines = EnginesSection.model_validate(
+        {"train_workers": "ray", "workers": {"num_gpus_per_rank": 1, "start_timeout_s": 3}}
+    )
+    grpo = GRPOStageSection.model_validate(GRPO)
+    policy_dir = saved_policy(tmp_path / "policy_0")
+    model = load_policy(policy_dir)[0]
+    with pytest.raises(SettingError, match=r"not ready within 3 s \(engines\.workers\.start_"):
+        build_policy_updater(engines, grpo, 1, model, None, policy_dir, tmp_path, "float32")
+    assert not ray.is_initialized()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("train", ["torch", pytest.param("deepspeed", marks=needs_deepspeed)])
+def test_two_ray_ranks_update_as_one_process_in_the_same_processes(
+    tmp_path: Path, local_ray: Any, train: str
+) -> None:
+    policy_dir = saved_policy(tmp_path / "policy_0")
+    vocab = len(build_char_tokenizer())
+    grpo = GRPOStageSection.model_validate(GRPO)
+    steps = [ragged_batch(8, vocab), ragged_batch(8, vocab)]
+    start = load_policy(policy_dir)[0].state_dict()
+    want = single_process_updates(policy_dir, grpo, steps)
+
+    model = load_policy(policy_dir)[0]  # the stage's sampling copy
+    updater = build_policy_updater(
+        engines_section(train), grpo, 1, model, None, policy_dir, tmp_path / "jobs", "float32"
+    )
+    try:
+        pids = []
+        metrics = []
+        for seed, (batch, advantages) in enumerate(steps):
+            metrics.append(updater.update(batch, advantages, None, seed=seed))
+            pids.append(local_ray.get([r.pid.remote() for r in updater.ranks]))
+        # Two processes, neither this one, the same ones at every step.
+        assert len(set(pids[0])) == 2 and os.getpid() not in pids[0]
+        assert pids == [updater.pids, updater.pids]
+        assert updater.weights() is None  # the stage's model holds rank 0's weights
+        gap = assert_same_updates(want, (model.state_dict(), metrics), start)
+        print(f"2 Ray ranks ({train}) vs one process: max |weight gap| {gap:.2e}")
+    finally:
+        updater.close()
+    assert local_ray.is_initialized()  # a Ray the updater did not start stays up
+
+
+def test_train_workers_settings_name_the_field() -> None:
+    cfg = ItergrpoConfig.model_validate({"engines": {"train_workers": "ray"}})
+    assert cfg.engines.workers.ranks == 2 and not cfg.engines.updates_in_process
+    assert ItergrpoConfig().engines.updates_in_process
+    with pytest.raises(ValueError, match=r"engines\.train_workers\n.*'none' or 'ray'"):
+        ItergrpoConfig.model_validate({"engines": {"train_workers": "slurm"}})
+    with pytest.raises(ValueError, match=r"processes_per_node at 1"):
+        EnginesSection.model_validate(
+            {"train": "deepspeed", "train_workers": "ray", "deepspeed": {"processes_per_node": 2}}
+        )
+    with pytest.raises(ValueError, match=r"num_gpus_per_rank = 1 with run.device = cpu"):
+        ItergrpoConfig.model_validate(
+            {
+                "run": {"device": "cpu"},
+                "engines": {"train_workers": "ray", "workers": {"num_gpus_per_rank": 1}},
+            }
+        )
+    with pytest.raises(ValueError, match=r"engines\.workers\.ranks"):
+        ItergrpoConfig.model_validate({"engines": {"workers": {"ranks": 0}}})
+
+
+def test_missing_ray_names_the_field_and_the_fix(monkeypatch: pytest.MonkeyPatch) -> None:
+    from flows.engines import availability
+
+    cfg = ItergrpoConfig.model_validate({"engines": {"train_workers": "ray"}})
+    availability.check_engines(cfg.engines)  # ray is installed here
+    monkeypatch.setattr(availability, "find_spec", lambda name: None)
+    with pytest.raises(SettingError) as err:
+        availability.check_engines(cfg.engines)
+    message = str(err.value)
+    assert "engines.train_workers = ray" in message and "pip install -e '.[ray]'" in message
+    assert "engines.train_workers: none" in message
+    availability.check_engines(ItergrpoConfig().engines)  # the default needs no ray
