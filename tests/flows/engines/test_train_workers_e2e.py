@@ -10,6 +10,7 @@ torch over the micro run: gaps <= 3e-6; two launched ranks likewise): |gap| <= 1
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import signal
@@ -108,7 +109,7 @@ def test_ray_ranks_killed_mid_grpo_resume_exactly(tmp_path: Path) -> None:
         time.sleep(1)
     assert not any(_alive(p) for p in pids)  # the ranks died with the killed run
     progress = checkpoint_path(store, "kr", GRPO_PROGRESS, 0)
-    assert (progress / EXTRA_FILE).read_text() == '{"next_step": 1}'
+    assert json.loads((progress / EXTRA_FILE).read_text())["next_step"] == 1
     resumed = cli(store, "resume", "kr")
     assert resumed.returncode == 0, resumed.stderr[-2000:]
     assert "GRPO: resuming at step 1" in resumed.stderr
