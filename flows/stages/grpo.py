@@ -17,6 +17,7 @@ import pyarrow.parquet as pq
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from flows.context import RunContext
+from flows.engines.lora_updater import ADAPTERS_DIR, LoRAUpdater
 from flows.engines.policy_updaters import LAUNCH_JOBS, PolicyUpdater, build_policy_updater
 from flows.guards import (
     EQUAL_REWARDS,
@@ -27,7 +28,7 @@ from flows.guards import (
 )
 from flows.interrupts import INTERRUPT
 from flows.model_io import save_model
-from flows.names import GRPO, GRPO_PROGRESS, POLICY, TRAIN_SPLIT
+from flows.names import GRPO, GRPO_PROGRESS, POLICY, POLICY_LORA, TRAIN_SPLIT
 from flows.progress import ProgressFn, log
 from flows.stages.results import StageResult, mean, metric_rows
 from grpo_core.algo.step import (
@@ -41,11 +42,13 @@ from grpo_core.contracts.rollout import RolloutEngine, Sampler
 from grpo_core.data.tasks.base import Problem
 from grpo_core.engines.gold_rollout import GoldSolutionRollout
 from grpo_core.engines.registry import ROLLOUT_ENGINES
+from grpo_core.model.lora import LoRAAdapters
 from grpo_core.model.policy import load_weights_into
 from reward_models.config import RMKind
 from reward_models.grpo_reward import GRPORewarder, models_needed
 from reward_models.models import RewardModel
 from storage.checkpoints import (
+    TRAINING_STATE_FILE,
     capture_rng_state,
     load_training_state,
     restore_rng_state,
@@ -77,9 +80,13 @@ def _save_progress(
     next_step: int,
     sample_rows: list[dict[str, Any]],
     metric_log: list[dict[str, Any]],
+    adapters: LoRAAdapters | None = None,
 ) -> None:
     def write(tmp: Path) -> None:
-        model.save_pretrained(tmp, safe_serialization=True, state_dict=updater.weights())
+        if adapters is not None:  # LoRA: the base is policy_k's checkpoint, never changed
+            adapters.save(tmp / ADAPTERS_DIR)
+        else:
+            model.save_pretrained(tmp, safe_serialization=True, state_dict=updater.weights())
         tokenizer.save_pretrained(tmp)
         save_training_state(
             tmp,
@@ -93,11 +100,17 @@ def _save_progress(
     save_checkpoint(path, write, overwrite=True)
 
 
-def _resume_weights(path: Path, model: Any) -> bool:
-    """Load the weights of the stage's last progress checkpoint, if there is one.
+def _resume_weights(path: Path, model: Any, adapters: LoRAAdapters | None = None) -> bool:
+    """Load the weights of the stage's last progress checkpoint, if there is one (with LoRA:
+    its adapters).
 
     Before the engine is built: DeepSpeed copies the weights into its optimizer at start.
     """
+    if adapters is not None:
+        if not (path / TRAINING_STATE_FILE).is_file():
+            return False
+        adapters.load(path / ADAPTERS_DIR)
+        return True
     if not (path / "config.json").is_file():
         return False
     load_weights_into(model, path)
@@ -154,16 +167,25 @@ def grpo_stage(ctx: RunContext, iteration: int, progress: ProgressFn) -> StageRe
     g, algo, k = cfg.grpo, cfg.grpo.algo, iteration
     policy_dir = ctx.require_checkpoint(POLICY, k)
     model, tokenizer = ctx.policy(k)
+    adapters = None
+    if g.lora.enabled:  # new adapters on policy_k each iteration: the base is the reference
+        adapters = LoRAAdapters(model, g.lora, ctx.seed(GRPO, k, "lora"), policy_dir)
     reference = None
     if algo.beta > 0:  # beta = 0 never loads the reference (no forward pass, no memory)
-        reference = ctx.policy(k)[0].eval().requires_grad_(False)
+        reference = (
+            ctx.policy(k)[0].eval().requires_grad_(False)
+            if adapters is None
+            else adapters.reference()  # the adapted model with adapters off: no second copy
+        )
     reward_models = _load_reward_models(ctx, k)
     progress_dir = ctx.checkpoint(GRPO_PROGRESS, k)
-    resumed = _resume_weights(progress_dir, model)
+    resumed = _resume_weights(progress_dir, model, adapters)
     jobs_dir = ctx.checkpoint(LAUNCH_JOBS, k)
     updater = build_policy_updater(
         cfg.engines, g, ctx.threads, model, reference, policy_dir, jobs_dir, cfg.policy.dtype
     )
+    if adapters is not None:
+        updater = LoRAUpdater(updater, adapters)
     start = 0
     sample_rows: list[dict[str, Any]] = []
     metric_log: list[dict[str, Any]] = []
@@ -208,10 +230,12 @@ def grpo_stage(ctx: RunContext, iteration: int, progress: ProgressFn) -> StageRe
             done = step + 1
             if done % g.checkpoint_every == 0 or done == g.steps or INTERRUPT.requested:
                 _save_progress(
-                    progress_dir, model, tokenizer, updater, done, sample_rows, metric_log
+                    progress_dir, model, tokenizer, updater, done, sample_rows, metric_log, adapters
                 )
             INTERRUPT.check()
         save_model(ctx.checkpoint(POLICY, k + 1), model, tokenizer, updater.weights())
+        if adapters is not None:  # policy_{k+1} is stored merged; the adapters beside it
+            save_checkpoint(ctx.checkpoint(POLICY_LORA, k + 1), adapters.save, overwrite=True)
     finally:
         updater.close()
     checks = check_step_rewards(GuardChecks(cfg.guards, ctx.run_id), k, metric_log)
