@@ -254,7 +254,7 @@ class LoRAConfig(BaseModel):
         if not cleaned or any(not n for n in cleaned):
             raise ValueError(
                 "grpo.lora.target_modules must list at least one module name and no empty "
-                f"name (got {names}); e.g. {list(LLAMA_PROJECTIONS)}"
+                f"name: e.g. {list(LLAMA_PROJECTIONS)}"
             )
         if len(set(cleaned)) != len(cleaned):
             dupes = sorted({n for n in cleaned if cleaned.count(n) > 1})
