@@ -1,6 +1,7 @@
 """The GRPO stage's updater when grpo.lora is on: the in-process update trains only the
 adapters (the base weights are frozen, so the engine's optimizer holds the adapters alone);
-the policy it hands on is the merged model, and its resumable state is adapters + optimizer."""
+the policy it hands on is the merged model. The stage saves and restores the adapters in its
+progress checkpoint (before the engine is built, as full weights are)."""
 
 from __future__ import annotations
 
@@ -34,11 +35,10 @@ class LoRAUpdater:
         return self.adapters.merged_state_dict()
 
     def save_state(self, directory: Path) -> dict[str, Any] | None:
-        self.adapters.save(directory / ADAPTERS_DIR)
+        """The optimizer's state (the adapters themselves are saved by the stage beside it)."""
         return self.inner.save_state(directory)
 
     def load_state(self, directory: Path, state: dict[str, Any] | None) -> None:
-        self.adapters.load(directory / ADAPTERS_DIR)
         self.inner.load_state(directory, state)
 
     def close(self) -> None:
