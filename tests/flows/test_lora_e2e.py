@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import inspect
 import signal
+from collections.abc import Iterator, Mapping
 from pathlib import Path
+from typing import ClassVar
 
 import pytest
 import torch
@@ -16,6 +18,9 @@ from flows.context import RunContext
 from flows.engines.lora_updater import ADAPTERS_DIR
 from flows.loop import execute_run
 from flows.names import GRPO_PROGRESS, POLICY, POLICY_LORA
+from grpo_core.contracts.rollout import RolloutBatch, SamplingParams
+from grpo_core.engines.hf_rollout import HFRolloutEngine
+from grpo_core.engines.registry import ROLLOUT_ENGINES, RolloutEngineSpec, RolloutRequest
 from grpo_core.model.config import LLAMA_PROJECTIONS
 from grpo_core.model.lora import ADAPTER_WEIGHTS
 from grpo_core.model.policy import load_policy
@@ -92,3 +97,59 @@ def test_lora_run_stores_adapters_and_merged_policies_and_resumes_exactly(
         got, expected = weights(store, role, 2, file), weights(reference, role, 2, file)
         assert got.keys() == expected.keys()
         assert all(torch.equal(got[key], expected[key]) for key in got), role
+
+
+class OwnCopyEngine:
+    """A rollout engine registered by a test: HF on its own copy of the policy, given the
+    trained weights after each update as a vLLM worker is; records what it receives."""
+
+    received: ClassVar[list[dict[str, torch.Tensor]]] = []
+
+    def __init__(self, request: RolloutRequest, settings: None) -> None:
+        model = load_policy(request.checkpoint_dir)[0]
+        self.hf = HFRolloutEngine(
+            model, request.tokenizer, batch_size=request.batch_size, show_progress=False
+        )
+
+    def load(self, checkpoint_dir: Path) -> None:
+        self.hf.load(checkpoint_dir)
+
+    def receive_weights(self, weights: Mapping[str, torch.Tensor]) -> None:
+        OwnCopyEngine.received.append({k: v.detach().clone() for k, v in weights.items()})
+        self.hf.receive_weights(weights)  # a key the plain model lacks is a KeyError
+
+    def generate(
+        self, prompts: list[str], n: int, params: SamplingParams, seed: int
+    ) -> RolloutBatch:
+        return self.hf.generate(prompts, n, params, seed=seed)
+
+    def close(self) -> None:
+        pass
+
+
+@pytest.fixture
+def own_copy_engine() -> Iterator[str]:
+    spec = RolloutEngineSpec("own-copy", "test: HF on its own weights", OwnCopyEngine)
+    ROLLOUT_ENGINES.add("own-copy", spec)
+    OwnCopyEngine.received.clear()
+    yield "own-copy"
+    ROLLOUT_ENGINES.remove("own-copy")
+
+
+def test_an_engine_on_its_own_weights_is_sent_the_merged_policy(
+    own_copy_engine: str, tmp_path: Path
+) -> None:
+    """What vLLM gets in the GRPO stage: after each update, the merged weights under the plain
+    model's keys, which differ from policy_0 in the adapted projections only."""
+    cfg = micro_config(
+        tmp_path, RUN_ID, *LORA, "run.iterations=1", f"engines.rollout={own_copy_engine}"
+    )
+    execute_run(cfg)
+    received = OwnCopyEngine.received
+    assert len(received) == cfg.grpo.steps - 1  # after every update but the last
+    start = load_policy(checkpoint_path(tmp_path, RUN_ID, POLICY, 0))[0].state_dict()
+    for sent in received:
+        assert set(sent) == set(start)
+        changed = {key for key in sent if not torch.equal(sent[key], start[key])}
+        assert changed and {key.split(".")[-2] for key in changed} <= set(LLAMA_PROJECTIONS)
+    assert not all(torch.equal(received[0][k], received[1][k]) for k in start)  # it follows
