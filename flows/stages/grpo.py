@@ -1,6 +1,7 @@
 """The GRPO stage of iteration k: M steps of online sampling -> reward -> advantages -> update.
 
-policy_k is both the starting point and the frozen reference (reference := policy). The
+policy_k is both the starting point and the frozen reference (reference := policy); with
+grpo.lora, new adapters on policy_k train and the reference is policy_k with them off. The
 stage checkpoints weights, optimizer, RNG and the step cursor every `checkpoint_every`
 steps; a rerun resumes from there, and the rows of finished steps travel with the
 checkpoint so the committed `policy_samples` hold every step exactly once.
@@ -42,7 +43,7 @@ from grpo_core.contracts.rollout import RolloutEngine, Sampler
 from grpo_core.data.tasks.base import Problem
 from grpo_core.engines.gold_rollout import GoldSolutionRollout
 from grpo_core.engines.registry import ROLLOUT_ENGINES
-from grpo_core.model.lora import LoRAAdapters
+from grpo_core.model.lora import ADAPTER_WEIGHTS, LoRAAdapters
 from grpo_core.model.policy import load_weights_into
 from reward_models.config import RMKind
 from reward_models.grpo_reward import GRPORewarder, models_needed
@@ -107,9 +108,12 @@ def _resume_weights(path: Path, model: Any, adapters: LoRAAdapters | None = None
     Before the engine is built: DeepSpeed copies the weights into its optimizer at start.
     """
     if adapters is not None:
-        if not (path / TRAINING_STATE_FILE).is_file():
+        saved = path / ADAPTERS_DIR
+        if not (saved / ADAPTER_WEIGHTS).is_file() or adapters.differences(saved):
+            if (path / TRAINING_STATE_FILE).is_file():  # grpo.lora changed since: start over
+                log.info("GRPO: %s was saved with other grpo.lora settings; starting over", path)
             return False
-        adapters.load(path / ADAPTERS_DIR)
+        adapters.load(saved)
         return True
     if not (path / "config.json").is_file():
         return False

@@ -124,6 +124,19 @@ class LoRAAdapters:
         loadable with peft.PeftModel.from_pretrained on the base model."""
         self.peft.save_pretrained(str(directory), safe_serialization=True)
 
+    def differences(self, directory: str | Path) -> dict[str, tuple[Any, Any]]:
+        """The settings (PEFT's names) in which the adapters `save` wrote to `directory` differ
+        from these adapters': {field: (saved, now)}; empty when they fit."""
+        saved = json.loads((Path(directory) / ADAPTER_CONFIG).read_text())
+        cfg, targets = self.cfg, sorted(saved.get("target_modules") or [])
+        pairs = {
+            "r": (saved.get("r"), cfg.r),
+            "lora_alpha": (saved.get("lora_alpha"), cfg.alpha),
+            "lora_dropout": (saved.get("lora_dropout"), cfg.dropout),
+            "target_modules": (targets, sorted(cfg.target_modules)),
+        }
+        return {field: pair for field, pair in pairs.items() if pair[0] != pair[1]}
+
     def load(self, directory: str | Path) -> None:
         """Copy the adapters `save` wrote into this model's adapters, in place (an optimizer
         built on them keeps its parameters)."""
@@ -133,21 +146,11 @@ class LoRAAdapters:
         path = Path(directory)
         if not (path / ADAPTER_WEIGHTS).is_file():
             raise MissingPathError(f"no LoRA adapters at {path} ({ADAPTER_WEIGHTS} missing)")
-        saved = json.loads((path / ADAPTER_CONFIG).read_text())
-        cfg = self.cfg
-        differs = {
-            field: (saved.get(field), mine)
-            for field, mine, theirs in (
-                ("r", cfg.r, saved.get("r")),
-                ("lora_alpha", cfg.alpha, saved.get("lora_alpha")),
-                ("target_modules", sorted(cfg.target_modules), sorted(saved["target_modules"])),
-            )
-            if theirs != mine
-        }
+        differs = self.differences(path)
         if differs:
             raise SettingError(
                 f"the LoRA adapters at {path} were made with other grpo.lora settings "
-                f"(saved, now: {differs}): resume with the settings they were made with"
+                f"(saved, now: {differs}): load them with the settings they were made with"
             )
         result: Any = set_peft_model_state_dict(self.peft, load_file(str(path / ADAPTER_WEIGHTS)))
         if result.unexpected_keys:
