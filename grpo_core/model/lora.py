@@ -99,6 +99,7 @@ class LoRAAdapters:
         """The base model (policy_k) as a module: the adapted model with its adapters off."""
         return AdaptersOff(self.peft)
 
+    @torch.no_grad()
     def merged_state_dict(self) -> dict[str, Tensor]:
         """The weights of the adapted model with each adapter folded in, W + (alpha/r) B A,
         under the base model's own state_dict keys (an ordinary HF checkpoint). The model is
@@ -116,7 +117,10 @@ class LoRAAdapters:
                 continue
             plain = key.replace(".base_layer.", ".")
             delta = deltas.get(plain)
-            merged[plain] = (value if delta is None else value + delta.to(value.dtype)).detach()
+            # added in the adapters' precision, rounded once to the weight's (bf16 weights)
+            merged[plain] = (
+                value if delta is None else (value.to(delta.dtype) + delta).to(value.dtype)
+            )
         return merged
 
     def save(self, directory: str | Path) -> None:
