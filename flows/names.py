@@ -22,6 +22,9 @@ TRAIN_SPLIT: Final = "train"  # the split rollouts, GRPO and so the reward model
 POLICY = "policy"  # policy/iter-k is the policy that iteration k starts from (and its reference)
 ORM: Final = "orm"
 PRM: Final = "prm"
+# policy-lora/iter-(k+1): the LoRA adapters (PEFT format) the GRPO stage of iteration k trained on
+# policy/iter-k; policy/iter-(k+1) holds them merged (grpo.lora)
+POLICY_LORA = "policy-lora"
 GRPO_PROGRESS = "grpo-progress"  # intra-stage resume point of the GRPO stage of iteration k
 CRITIC: Final = "critic"  # critic/iter-k: PPO's value model that iteration k starts from
 

@@ -19,6 +19,7 @@ from flows.runtime import derive_seed
 from grpo_core.data.tasks.base import Split, Task
 from grpo_core.data.tasks.registry import make_task
 from grpo_core.model.config import PolicyConfig
+from grpo_core.model.lora import require_peft
 from grpo_core.model.policy import (
     build_char_tokenizer,
     encode_prompt,
@@ -34,6 +35,8 @@ from storage.checkpoints import checkpoint_path
 
 def check_policy_and_data(cfg: ItergrpoConfig) -> None:
     """Raise PreflightError / TaskDataError if the policy or the data cannot serve the run."""
+    if cfg.grpo.lora.enabled:
+        require_peft()  # a SettingError naming the lora extra
     policy = _policy_tokenizer(cfg)
     _check_reward_models(cfg, policy[0] if policy else None)
     task = make_task(cfg.task)  # validates every data row

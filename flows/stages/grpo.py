@@ -1,6 +1,7 @@
 """The GRPO stage of iteration k: M steps of online sampling -> reward -> advantages -> update.
 
-policy_k is both the starting point and the frozen reference (reference := policy). The
+policy_k is both the starting point and the frozen reference (reference := policy); with
+grpo.lora, new adapters on policy_k train and the reference is policy_k with them off. The
 stage checkpoints weights, optimizer, RNG and the step cursor every `checkpoint_every`
 steps; a rerun resumes from there, and the rows of finished steps travel with the
 checkpoint so the committed `policy_samples` hold every step exactly once.
@@ -18,25 +19,19 @@ import pyarrow.parquet as pq
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from flows.context import RunContext
+from flows.engines.lora_updater import ADAPTERS_DIR, LoRAUpdater
 from flows.engines.policy_updaters import LAUNCH_JOBS, PolicyUpdater, build_policy_updater
-from flows.guards import (
-    EQUAL_REWARDS,
-    OVER_OPTIMISATION,
-    GuardChecks,
-    equal_rewards_finding,
-    over_optimisation_finding,
-)
+from flows.guards import GuardChecks
 from flows.interrupts import INTERRUPT
 from flows.model_io import save_model
-from flows.names import GRPO, GRPO_PROGRESS, POLICY, TRAIN_SPLIT
+from flows.names import GRPO, GRPO_PROGRESS, POLICY, POLICY_LORA, TRAIN_SPLIT
 from flows.progress import ProgressFn, log
 from flows.stages.critic import commit_critic, open_critic, save_critic_progress
+from flows.stages.grpo_steps import check_step_rewards, policy_sample_rows, report_step
 from flows.stages.results import StageResult, mean, metric_rows
 from grpo_core.algo.critic_update import CriticLearner
 from grpo_core.algo.step import (
-    SKIP_EXPLAINED,
     SKIPPED,
-    StepOutcome,
     grpo_step,
     prompt_indices_at,
 )
@@ -44,11 +39,13 @@ from grpo_core.contracts.rollout import RolloutEngine, Sampler
 from grpo_core.data.tasks.base import Problem
 from grpo_core.engines.gold_rollout import GoldSolutionRollout
 from grpo_core.engines.registry import ROLLOUT_ENGINES
+from grpo_core.model.lora import ADAPTER_WEIGHTS, LoRAAdapters
 from grpo_core.model.policy import load_weights_into
 from reward_models.config import RMKind
 from reward_models.grpo_reward import GRPORewarder, models_needed
 from reward_models.models import RewardModel
 from storage.checkpoints import (
+    TRAINING_STATE_FILE,
     capture_rng_state,
     load_training_state,
     restore_rng_state,
@@ -82,9 +79,13 @@ def _save_progress(
     metric_log: list[dict[str, Any]],
     next_prompt: int,
     critic: CriticLearner | None = None,
+    adapters: LoRAAdapters | None = None,
 ) -> None:
     def write(tmp: Path) -> None:
-        model.save_pretrained(tmp, safe_serialization=True, state_dict=updater.weights())
+        if adapters is not None:  # LoRA: the base is policy_k's checkpoint, never changed
+            adapters.save(tmp / ADAPTERS_DIR)
+        else:
+            model.save_pretrained(tmp, safe_serialization=True, state_dict=updater.weights())
         tokenizer.save_pretrained(tmp)
         save_training_state(
             tmp,
@@ -99,11 +100,20 @@ def _save_progress(
     save_checkpoint(path, write, overwrite=True)
 
 
-def _resume_weights(path: Path, model: Any) -> bool:
-    """Load the weights of the stage's last progress checkpoint, if there is one.
+def _resume_weights(path: Path, model: Any, adapters: LoRAAdapters | None = None) -> bool:
+    """Load the weights of the stage's last progress checkpoint, if there is one (with LoRA:
+    its adapters).
 
     Before the engine is built: DeepSpeed copies the weights into its optimizer at start.
     """
+    if adapters is not None:
+        saved = path / ADAPTERS_DIR
+        if not (saved / ADAPTER_WEIGHTS).is_file() or adapters.differences(saved):
+            if (path / TRAINING_STATE_FILE).is_file():  # grpo.lora changed since: start over
+                log.info("GRPO: %s was saved with other grpo.lora settings; starting over", path)
+            return False
+        adapters.load(saved)
+        return True
     if not (path / "config.json").is_file():
         return False
     load_weights_into(model, path)
@@ -163,14 +173,21 @@ def grpo_stage(ctx: RunContext, iteration: int, progress: ProgressFn) -> StageRe
     g, algo, k = cfg.grpo, cfg.grpo.algo, iteration
     policy_dir = ctx.require_checkpoint(POLICY, k)
     model, tokenizer = ctx.policy(k)
+    adapters = None
+    if g.lora.enabled:  # new adapters on policy_k each iteration: the base is the reference
+        adapters = LoRAAdapters(model, g.lora, ctx.seed(GRPO, k, "lora"), policy_dir)
     reference = None
     # no KL term or penalty: no reference (no forward pass, no memory); launched jobs and Ray
     # training ranks load their own for the loss, but PPO's KL penalty is computed here
     if algo.needs_reference and (cfg.engines.updates_in_process or algo.estimator.needs_values):
-        reference = ctx.policy(k)[0].eval().requires_grad_(False)
+        reference = (
+            ctx.policy(k)[0].eval().requires_grad_(False)
+            if adapters is None
+            else adapters.reference()  # the adapted model with adapters off: no second copy
+        )
     reward_models = _load_reward_models(ctx, k)
     progress_dir = ctx.checkpoint(GRPO_PROGRESS, k)
-    resumed = _resume_weights(progress_dir, model)
+    resumed = _resume_weights(progress_dir, model, adapters)
     jobs_dir = ctx.checkpoint(LAUNCH_JOBS, k)
     updater = build_policy_updater(
         cfg.engines,
@@ -183,6 +200,8 @@ def grpo_stage(ctx: RunContext, iteration: int, progress: ProgressFn) -> StageRe
         cfg.policy.dtype,
         ray_address=cfg.cluster.ray_address,
     )
+    if adapters is not None:
+        updater = LoRAUpdater(updater, adapters)
     start = 0
     sample_rows: list[dict[str, Any]] = []
     metric_log: list[dict[str, Any]] = []
@@ -231,8 +250,8 @@ def grpo_stage(ctx: RunContext, iteration: int, progress: ProgressFn) -> StageRe
             updated = updated or out.skipped is None
             stats = out.stats
             metric_log += metric_rows(GRPO, stats, step)
-            sample_rows += _sample_rows(step, problems, out, g.group_size)
-            _report_step(k, step, g.steps, out, progress)
+            sample_rows += policy_sample_rows(step, problems, out, g.group_size)
+            report_step(k, step, g.steps, out, progress)
             done = step + 1
             if done % g.checkpoint_every == 0 or done == g.steps or INTERRUPT.requested:
                 _save_progress(
@@ -245,10 +264,13 @@ def grpo_stage(ctx: RunContext, iteration: int, progress: ProgressFn) -> StageRe
                     metric_log,
                     cursor.position,
                     critic,
+                    adapters,
                 )
             INTERRUPT.check()
         save_model(ctx.checkpoint(POLICY, k + 1), model, tokenizer, updater.weights())
         commit_critic(ctx, k, critic)
+        if adapters is not None:  # policy_{k+1} is stored merged; the adapters beside it
+            save_checkpoint(ctx.checkpoint(POLICY_LORA, k + 1), adapters.save, overwrite=True)
     finally:
         updater.close()
     checks = check_step_rewards(GuardChecks(cfg.guards, ctx.run_id), k, metric_log)
@@ -266,32 +288,6 @@ def grpo_stage(ctx: RunContext, iteration: int, progress: ProgressFn) -> StageRe
     if skipped:
         summary["skipped_steps"] = float(skipped)
     return StageResult(GRPO, k, metrics=summary, warnings=checks.warnings)
-
-
-def check_step_rewards(
-    checks: GuardChecks, k: int, metric_log: list[dict[str, Any]]
-) -> GuardChecks:
-    """The guards on what the stage's steps were paid: the learned reward over-paying against
-    the verifier (steps with an RM reward), and steps with no reward contrast at all."""
-    per_step: dict[int, dict[str, float]] = {}
-    for row in metric_log:
-        if row["step"] is not None:
-            per_step.setdefault(int(row["step"]), {})[str(row["name"])] = float(row["value"])
-    steps = [per_step[s] for s in sorted(per_step)]
-    paid = [s for s in steps if "rm_reward_mean" in s]
-    guards = checks.guards
-    if paid:
-        finding = over_optimisation_finding(
-            [s["rm_reward_mean"] for s in paid],
-            [s["verifier_accuracy"] for s in paid],
-            guards.over_optimisation_gap,
-            guards.over_optimisation_steps,
-            k,
-        )
-        checks.check(OVER_OPTIMISATION, finding)
-    shares = [s["equal_reward_groups"] for s in steps if "equal_reward_groups" in s]
-    checks.check(EQUAL_REWARDS, equal_rewards_finding(shares, guards.equal_rewards_share, k))
-    return checks
 
 
 def _extra_round(
@@ -325,69 +321,3 @@ class PromptCursor:
         problems = [self.pool[i] for i in prompt_indices_at(len(self.pool), self.position, count)]
         self.position += count
         return problems
-
-
-def _report_step(k: int, step: int, steps: int, out: StepOutcome, progress: ProgressFn) -> None:
-    """The progress line and log line of one step (a skipped step says why)."""
-    stats = out.stats
-    if out.skipped is not None:
-        progress((step + 1) / steps, f"GRPO step {step + 1}/{steps}: skipped ({out.skipped})")
-        log.warning(
-            "GRPO iter %d step %d: skipped, no update (%s: %s)",
-            k,
-            step,
-            out.skipped,
-            SKIP_EXPLAINED[out.skipped],
-        )
-        return
-    progress((step + 1) / steps, f"GRPO step {step + 1}/{steps}: reward {stats['reward_mean']:.3f}")
-    log.info(
-        "GRPO iter %d step %d: reward %.3f (RM %.3f) verifier acc %.3f kl %.4f",
-        k,
-        step,
-        stats["reward_mean"],
-        stats.get("rm_reward_mean", float("nan")),
-        stats["verifier_accuracy"],
-        stats.get("kl", float("nan")),
-    )
-    if "prompts_drawn" in stats:  # dynamic sampling: what it took to fill the batch
-        log.info(
-            "GRPO iter %d step %d: dynamic sampling drew %d prompts in %d rounds, dropped %d "
-            "equal-reward groups%s",
-            k,
-            step,
-            stats["prompts_drawn"],
-            stats["sampling_rounds"],
-            stats["groups_dropped"],
-            "" if stats["batch_filled"] else " (batch not filled: the round cap was reached)",
-        )
-
-
-def _sample_rows(
-    step: int, problems: list[Problem], out: StepOutcome, group_size: int
-) -> list[dict[str, Any]]:
-    """Rows of `policy_samples` for one step: each output, its rewards and its mean advantage."""
-    batch, rewards, advantages, stats = out.batch, out.rewards, out.advantages, out.stats
-    lengths = [len(ids) for ids in batch.completion_ids]
-    seq_adv = [
-        float(advantages[r, : max(n, 1)].mean()) if n else 0.0 for r, n in enumerate(lengths)
-    ]
-    return [
-        {
-            "step": step,
-            "problem_id": problems[batch.prompt_index[r]].problem_id,
-            "sample_index": r % group_size,
-            "completion": batch.texts[r],
-            "reward": float(rewards.per_output[r]),
-            "reward_parts": {name: float(score[r]) for name, score in rewards.parts.items()},
-            "reward_rm": None if rewards.rm is None else float(rewards.rm[r]),
-            "advantage": seq_adv[r],
-            "kl": stats.get("kl", 0.0),
-            "ratio_mean": stats.get("ratio_mean", 1.0),
-            "ratio_max": stats.get("ratio_max", 1.0),
-            "n_completion_tokens": lengths[r],
-            "correct": bool(rewards.verifier[r] > 0),
-            "truncated": out.truncated[r],
-        }
-        for r in range(len(batch))
-    ]

@@ -205,3 +205,58 @@ class EvalConfig(BaseModel):
             ks.append(k)
             k *= 2
         return ks
+
+
+# The attention and MLP projections of Llama-shaped models (Llama, Qwen2, Mistral, SmolLM2),
+# the modules LoRA papers and PEFT recipes adapt by default.
+LLAMA_PROJECTIONS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+
+
+class LoRAConfig(BaseModel):
+    """LoRA adapters (PEFT) that the GRPO stage trains instead of the policy's weights; the
+    frozen base is policy_k, which is also the reference (docs/lora.md)."""
+
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
+
+    enabled: bool = Field(
+        default=False,
+        description="Train low-rank adapters on policy_k instead of all its weights: no "
+        "reference copy (the reference is the base with the adapters off), optimizer state "
+        "for the adapters only. Needs the lora extra (pip install -e '.[lora]').",
+    )
+    r: int = Field(default=8, ge=1, le=1024, description="Adapter rank (1 to 1024).")
+    alpha: int = Field(
+        default=16,
+        ge=1,
+        le=65536,
+        description="Scaling numerator: an adapter adds (alpha / r) * B A to its weight "
+        "(1 to 65536; PEFT's lora_alpha).",
+    )
+    dropout: float = Field(
+        default=0.0,
+        ge=0.0,
+        lt=1.0,
+        description="Dropout on the adapters' input while training (0 to < 1). 0 by default: "
+        "with dropout the probability ratio of the first update is no longer 1.",
+    )
+    target_modules: list[str] = Field(
+        default_factory=lambda: list(LLAMA_PROJECTIONS),
+        description="Module names (the last part of the dotted name) that get adapters; "
+        "default the attention and MLP projections of Llama-shaped models: "
+        + ", ".join(LLAMA_PROJECTIONS)
+        + ". Each must name at least one module of the policy.",
+    )
+
+    @field_validator("target_modules")
+    @classmethod
+    def _some_distinct_names(cls, names: list[str]) -> list[str]:
+        cleaned = [n.strip() for n in names]
+        if not cleaned or any(not n for n in cleaned):
+            raise ValueError(
+                "grpo.lora.target_modules must list at least one module name and no empty "
+                f"name: e.g. {list(LLAMA_PROJECTIONS)}"
+            )
+        if len(set(cleaned)) != len(cleaned):
+            dupes = sorted({n for n in cleaned if cleaned.count(n) > 1})
+            raise ValueError(f"grpo.lora.target_modules names {dupes} twice: list each once")
+        return cleaned

@@ -17,7 +17,7 @@ from flows.guards import (
     label_balance_finding,
     over_optimisation_finding,
 )
-from flows.stages.grpo import check_step_rewards
+from flows.stages.grpo_steps import check_step_rewards
 
 
 def test_one_class_labels_name_the_class_and_the_fixes() -> None:
