@@ -43,12 +43,12 @@ def test_grpo_of_iteration_k_resets_its_reference_to_policy_k_and_scores_with_rm
     rewarders: list[dict[str, dict[str, Tensor]]] = []
     build_updater, rewarder_class = grpo_module.build_policy_updater, grpo_module.GRPORewarder
 
-    def spy_updater(*args: Any) -> Any:
+    def spy_updater(*args: Any, **kwargs: Any) -> Any:
         _, _, _, model, reference, policy_dir, *_ = args
         updaters.append(
             {"start": weights(model), "reference": weights(reference), "dir": policy_dir}
         )
-        return build_updater(*args)
+        return build_updater(*args, **kwargs)
 
     def spy_rewarder(*args: Any) -> Any:
         reward_models: dict[str, RewardModel] = args[4]
