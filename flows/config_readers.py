@@ -17,7 +17,7 @@ _READ_ONLY_BY: dict[str, frozenset[str]] = {
     "guards.": frozenset(),
     "warm_start.": frozenset({WARM_START}),
     "labelling.": frozenset({LABEL}),
-    "evaluation.": frozenset({EVALUATE}),
+    "evaluation.": frozenset({WARM_START, EVALUATE}),  # warm_start evaluates policy_0
     # how the GRPO stage trains; the stages after it read the merged policy it stores
     "grpo.lora.": frozenset({GRPO}),
     # where each RM starts, its format and tokens, and how RMs train: train_rm alone (the GRPO

@@ -13,7 +13,7 @@ from storage.store import RunStore
 
 def test_stages_reading_the_keys() -> None:
     assert stages_reading("guards.rm_labels") == frozenset()
-    assert stages_reading("evaluation.n_prompts") == {"evaluate"}
+    assert stages_reading("evaluation.n_prompts") == {"warm_start", "evaluate"}  # policy_0 too
     assert stages_reading("reward_models.orm.source") == {"train_rm"}
     assert stages_reading("reward_models.lr") == {"train_rm"}
     assert stages_reading("reward_models.dtype") is None  # the GRPO stage loads RMs in it
@@ -32,7 +32,7 @@ def _commit(store: RunStore, config: dict[str, object], stage: str) -> None:
 def test_a_field_only_uncommitted_stages_read_may_change(tmp_path: Path) -> None:
     store = RunStore(tmp_path)
     first = {"grpo": {"steps": 2}, "evaluation": {"n_prompts": 8}, "guards": {"rm_labels": "stop"}}
-    _commit(store, first, "rollout")
+    _commit(store, first, "label")
     corrected = {**first, "evaluation": {"n_prompts": 16}, "guards": {"rm_labels": "warn"}}
     store.check_can_open("r", corrected, stage_readers=stages_reading)  # no committed reader
     with store.open_run("r", corrected, stage_readers=stages_reading):
