@@ -24,7 +24,7 @@ from flows.engines.train_engines import grpo_total_steps
 from flows.progress import log
 from grpo_core.algo.config import GRPOConfig
 from grpo_core.contracts.errors import SettingError
-from grpo_core.contracts.policy_batch import PolicyBatch
+from grpo_core.contracts.policy_batch import PolicyBatch, update_inputs, update_tensors
 from grpo_core.contracts.registry import Registry
 from grpo_core.contracts.training import OptimizerSettings, TrainEngine
 from grpo_core.engines.config import TrainWorkersConfig
@@ -137,19 +137,14 @@ class PolicyRank:
         from grpo_core.algo.update import grpo_update
 
         engine = self._engine()
-        dev = engine.device
-        batch = PolicyBatch(
-            inputs["input_ids"], inputs["attention_mask"], inputs["position_ids"],
-            inputs["response_mask"],
-        ).to(dev)  # fmt: skip
-        old = inputs.get("old_logprobs")
+        batch, advantages, old_logprobs = update_inputs(inputs, engine.device)
         metrics = grpo_update(
             engine,
             self.reference,
             batch,
-            inputs["advantages"].to(dev),
+            advantages,
             self.algo,
-            old_logprobs=None if old is None else old.to(dev),
+            old_logprobs=old_logprobs,
             generator=torch.Generator().manual_seed(seed),
         )
         weights = engine.full_state_dict()
@@ -290,16 +285,7 @@ class RayWorkersUpdater:
         self, batch: PolicyBatch, advantages: Tensor, old_logprobs: Tensor | None, seed: int
     ) -> dict[str, float]:
         self._load(self.policy_dir)
-        tensors = {
-            "input_ids": batch.input_ids,
-            "attention_mask": batch.attention_mask,
-            "position_ids": batch.position_ids,
-            "response_mask": batch.response_mask,
-            "advantages": advantages,
-        }
-        if old_logprobs is not None:
-            tensors["old_logprobs"] = old_logprobs
-        inputs = self.ray.put({k: v.detach().cpu() for k, v in tensors.items()})  # stored once
+        inputs = self.ray.put(update_tensors(batch, advantages, old_logprobs))  # stored once
         results = self.ray.get([rank.update.remote(inputs, seed) for rank in self.ranks])
         metrics, weights = results[0]
         with torch.no_grad():

@@ -89,6 +89,35 @@ class PolicyBatch:
         return self.response_to_full(packed.to(self.response_mask.device))
 
 
+def update_tensors(
+    batch: PolicyBatch, advantages: Tensor, old_logprobs: Tensor | None = None
+) -> dict[str, Tensor]:
+    """One policy update's inputs as named, contiguous CPU tensors, for another process (a
+    safetensors file for the DeepSpeed launcher's ranks, Ray's object store for long-lived
+    ranks); `update_inputs` reads them back."""
+    tensors = {
+        "input_ids": batch.input_ids,
+        "attention_mask": batch.attention_mask,
+        "position_ids": batch.position_ids,
+        "response_mask": batch.response_mask,
+        "advantages": advantages,
+    }
+    if old_logprobs is not None:
+        tensors["old_logprobs"] = old_logprobs
+    return {name: value.detach().cpu().contiguous() for name, value in tensors.items()}
+
+
+def update_inputs(
+    tensors: dict[str, Tensor], device: torch.device | str
+) -> tuple[PolicyBatch, Tensor, Tensor | None]:
+    """`update_tensors`' batch, advantages and old log-probs (None if absent) on `device`."""
+    on = {name: value.to(device) for name, value in tensors.items()}
+    batch = PolicyBatch(
+        on["input_ids"], on["attention_mask"], on["position_ids"], on["response_mask"]
+    )
+    return batch, on["advantages"], on.get("old_logprobs")
+
+
 def build_policy_batch(
     prompt_ids: list[list[int]],
     completion_ids: list[list[int]],

@@ -25,7 +25,7 @@ from safetensors.torch import load_file, save_file
 from torch import Tensor
 
 from grpo_core.algo.config import GRPOConfig
-from grpo_core.contracts.policy_batch import PolicyBatch
+from grpo_core.contracts.policy_batch import PolicyBatch, update_inputs, update_tensors
 from grpo_core.engines.config import DeepSpeedConfig
 from grpo_core.model.policy import DTYPES
 
@@ -81,16 +81,7 @@ def write_update_job(
 ) -> Path:
     """job.json and batch.safetensors (CPU tensors) in job_dir; returns job_dir."""
     job_dir.mkdir(parents=True, exist_ok=True)
-    tensors = {
-        "input_ids": batch.input_ids,
-        "attention_mask": batch.attention_mask,
-        "position_ids": batch.position_ids,
-        "response_mask": batch.response_mask,
-        "advantages": advantages,
-    }
-    if old_logprobs is not None:
-        tensors["old_logprobs"] = old_logprobs
-    save_file({k: v.detach().cpu().contiguous() for k, v in tensors.items()}, job_dir / BATCH_FILE)
+    save_file(update_tensors(batch, advantages, old_logprobs), job_dir / BATCH_FILE)
     (job_dir / JOB_FILE).write_text(job.model_dump_json(indent=2))
     return job_dir
 
@@ -176,20 +167,14 @@ def main(argv: list[str] | None = None) -> None:
         ref_dtype = torch.bfloat16 if job.deepspeed.bf16 else dtype  # DeepSpeed computes in it
         reference = AutoModelForCausalLM.from_pretrained(job.reference_dir, dtype=ref_dtype)
         torch.nn.Module.to(reference, engine.device).eval().requires_grad_(False)
-    tensors = {k: v.to(engine.device) for k, v in load_file(job_dir / BATCH_FILE).items()}
-    batch = PolicyBatch(
-        tensors["input_ids"],
-        tensors["attention_mask"],
-        tensors["position_ids"],
-        tensors["response_mask"],
-    )
+    batch, advantages, old_logprobs = update_inputs(load_file(job_dir / BATCH_FILE), engine.device)
     metrics = grpo_update(
         engine,
         reference,
         batch,
-        tensors["advantages"],
+        advantages,
         g,
-        old_logprobs=tensors.get("old_logprobs"),
+        old_logprobs=old_logprobs,
         generator=torch.Generator().manual_seed(job.seed),
     )
     output = Path(job.output_dir)

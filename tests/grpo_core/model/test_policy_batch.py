@@ -2,6 +2,7 @@
 
 import itertools
 from collections.abc import Callable
+from pathlib import Path
 
 import pytest
 import torch
@@ -268,3 +269,29 @@ def test_length_buckets_give_the_values_entropies_and_gradients_of_separate_rows
     assert len(shared[2]) == len(separate[2])
     for a, b in zip(shared[2], separate[2], strict=True):
         assert torch.allclose(a, b, atol=1e-5)
+
+
+@pytest.mark.parametrize("with_old_logprobs", [True, False])
+def test_update_tensors_round_trip_through_a_file(tmp_path: Path, with_old_logprobs: bool) -> None:
+    """What the DeepSpeed launcher's ranks read from batch.safetensors (and Ray's ranks from
+    the object store) is the batch, advantages and old log-probs the stage handed over."""
+    from safetensors.torch import load_file, save_file
+
+    from grpo_core.contracts.policy_batch import update_inputs, update_tensors
+
+    batch = build_policy_batch([[3, 4], [5]], [[6, 7, 8], [9]], pad_id=PAD, padding_side="left")
+    advantages = torch.tensor([0.5, -0.5])
+    old = torch.randn(batch.response_mask.shape) if with_old_logprobs else None
+    tensors = update_tensors(batch, advantages.requires_grad_(), old)
+    assert all(t.device.type == "cpu" and t.is_contiguous() for t in tensors.values())
+    assert not any(t.requires_grad for t in tensors.values())
+    save_file(tensors, tmp_path / "batch.safetensors")
+    read, read_advantages, read_old = update_inputs(
+        load_file(tmp_path / "batch.safetensors"), "cpu"
+    )
+    for field in ("input_ids", "attention_mask", "position_ids", "response_mask"):
+        assert torch.equal(getattr(read, field), getattr(batch, field))
+    assert torch.equal(read_advantages, advantages.detach())
+    assert (read_old is None) == (old is None)
+    if old is not None:
+        assert torch.equal(read_old, old)
