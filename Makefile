@@ -31,12 +31,20 @@ lint: venv
 	$(BIN)/ruff format --check $(PACKAGES) tests bench
 	$(BIN)/mypy
 
+# Two pytest-xdist workers: much of the suite waits on child processes (CLI runs, DeepSpeed
+# launchers, servers), so two workers use a 2-core machine's cores far better than one.
+# tests/xdist_scheduling.py hands out whole modules, heaviest first (Ray and Prefect-server
+# tests each as one unit).
+# TEST_WORKERS=0 runs everything in one process.
+TEST_WORKERS ?= 2
+PYTEST := $(BIN)/pytest -q -n $(TEST_WORKERS)
+
 test: lint
-	$(BIN)/pytest -q --durations=15
+	$(PYTEST) --durations=15
 
 # Unit tests only (skips the slow end-to-end and learning tests).
 test-fast: venv
-	$(BIN)/pytest -q -m "not slow"
+	$(PYTEST) -m "not slow"
 
 demo: venv
 	$(BIN)/itergrpo demo

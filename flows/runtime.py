@@ -30,12 +30,33 @@ def resolve_device(device: str) -> torch.device:
     return torch.device(device)
 
 
+# Caps run.num_threads in every process of a run that inherits it: for jobs (or test
+# workers) sharing a machine's cores, each taking its share instead of all of them.
+MAX_THREADS_ENV = "ITERGRPO_MAX_THREADS"
+
+
+def thread_cap() -> int | None:
+    """$ITERGRPO_MAX_THREADS as a positive int, None when unset or empty."""
+    raw = os.environ.get(MAX_THREADS_ENV, "").strip()
+    if not raw:
+        return None
+    if not raw.isdigit() or int(raw) < 1:
+        raise ConfigError(
+            f"{MAX_THREADS_ENV}={raw!r}: give a whole number of threads >= 1, or unset it"
+        )
+    return int(raw)
+
+
 def apply_threads(num_threads: int | None) -> None:
-    """torch CPU threads from run.num_threads (unset: torch's default)."""
-    if num_threads:
+    """torch CPU threads from run.num_threads (unset: torch's default), at most
+    $ITERGRPO_MAX_THREADS when that is set. Oversubscribed cores cost far more than the
+    threads' share: torch's OpenMP threads spin while they wait for each other."""
+    cap = thread_cap()
+    threads = num_threads if cap is None else min(num_threads or cap, cap)
+    if threads:
         import torch
 
-        torch.set_num_threads(num_threads)
+        torch.set_num_threads(threads)
 
 
 def name_deepspeed_accelerator(device: str) -> None:

@@ -1,7 +1,9 @@
-"""Shared test settings: offline, no telemetry, deterministic CPU threads, hypothesis profile."""
+"""Shared test settings: offline, no telemetry, deterministic CPU threads, hypothesis profile,
+and how the suite splits over pytest-xdist workers (`make test` runs two)."""
 
 import os
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
@@ -13,6 +15,7 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 import pytest
 import torch
+from filelock import FileLock
 from hypothesis import HealthCheck, settings
 
 from storage.store import RunStore
@@ -24,18 +27,52 @@ settings.register_profile("dev", max_examples=30, deadline=None)
 settings.load_profile("ci" if os.environ.get("CI") else "dev")
 
 
+def pytest_configure(config: pytest.Config) -> None:
+    """Under xdist each worker takes its share of the cores, it and the runs it starts
+    (children inherit both variables; run.num_threads is capped by ITERGRPO_MAX_THREADS):
+    two workers at two threads each on two cores ran the demo-scale tests several times
+    slower than at one thread each, torch's OpenMP threads spinning while they wait."""
+    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+    if workers > 1:
+        share = max(1, (os.cpu_count() or 1) // workers)
+        os.environ["OMP_NUM_THREADS"] = os.environ["ITERGRPO_MAX_THREADS"] = str(share)
+        torch.set_num_threads(share)
+
+
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    """Whole modules per worker, heaviest first (tests/xdist_scheduling.py)."""
+    from tests.xdist_scheduling import ModuleUnitScheduling
+
+    return ModuleUnitScheduling(config, log)
+
+
+def shared_dir(tmp_path_factory: pytest.TempPathFactory, name: str) -> Path:
+    """A directory every xdist worker of this test run sees under the same path (the
+    session's own temp directory without xdist)."""
+    run_id = os.environ.get("PYTEST_XDIST_TESTRUNUID")
+    if run_id is None:
+        return tmp_path_factory.mktemp(name)
+    shared = tmp_path_factory.getbasetemp().parent / f"shared-{run_id[:12]}" / name
+    shared.mkdir(parents=True, exist_ok=True)
+    return shared
+
+
 @pytest.fixture(scope="session")
 def micro_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[RunStore, str]:
-    """One completed `micro` run, shared by the tests that only read it (or copy its store)."""
+    """One completed `micro` run, shared by the tests that only read it (or copy its store);
+    under xdist the first worker that needs it runs it and the others wait and read it."""
     from flows.loop import execute_run, planned_stages
     from tests.flow_helpers import micro_config
 
-    root = tmp_path_factory.mktemp("store")
-    cfg = micro_config(root, "e2e")
-    results = execute_run(cfg)
-    assert [(r.stage, r.iteration) for r in results] == planned_stages(cfg)
-    assert not any(r.skipped for r in results)
-    return RunStore(root), "e2e"
+    root = shared_dir(tmp_path_factory, "micro-run")
+    with FileLock(str(root) + ".lock"):
+        if not (root / "complete").exists():
+            cfg = micro_config(root / "store", "e2e")
+            results = execute_run(cfg)
+            assert [(r.stage, r.iteration) for r in results] == planned_stages(cfg)
+            assert not any(r.skipped for r in results)
+            (root / "complete").touch()
+    return RunStore(root / "store"), "e2e"
 
 
 @pytest.fixture

@@ -17,7 +17,6 @@ from __future__ import annotations
 import json
 import math
 import signal
-import socket
 from collections.abc import Iterator
 from importlib.util import find_spec
 from pathlib import Path
@@ -38,6 +37,7 @@ from grpo_core.engines import registry
 from storage.checkpoints import EXTRA_FILE, checkpoint_path
 from storage.store import RunStore
 from tests.flow_helpers import cli, micro_config, snapshot
+from tests.ports import free_port
 
 ABS_TOL, REL_TOL, WEIGHT_TOL = 1e-5, 1e-4, 1e-5
 # Discrete or schedule values: identical whenever the two runs sampled the same tokens.
@@ -238,12 +238,6 @@ def test_deepspeed_run_killed_mid_grpo_resumes_exactly(tmp_path: Path, zero_stag
         )
         == 0.0
     )
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 @needs_deepspeed

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -14,12 +13,7 @@ from pathlib import Path
 
 import pytest
 
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
+from tests.ports import free_port
 
 
 @pytest.fixture(scope="module")
@@ -28,7 +22,7 @@ def mlflow_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     stopped with its workers when the module's tests end. One per module: a start costs
     seconds of CPU; the tests sharing it log under experiments of their own."""
     tmp_path = tmp_path_factory.mktemp("mlflow")
-    port = _free_port()
+    port = free_port()
     log = (tmp_path / "mlflow-server.log").open("w")
     server = subprocess.Popen(
         [

@@ -26,6 +26,7 @@ from grpo_core.contracts.training import OptimizerSettings
 from grpo_core.engines.config import DeepSpeedConfig
 from grpo_core.engines.train import TorchEngine
 from tests.models import tiny_llama
+from tests.ports import free_port
 
 needs_deepspeed = pytest.mark.skipif(
     find_spec("deepspeed") is None,
@@ -214,7 +215,7 @@ def test_zero3_two_processes_through_the_launcher_match_torch_engine(tmp_path: P
     expected, torch_metrics = torch_update(cfg, batch, advantages, tied=True)
     tiny_llama(tied=True).save_pretrained(tmp_path / "policy_0")
     tiny_llama(seed=1, tied=True).save_pretrained(tmp_path / "reference")
-    ds = DeepSpeedConfig(zero_stage=3, processes_per_node=2, master_port=29517)
+    ds = DeepSpeedConfig(zero_stage=3, processes_per_node=2, master_port=free_port())
     job = UpdateJob(
         policy_dir=str(tmp_path / "policy_0"),
         reference_dir=str(tmp_path / "reference"),
