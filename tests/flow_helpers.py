@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -67,3 +68,19 @@ def commit_a_stage(store: RunStore, run_id: str, config: dict[str, Any]) -> None
     """A run `run_id` with `config` and one committed stage (a run that has started)."""
     with store.open_run(run_id, config) as run, run.stage(0, "s") as attempt:
         attempt.write("metrics", [{"stage": "s", "name": "x", "value": 1.0}])
+
+
+def set_args(sets: list[str]) -> list[str]:
+    """`--set KEY=VALUE` arguments of a CLI call, one pair per override."""
+    return [arg for item in sets for arg in ("--set", item)]
+
+
+def killed_micro_run(
+    store: Path, run_id: str, sets: list[str], fault: str
+) -> subprocess.CompletedProcess[str]:
+    """`itergrpo run --config micro` with `sets`, killed by the SIGKILL fault `fault` in a
+    child process (asserted); its result, for the test to check the console."""
+    args = ["run", "--config", "micro", "--run-id", run_id, *set_args(sets)]
+    killed = cli(store, *args, fault=fault)
+    assert killed.returncode == -signal.SIGKILL, killed.stderr[-2000:]
+    return killed

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import json
 import math
-import signal
 from collections.abc import Iterator
 from importlib.util import find_spec
 from pathlib import Path
@@ -36,7 +35,7 @@ from grpo_core.contracts.errors import SettingError
 from grpo_core.engines import registry
 from storage.checkpoints import EXTRA_FILE, checkpoint_path
 from storage.store import RunStore
-from tests.flow_helpers import cli, micro_config, snapshot
+from tests.flow_helpers import cli, killed_micro_run, micro_config, snapshot
 from tests.ports import free_port
 
 ABS_TOL, REL_TOL, WEIGHT_TOL = 1e-5, 1e-4, 1e-5
@@ -220,11 +219,7 @@ def test_deepspeed_run_killed_mid_grpo_resumes_exactly(tmp_path: Path, zero_stag
     reference = tmp_path / "reference"
     execute_run(micro_config(reference, "kr", *sets))
     store = tmp_path / "killed"
-    args = ["run", "--config", "micro", "--run-id", "kr"]
-    for item in sets:
-        args += ["--set", item]
-    killed = cli(store, *args, fault="SIGKILL@grpo:0:2")  # step 0 checkpointed, step 1 not
-    assert killed.returncode == -signal.SIGKILL, killed.stderr[-2000:]
+    killed_micro_run(store, "kr", sets, fault="SIGKILL@grpo:0:2")  # step 0 saved, step 1 not
     progress = checkpoint_path(store, "kr", GRPO_PROGRESS, 0)
     assert json.loads((progress / EXTRA_FILE).read_text())["next_step"] == 1
     assert (progress / DEEPSPEED_STATE).is_dir() == (zero_stage == 3)
@@ -254,11 +249,7 @@ def test_grpo_updates_through_the_launcher_match_torch_and_resume(tmp_path: Path
         "engines.deepspeed.processes_per_node=2",
         f"engines.deepspeed.master_port={free_port()}",
     ]
-    args = ["run", "--config", "micro", "--run-id", "eng"]
-    for item in sets:
-        args += ["--set", item]
-    killed = cli(ds_store, *args, fault="SIGKILL@grpo:0:2")
-    assert killed.returncode == -signal.SIGKILL, killed.stderr[-2000:]
+    killed_micro_run(ds_store, "eng", sets, fault="SIGKILL@grpo:0:2")
     progress = checkpoint_path(ds_store, "eng", GRPO_PROGRESS, 0)
     assert (progress / DEEPSPEED_STATE).is_dir()  # the ranks' optimizer state
     resumed = cli(ds_store, "resume", "eng")

@@ -13,7 +13,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import signal
 import time
 from importlib.util import find_spec
 from pathlib import Path
@@ -28,7 +27,7 @@ from flows.names import GRPO_PROGRESS, POLICY
 from grpo_core.contracts.policy_batch import PolicyBatch
 from storage.checkpoints import EXTRA_FILE, checkpoint_path
 from storage.store import RunStore
-from tests.flow_helpers import cli, micro_config, snapshot
+from tests.flow_helpers import cli, killed_micro_run, micro_config, snapshot
 from tests.flows.engines.test_engines_flow import (
     WEIGHT_TOL,
     assert_close_metrics,
@@ -96,11 +95,7 @@ def test_ray_ranks_killed_mid_grpo_resume_exactly(tmp_path: Path) -> None:
     reference = tmp_path / "reference"
     execute_run(micro_config(reference, "kr", *sets))
     store = tmp_path / "killed"
-    args = ["run", "--config", "micro", "--run-id", "kr"]
-    for item in sets:
-        args += ["--set", item]
-    killed = cli(store, *args, fault="SIGKILL@grpo:0:2")  # step 0 checkpointed, step 1 not
-    assert killed.returncode == -signal.SIGKILL, killed.stderr[-2000:]
+    killed = killed_micro_run(store, "kr", sets, fault="SIGKILL@grpo:0:2")  # step 0 saved only
     started = re.search(r"training ranks: 2 Ray actors \(pids \[(\d+), (\d+)\]\) on", killed.stderr)
     assert started is not None, killed.stderr[-2000:]
     pids = [int(p) for p in started.groups()]
