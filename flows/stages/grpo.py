@@ -199,6 +199,7 @@ def grpo_stage(ctx: RunContext, iteration: int, progress: ProgressFn) -> StageRe
         jobs_dir,
         cfg.policy.dtype,
         ray_address=cfg.cluster.ray_address,
+        training_ranks=ctx.training_ranks,
     )
     if adapters is not None:
         updater = LoRAUpdater(updater, adapters)
