@@ -1,5 +1,5 @@
 """Whether two runs of one config are the same run: every committed row of the data tables,
-`eval` and `metrics` (less the figures that measure the machine: wall time, memory), and the
+`eval` and `metrics` (less the figures that measure the machine: wall times, memory), and the
 weights of every stored checkpoint (policies, reward models, PPO's critic; not the GRPO
 stage's progress scratch). Used to compare
 a run killed with SIGKILL and resumed (bench/kill_resume_demo.sh) with an uninterrupted one.
@@ -25,17 +25,27 @@ from storage.store import RunStore
 
 TABLES = ("prompts", "rollouts", "orm_labels", "prm_labels", "rm_train", "policy_samples")
 TABLES += ("eval", "metrics")
+# what measures the machine, not the run: the GRPO stage's cost figures, the warm start's wall
+MACHINE_FIGURES = MEASURED_METRICS | {"seconds"}
+
+
+def _same_run(value: Any, run_id: str) -> Any:
+    """NaN as text (it is unequal to itself); a path naming the run without its id."""
+    if isinstance(value, float) and math.isnan(value):
+        return "nan"
+    if isinstance(value, str):
+        return value.replace(f"/{run_id}/", "/<run>/")
+    return value
 
 
 def _rows(store: RunStore, run_id: str, table: str) -> dict[int, list[tuple[Any, ...]]]:
-    """iteration -> the table's rows of it without run_id, sorted; NaN as text (it is
-    unequal to itself)."""
+    """iteration -> the table's rows of it without run_id, sorted."""
     rows = store.read(table, run_id=run_id).drop(["run_id"]).to_pylist()
     if table == "metrics":
-        rows = [r for r in rows if r["name"] not in MEASURED_METRICS]
+        rows = [r for r in rows if r["name"] not in MACHINE_FIGURES]
     out: dict[int, list[tuple[Any, ...]]] = {}
     for r in rows:
-        cells = {k: "nan" if isinstance(v, float) and math.isnan(v) else v for k, v in r.items()}
+        cells = {k: _same_run(v, run_id) for k, v in r.items()}
         out.setdefault(int(r["iteration"]), []).append(tuple(sorted(cells.items())))
     return {k: sorted(v, key=repr) for k, v in sorted(out.items())}
 
