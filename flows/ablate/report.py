@@ -7,6 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from flows.ablate.cost import COST_NOTE, format_cost_table
 from flows.ablate.results import (
     CLAIMS_NOTE,
     FIG5_LINKS,
@@ -136,8 +137,15 @@ def verdict_lines(values: Values) -> str:
     return "\n".join(claim.text() for claim in claims(values))
 
 
+def _cost_lines(values: Values) -> list[str]:
+    """The "cost per arm" section (none when the ablation's rows hold no cost)."""
+    table = format_cost_table(values)
+    return ["## Cost per arm", "", "```", table, "```", "", COST_NOTE, ""] if table else []
+
+
 def summary_markdown(values: Values, ablation_id: str, description: str) -> str:
-    """The report page without its pictures: description, table, verdicts, how to query."""
+    """The report page without its pictures: description, table, cost, verdicts, how to
+    query."""
     return "\n".join(
         [
             f"# itergrpo ablation `{ablation_id}`",
@@ -148,6 +156,7 @@ def summary_markdown(values: Values, ablation_id: str, description: str) -> str:
             format_results_table(values),
             "```",
             "",
+            *_cost_lines(values),
             "```",
             verdict_lines(values),
             "```",

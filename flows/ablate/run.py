@@ -19,6 +19,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from flows.ablate.cost import stage_costs
 from flows.ablate.suites import AblationPlan, ArmRun
 from flows.config import ItergrpoConfig
 from flows.config_files import stored_config_as_current
@@ -26,7 +27,7 @@ from flows.config_readers import stages_reading
 from flows.context import RunContext
 from flows.interrupts import INTERRUPT, RunInterrupted, graceful_sigint, with_fault_hook
 from flows.loop import Executor, failure_record, planned_stages
-from flows.names import EVAL_SPLIT, WARM_START
+from flows.names import EVAL_SPLIT, GRPO, WARM_START
 from flows.progress import no_progress
 from flows.runtime import apply_threads, name_deepspeed_accelerator
 from flows.stages import STAGE_FUNCTIONS
@@ -56,11 +57,19 @@ def is_complete(store: RunStore, arm_run: ArmRun) -> bool:
 
 
 def ablation_rows(store: RunStore, plan: AblationPlan, runs: list[ArmRun]) -> list[dict[str, Any]]:
-    """Rows of the `ablation` table: each arm-seed run's evaluations on the held-out split."""
+    """Rows of the `ablation` table: each arm-seed run's evaluations on the held-out split,
+    and the cost of the GRPO stage behind each policy it trained (flows/ablate/cost.py)."""
     rows = []
     for r in runs:
         table = store.read("eval", run_id=r.run_id, where=f"split = '{EVAL_SPLIT}'")
-        for e in table.to_pylist():
+        evals = table.to_pylist()
+        costs = stage_costs(store.read("metrics", run_id=r.run_id, stage=GRPO).to_pylist())
+        for policy, figures in sorted(costs.items()):
+            evals += [
+                {"policy_iteration": policy, "metric": name, "k": None, "value": value}
+                for name, value in figures.items()
+            ]
+        for e in evals:
             rows.append(
                 {
                     "ablation_id": plan.ablation_id,

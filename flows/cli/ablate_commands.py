@@ -59,6 +59,7 @@ def _execute(plan: AblationPlan, *, use_prefect: bool) -> list[dict[str, Any]]:
 
 def run_plan(plan: AblationPlan, *, use_prefect: bool) -> int:
     """Run (or resume) `plan`; print the table, the verdicts and where the report is."""
+    from flows.ablate.cost import COST_NOTE, format_cost_table
     from flows.ablate.report import verdict_lines, write_ablation_report
     from flows.ablate.results import CLAIMS_NOTE, Values, format_results_table
 
@@ -85,6 +86,8 @@ def run_plan(plan: AblationPlan, *, use_prefect: bool) -> int:
     written = write_ablation_report(values, plan.ablation_id, plan.suite.description, out_dir)
     print()
     print(format_results_table(values))
+    if cost := format_cost_table(values):
+        print(f"\ncost per arm\n{cost}\n{COST_NOTE}")
     print()
     print(verdict_lines(values))
     print()

@@ -10,6 +10,7 @@ checkpoint so the committed `policy_samples` hold every step exactly once.
 from __future__ import annotations
 
 import functools
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -37,6 +38,14 @@ from grpo_core.algo.step import (
 )
 from grpo_core.contracts.rollout import RolloutEngine, Sampler
 from grpo_core.data.tasks.base import Problem
+from grpo_core.engines.cost import (
+    MIB,
+    PEAK_MEMORY_MIB,
+    STEP_SECONDS,
+    TRAINING_STATE_MIB,
+    PeakMemory,
+    adamw_training_state_bytes,
+)
 from grpo_core.engines.gold_rollout import GoldSolutionRollout
 from grpo_core.engines.registry import ROLLOUT_ENGINES
 from grpo_core.model.lora import ADAPTER_WEIGHTS, LoRAAdapters
@@ -169,8 +178,34 @@ def _training_data(
 
 def grpo_stage(ctx: RunContext, iteration: int, progress: ProgressFn) -> StageResult:
     """M GRPO steps on policy_k against reference policy_k and rm_k -> policy_{k+1}."""
+    cfg, k = ctx.cfg, iteration
+    with PeakMemory(ctx.device) as peak:  # the stage's models and steps (a resumed one: since)
+        sample_rows, metric_log = _train_policy(ctx, k, progress)
+    checks = check_step_rewards(GuardChecks(cfg.guards, ctx.run_id), k, metric_log)
+    metric_log += metric_rows(GRPO, {**checks.metrics, PEAK_MEMORY_MIB: peak.mib})
+    with ctx.run.stage(k, GRPO) as attempt:
+        attempt.write("policy_samples", sample_rows)
+        attempt.write("metrics", metric_log)
+    # means over the steps that report each figure (a step skipped without prompts has none)
+    summary = {
+        name: mean(r["value"] for r in metric_log if r["name"] == name)
+        for name in ("reward_mean", "rm_reward_mean", "verifier_accuracy", "kl")
+        if any(r["name"] == name for r in metric_log)
+    }
+    skipped = sum(1 for r in metric_log if r["name"] == SKIPPED)
+    if skipped:
+        summary["skipped_steps"] = float(skipped)
+    return StageResult(GRPO, k, metrics=summary, warnings=checks.warnings)
+
+
+def _train_policy(
+    ctx: RunContext, k: int, progress: ProgressFn
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """The stage's steps, resumed from its progress checkpoint; policy_{k+1} (and the critic)
+    saved. Returns its `policy_samples` rows and its metric rows, per step and its training
+    state."""
     cfg = ctx.cfg
-    g, algo, k = cfg.grpo, cfg.grpo.algo, iteration
+    g, algo = cfg.grpo, cfg.grpo.algo
     policy_dir = ctx.require_checkpoint(POLICY, k)
     model, tokenizer = ctx.policy(k)
     adapters = None
@@ -227,6 +262,7 @@ def grpo_stage(ctx: RunContext, iteration: int, progress: ProgressFn) -> StageRe
             algo.process_supervision,
         )
         for step in range(start, g.steps):
+            started = time.perf_counter()
             if updated and follower is not None:  # the engine samples the updated policy
                 follower.receive_weights(updater.weights() or model.state_dict())
             drawn = cursor.take(g.prompts_per_step)
@@ -249,8 +285,8 @@ def grpo_stage(ctx: RunContext, iteration: int, progress: ProgressFn) -> StageRe
             kept = out.kept_prompts or range(len(prompts))
             problems = [drawn[i] for i in kept]
             updated = updated or out.skipped is None
-            stats = out.stats
-            metric_log += metric_rows(GRPO, stats, step)
+            seconds = time.perf_counter() - started  # sampling, reward, the update(s)
+            metric_log += metric_rows(GRPO, {**out.stats, STEP_SECONDS: seconds}, step)
             sample_rows += policy_sample_rows(step, problems, out, g.group_size)
             report_step(k, step, g.steps, out, progress)
             done = step + 1
@@ -274,21 +310,9 @@ def grpo_stage(ctx: RunContext, iteration: int, progress: ProgressFn) -> StageRe
             save_checkpoint(ctx.checkpoint(POLICY_LORA, k + 1), adapters.save, overwrite=True)
     finally:
         updater.close()
-    checks = check_step_rewards(GuardChecks(cfg.guards, ctx.run_id), k, metric_log)
-    metric_log += metric_rows(GRPO, checks.metrics)
-    with ctx.run.stage(k, GRPO) as attempt:
-        attempt.write("policy_samples", sample_rows)
-        attempt.write("metrics", metric_log)
-    # means over the steps that report each figure (a step skipped without prompts has none)
-    summary = {
-        name: mean(r["value"] for r in metric_log if r["name"] == name)
-        for name in ("reward_mean", "rm_reward_mean", "verifier_accuracy", "kl")
-        if any(r["name"] == name for r in metric_log)
-    }
-    skipped = sum(1 for r in metric_log if r["name"] == SKIPPED)
-    if skipped:
-        summary["skipped_steps"] = float(skipped)
-    return StageResult(GRPO, k, metrics=summary, warnings=checks.warnings)
+    trained = [model] if critic is None else [model, critic.critic]
+    state_mib = sum(adamw_training_state_bytes(m) for m in trained) / MIB
+    return sample_rows, metric_log + metric_rows(GRPO, {TRAINING_STATE_MIB: state_mib})
 
 
 def _extra_round(

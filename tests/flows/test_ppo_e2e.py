@@ -15,8 +15,17 @@ import pytest
 from safetensors.torch import load_file
 
 from flows.loop import execute_run
-from flows.names import CRITIC, GRPO_PROGRESS
-from grpo_core.model.critic import CRITIC_FILE
+from flows.names import CRITIC, GRPO_PROGRESS, POLICY
+from grpo_core.engines.cost import (
+    MEASURED_METRICS,
+    MIB,
+    PEAK_MEMORY_MIB,
+    STEP_SECONDS,
+    TRAINING_STATE_MIB,
+    adamw_training_state_bytes,
+)
+from grpo_core.model.critic import CRITIC_FILE, ValueModel
+from grpo_core.model.policy import load_policy
 from storage.checkpoints import checkpoint_path
 from storage.store import RunStore
 from tests.flow_helpers import cli, micro_config, snapshot
@@ -39,7 +48,24 @@ PPO = (
 
 def grpo_metrics(store: Path) -> dict[tuple[int, str], float]:
     rows = RunStore(store).read("metrics", run_id=RUN_ID).to_pylist()
-    return {(r["step"], r["name"]): r["value"] for r in rows if r["stage"] == "grpo"}
+    return {
+        (r["step"], r["name"]): r["value"]
+        for r in rows
+        if r["stage"] == "grpo" and r["name"] not in MEASURED_METRICS  # time, memory differ
+    }
+
+
+def assert_cost_recorded(store: Path) -> None:
+    """Each step's wall time, the stage's peak memory, and the training state of policy and
+    critic (weights, gradients, AdamW moments) counted from the stored models."""
+    rows = RunStore(store).read("metrics", run_id=RUN_ID, stage="grpo").to_pylist()
+    cost = {(r["step"], r["name"]): r["value"] for r in rows if r["iteration"] == 0}
+    assert all(cost[(step, STEP_SECONDS)] > 0 for step in range(3))
+    assert cost[(None, PEAK_MEMORY_MIB)] >= 0
+    policy = load_policy(checkpoint_path(store, RUN_ID, POLICY, 1))[0]
+    critic = ValueModel.load(checkpoint_path(store, RUN_ID, CRITIC, 1))
+    held = adamw_training_state_bytes(policy) + adamw_training_state_bytes(critic)
+    assert cost[(None, TRAINING_STATE_MIB)] == pytest.approx(held / MIB, rel=1e-12)
 
 
 def critic_weights(store: Path) -> dict[str, Any]:
@@ -69,6 +95,7 @@ def test_ppo_runs_micro_stores_the_critic_and_resumes_a_kill_exactly(
     for name in ("value_loss", "explained_variance", "value_mean", "returns_mean", "kl_coef"):
         assert all((step, name) in metrics for step in range(3)), name
     assert metrics[(0, "kl_coef")] == 0.04  # the start value, then the controller moves it
+    assert_cost_recorded(reference)
     assert metrics[(2, "kl_coef")] != metrics[(0, "kl_coef")]
 
     store = tmp_path / "killed"

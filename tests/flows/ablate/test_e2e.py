@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from flows.ablate.cost import PEAK_MIB, S_PER_STEP, STATE_MIB
 from flows.cli import main
 from storage.store import RunStore
 from tests.flow_helpers import cli
@@ -88,6 +89,13 @@ def test_micro_ablation_survives_kills_and_reports(
     assert capsys.readouterr().out.split() == ['"arm","seeds"', '"grpo_os",2', '"online_rft",2']
     rows = RunStore(store).read("ablation", run_id=ABLATION).to_pylist()
     assert {r["arm_run_id"] for r in rows} == set(RUNS)
+    # beside the accuracy, each trained policy's GRPO stage cost, at every arm and seed
+    assert "cost per arm" in out
+    costs = {(r["arm_run_id"], r["policy_iteration"], r["metric"]) for r in rows}
+    for run_id in RUNS:
+        for policy in (1, 2):
+            assert {(run_id, policy, m) for m in (S_PER_STEP, PEAK_MIB, STATE_MIB)} <= costs
+        assert (run_id, 0, S_PER_STEP) not in costs  # policy_0 trained nothing in the arm
     assert [s[0] for s in commits(store, ABLATION)] == ["warm_start", "ablation"]
     # every arm evaluates the same policy_0 on the same problems at a given seed
     policy_0 = {

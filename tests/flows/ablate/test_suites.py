@@ -54,18 +54,20 @@ def test_micro_suite_is_two_arms_by_two_seeds(tmp_path: Path) -> None:
     ]
 
 
-def test_the_ppo_suite_compares_ppo_and_grpo_at_the_same_budget(tmp_path: Path) -> None:
+def test_the_ppo_suite_compares_ppo_dapo_and_grpo_at_the_same_budget(tmp_path: Path) -> None:
     name, suite = load_suite("ppo")
     plan = make_plan(name, suite, seeds=None, ablation_id=None, store_root=tmp_path)
     by_arm = {r.arm: r.config for r in plan.arm_runs() if r.seed == 0}
-    assert set(by_arm) == {"grpo_os", "ppo"} and suite.seeds == 3
-    grpo, ppo = by_arm["grpo_os"], by_arm["ppo"]
+    assert set(by_arm) == {"grpo_os", "ppo", "dapo"} and suite.seeds == 3
+    grpo, ppo, dapo = by_arm["grpo_os"], by_arm["ppo"], by_arm["dapo"]
     assert ppo.grpo.algo.estimator.needs_values and not grpo.grpo.algo.estimator.needs_values
-    same = [
+    assert dapo.grpo.algo.dynamic_sampling and not grpo.grpo.algo.dynamic_sampling
+    same = {
         (c.grpo.steps, c.grpo.prompts_per_step, c.grpo.group_size, c.grpo.algo.mu)
-        for c in (grpo, ppo)
-    ]
-    assert same[0] == same[1] and grpo.grpo.rewards == ppo.grpo.rewards
+        for c in (grpo, ppo, dapo)
+    }
+    assert len(same) == 1 and grpo.grpo.rewards == ppo.grpo.rewards
+    assert not dapo.reward_models.use_prm  # the learned ORM rewards every arm
     assert ppo.grpo.algo.ppo.kl_coef == grpo.grpo.algo.beta  # the same KL weight, moved
 
 
