@@ -85,6 +85,17 @@ def one_torch_thread() -> Iterator[None]:
     torch.set_num_threads(threads)
 
 
+@pytest.fixture
+def preset_threads(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """The test's runs take their config's run.num_threads even under xdist (no
+    ITERGRPO_MAX_THREADS cap): for bars measured at a preset's own threads, since CPU results
+    depend on the thread count (the demo's ORM AUROC at 1 thread is not the 2-thread one)."""
+    monkeypatch.delenv("ITERGRPO_MAX_THREADS", raising=False)
+    threads = torch.get_num_threads()
+    yield
+    torch.set_num_threads(threads)
+
+
 @pytest.fixture(scope="session")
 def prefect_test_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Any, str]]:
     """One Prefect server subprocess for every test that uses `prefect_harness`."""
