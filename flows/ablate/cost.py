@@ -9,7 +9,7 @@ from collections import defaultdict
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from flows.ablate.results import Values
+from flows.ablate.results import Values, text_table
 from grpo_core.engines.cost import PEAK_MEMORY_MIB, STEP_SECONDS, TRAINING_STATE_MIB
 
 S_PER_STEP = "grpo_s_per_step"  # the median of the stage's step_seconds
@@ -77,10 +77,4 @@ def format_cost_table(values: Values) -> str:
         ]
         for r in rows
     ]
-    widths = [max(len(h), *(len(c[i]) for c in cells)) for i, h in enumerate(heads)]
-
-    def line(parts: list[str]) -> str:
-        pairs = zip(parts, widths, strict=True)
-        return "  ".join(p.ljust(w) if i == 0 else p.rjust(w) for i, (p, w) in enumerate(pairs))
-
-    return "\n".join([line(heads), line(["-" * w for w in widths]), *(line(c) for c in cells)])
+    return text_table(heads, cells)

@@ -88,6 +88,18 @@ def results_table(values: Values) -> list[dict[str, Any]]:
     return rows
 
 
+def text_table(heads: list[str], cells: list[list[str]]) -> str:
+    """Columns padded to their widest cell, the first left-aligned, the rest right-aligned,
+    under a header and a rule."""
+    widths = [max(len(h), *(len(c[i]) for c in cells)) for i, h in enumerate(heads)]
+
+    def line(parts: list[str]) -> str:
+        pairs = zip(parts, widths, strict=True)
+        return "  ".join(p.ljust(w) if i == 0 else p.rjust(w) for i, (p, w) in enumerate(pairs))
+
+    return "\n".join([line(heads), line(["-" * w for w in widths]), *(line(c) for c in cells)])
+
+
 def format_results_table(values: Values) -> str:
     """The results table as text: each cell `mean ± 95% CI half-width` over seeds."""
     rows = results_table(values)
@@ -104,13 +116,7 @@ def format_results_table(values: Values) -> str:
         ]
         for r in rows
     ]
-    widths = [max(len(h), *(len(c[i]) for c in cells)) for i, h in enumerate(heads)]
-
-    def line(parts: list[str]) -> str:
-        pairs = zip(parts, widths, strict=True)
-        return "  ".join(p.ljust(w) if i == 0 else p.rjust(w) for i, (p, w) in enumerate(pairs))
-
-    return "\n".join([line(heads), line(["-" * w for w in widths]), *(line(c) for c in cells)])
+    return text_table(heads, cells)
 
 
 @dataclass(frozen=True)
