@@ -222,11 +222,10 @@ class EnginesSection(_Section):
         "none",
         description="Where the GRPO update runs: none (in the stage's process, or one "
         "deepspeed launcher job per step with deepspeed.processes_per_node > 1 or a hostfile) "
-        "or ray (engines.workers.ranks Ray actors kept for the whole run, each one rank of a "
-        "gloo/NCCL group running engines.train: deepspeed, or torch with DDP; each GRPO stage "
-        "loads its policy into them and feeds each step's batch through Ray's object store). "
-        "Ray: cluster.ray_address, else a local Ray on 127.0.0.1 started by the first GRPO "
-        "stage and stopped with the run (the ray extra).",
+        "or ray (engines.workers.ranks Ray actors kept for the whole GRPO stage, each one rank "
+        "of a gloo/NCCL group running engines.train: deepspeed, or torch with DDP; fed each "
+        "step's batch through Ray's object store). Ray: cluster.ray_address, else a local Ray "
+        "on 127.0.0.1 started and stopped by the stage (the ray extra).",
     )
     workers: TrainWorkersConfig = Field(
         default_factory=TrainWorkersConfig,

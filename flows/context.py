@@ -23,7 +23,6 @@ if TYPE_CHECKING:
     import torch
     from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-    from flows.engines.train_workers import TrainingRanks
     from grpo_core.contracts.rollout import Sampler
     from grpo_core.data.tasks.base import Task
     from grpo_core.model.prompts import Prompter
@@ -37,7 +36,6 @@ class RunContext:
     store: RunStore
     run: RunWriter  # the run's open writer: stage attempts, status
     engines: RolloutEngines = field(init=False)
-    _training_ranks: TrainingRanks | None = field(init=False, default=None)
 
     def __post_init__(self) -> None:
         self.engines = RolloutEngines(
@@ -134,22 +132,6 @@ class RunContext:
         engine = self.engines.engine(name, purpose, checkpoint, model, tokenizer, batch_size)
         return FiniteSampler(engine, where)
 
-    def training_ranks(self) -> TrainingRanks:
-        """The run's long-lived training ranks (engines.train_workers = ray), started by the
-        first stage that asks: every GRPO stage of the run updates in the same processes."""
-        if self._training_ranks is None:
-            from flows.engines.train_workers import TrainingRanks
-
-            workers, address = self.cfg.engines.workers, self.cfg.cluster.ray_address
-            self._training_ranks = TrainingRanks(workers, self.threads, address)
-        return self._training_ranks
-
     def close(self) -> None:
-        """Release what the run kept between stages (a rollout engine's worker process, the
-        training ranks)."""
-        try:
-            self.engines.close()
-        finally:
-            if self._training_ranks is not None:
-                self._training_ranks.close()
-                self._training_ranks = None
+        """Release what the run kept between stages (a rollout engine's worker process)."""
+        self.engines.close()

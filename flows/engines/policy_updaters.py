@@ -10,7 +10,7 @@ import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Any, Protocol
 
 import torch
 from safetensors.torch import load_file
@@ -27,9 +27,6 @@ from grpo_core.contracts.training import TrainEngine
 from grpo_core.engines.config import DeepSpeedConfig
 from grpo_core.engines.registry import require_deepspeed
 from storage.errors import MissingCheckpointError
-
-if TYPE_CHECKING:
-    from flows.engines.train_workers import TrainingRanks
 
 # Checkpoint roles (checkpoints/<run_id>/<role>/iter-<k>/) and directories of the updaters.
 LAUNCH_JOBS = "grpo-launch"  # deepspeed launcher jobs of the GRPO stage (one per step)
@@ -250,25 +247,16 @@ def build_policy_updater(
     jobs_dir: Path,
     policy_dtype: str,
     ray_address: str | None = None,
-    training_ranks: Callable[[], TrainingRanks] | None = None,
 ) -> PolicyUpdater:
     """The GRPO stage's update path for engines.train and engines.deepspeed: in this process,
     through the deepspeed launcher (jobs under `jobs_dir`, ranks loading the policy in
-    `policy_dtype`) when engines.launched, or on long-lived Ray actors when
-    engines.train_workers = ray (flows/engines/train_workers.py): the run's, from
-    `training_ranks`, else ranks of its own (at `ray_address`, else a local Ray) that it
-    stops when closed."""
+    `policy_dtype`) when engines.launched, or on long-lived Ray actors (at `ray_address`,
+    else a local Ray) when engines.train_workers = ray (flows/engines/train_workers.py)."""
     if engines.train_workers == "ray":
-        from flows.engines.train_workers import RayWorkersUpdater, TrainingRanks
+        from flows.engines.train_workers import RayWorkersUpdater
 
-        owned = training_ranks is None
-        ranks = (
-            TrainingRanks(engines.workers, threads, ray_address)
-            if training_ranks is None
-            else training_ranks()
-        )
         return RayWorkersUpdater(
-            engines, grpo, model, policy_dir, policy_dtype, DEEPSPEED_STATE, ranks, owned
+            engines, grpo, threads, model, policy_dir, policy_dtype, ray_address, DEEPSPEED_STATE
         )
     if engines.launched:
         deepspeed = engines.deepspeed

@@ -9,7 +9,6 @@ Why actors and not launcher jobs, and how it runs on a cluster: docs/train_worke
 
 from __future__ import annotations
 
-import gc
 import os
 import socket
 import time
@@ -162,17 +161,6 @@ class PolicyRank:
         """Restore what save_state wrote (the engine was loaded from the same checkpoint)."""
         self._engine().load_optimizer_state(Path(directory), state)
 
-    def unload(self) -> None:
-        """Drop the engine, the policy and the reference (a GRPO stage ended): the process and
-        its place in the group stay for the next stage, which loads the next policy."""
-        release = getattr(self.engine, "release", None)
-        if release is not None:
-            release()  # DeepSpeed: its engine's hooks and buffers
-        self.engine = self.model = self.reference = None
-        gc.collect()
-        if self.cuda:
-            torch.cuda.empty_cache()
-
     def _engine(self) -> TrainEngine:
         if self.engine is None:
             raise RuntimeError("training rank used before load()")
@@ -213,20 +201,35 @@ def start_ray(ray_address: str | None, cpus_needed: float) -> tuple[Any, bool]:
     return ray, True
 
 
-class TrainingRanks:
-    """engines.workers.ranks PolicyRank actors in one torch.distributed group, alive for the
-    whole run: started by the first GRPO stage that needs them (RunContext.training_ranks),
-    emptied when a stage ends (models dropped, processes kept: the next stage loads the next
-    policy into the same group), stopped when the run ends."""
+class RayWorkersUpdater:
+    """The PolicyUpdater of engines.train_workers = ray: engines.workers.ranks PolicyRank
+    actors for the whole stage. The stage's model is its sampling copy: it gets rank 0's
+    weights after every update, and holds no optimizer, gradients or reference."""
 
     def __init__(
-        self, workers: TrainWorkersConfig, threads: int | None, ray_address: str | None
+        self,
+        engines: EnginesSection,
+        grpo: GRPOStageSection,
+        threads: int | None,
+        model: nn.Module,
+        policy_dir: Path,
+        policy_dtype: str,
+        ray_address: str | None,
+        state_dir: str,
     ) -> None:
+        """state_dir: the directory in a progress checkpoint that DeepSpeed's own checkpoint
+        goes to (policy_updaters.DEEPSPEED_STATE, as for the in-process engine)."""
+        workers = engines.workers
+        self.state_dir = state_dir
+        self.engines, self.algo, self.model = engines, grpo.algo, model
+        self.total_steps = grpo_total_steps(grpo)
+        self.policy_dir, self.dtype = policy_dir, policy_dtype
         self.timeout = workers.start_timeout_s
         self.ray, self.owns_ray = start_ray(ray_address, workers.ranks * workers.num_cpus_per_rank)
         self.ranks: list[Any] = []
         self.pids: list[int] = []
         self.nodes: list[str] = []
+        self.loaded = False
         try:
             self._start(workers, threads)
         except BaseException:
@@ -247,10 +250,10 @@ class TrainingRanks:
             ).remote(rank, workers.ranks, cuda, threads)
             for rank in range(workers.ranks)
         ]
-        address, port = self.get(self.ranks[0].rendezvous.remote())
-        backend = self.all(lambda r: r.join.remote(address, port))[0]
-        self.pids = self.all(lambda r: r.pid.remote())
-        self.nodes = self.all(lambda r: r.node.remote())
+        address, port = self._get(self.ranks[0].rendezvous.remote())
+        backend = self._all(lambda r: r.join.remote(address, port))[0]
+        self.pids = self._all(lambda r: r.pid.remote())
+        self.nodes = self._all(lambda r: r.node.remote())
         log.info(
             "training ranks: %d Ray actors (pids %s) on %d node(s) in a %s group at %s:%d, "
             "up in %.1f s",
@@ -258,7 +261,7 @@ class TrainingRanks:
             time.perf_counter() - started,
         )  # fmt: skip
 
-    def get(self, ref: Any) -> Any:
+    def _get(self, ref: Any) -> Any:
         try:
             return self.ray.get(ref, timeout=self.timeout)
         except self.ray.exceptions.GetTimeoutError as err:
@@ -267,57 +270,15 @@ class TrainingRanks:
                 "does the Ray cluster have the CPUs/GPUs engines.workers reserves per rank?"
             ) from err
 
-    def all(self, call: Callable[[Any], Any]) -> list[Any]:
+    def _all(self, call: Callable[[Any], Any]) -> list[Any]:
         """One call on every rank at once (collectives need them all), results in rank order."""
-        return list(self.get([call(rank) for rank in self.ranks]))
-
-    def unload(self) -> None:
-        """Every rank drops its models; the processes and the group stay."""
-        if self.ranks:
-            self.all(lambda r: r.unload.remote())
-
-    def close(self) -> None:
-        for rank in self.ranks:
-            self.ray.kill(rank)
-        self.ranks = []
-        if self.owns_ray:
-            self.ray.shutdown()
-            log.info("training ranks: local Ray stopped")
-
-
-class RayWorkersUpdater:
-    """The PolicyUpdater of engines.train_workers = ray: the GRPO stage's updates on the run's
-    TrainingRanks, which load policy_k at the stage's first update. The stage's model is its
-    sampling copy: it gets rank 0's weights after every update, and holds no optimizer,
-    gradients or reference. Closing it empties the ranks, or stops them when it started them
-    itself (no run context: a benchmark, a test)."""
-
-    def __init__(
-        self,
-        engines: EnginesSection,
-        grpo: GRPOStageSection,
-        model: nn.Module,
-        policy_dir: Path,
-        policy_dtype: str,
-        state_dir: str,
-        ranks: TrainingRanks,
-        owns_ranks: bool,
-    ) -> None:
-        """state_dir: the directory in a progress checkpoint that DeepSpeed's own checkpoint
-        goes to (policy_updaters.DEEPSPEED_STATE, as for the in-process engine)."""
-        self.state_dir = state_dir
-        self.engines, self.algo, self.model = engines, grpo.algo, model
-        self.total_steps = grpo_total_steps(grpo)
-        self.policy_dir, self.dtype = policy_dir, policy_dtype
-        self.group, self.owns_ranks = ranks, owns_ranks
-        self.ray, self.ranks, self.pids = ranks.ray, ranks.ranks, ranks.pids
-        self.loaded = False
+        return list(self._get([call(rank) for rank in self.ranks]))
 
     def _load(self, start_dir: Path) -> None:
         if self.loaded:
             return
         args = (self.engines, self.algo, self.total_steps, str(self.policy_dir), str(start_dir))
-        self.group.all(lambda r: r.load.remote(*args, self.dtype))
+        self._all(lambda r: r.load.remote(*args, self.dtype))
         self.loaded = True
 
     def update(
@@ -337,16 +298,18 @@ class RayWorkersUpdater:
     def save_state(self, directory: Path) -> dict[str, Any] | None:
         self._load(self.policy_dir)
         where = str(directory / self.state_dir)
-        state: dict[str, Any] | None = self.group.all(lambda r: r.save_state.remote(where))[0]
+        state: dict[str, Any] | None = self._all(lambda r: r.save_state.remote(where))[0]
         return state
 
     def load_state(self, directory: Path, state: dict[str, Any] | None) -> None:
         self._load(directory)  # the ranks start from the checkpoint's weights
         where = str(directory / self.state_dir)
-        self.group.all(lambda r: r.load_state.remote(where, state))
+        self._all(lambda r: r.load_state.remote(where, state))
 
     def close(self) -> None:
-        if self.owns_ranks:
-            self.group.close()
-        else:
-            self.group.unload()
+        for rank in self.ranks:
+            self.ray.kill(rank)
+        self.ranks = []
+        if self.owns_ray:
+            self.ray.shutdown()
+            log.info("training ranks: local Ray stopped")

@@ -234,7 +234,6 @@ def _train_policy(
         jobs_dir,
         cfg.policy.dtype,
         ray_address=cfg.cluster.ray_address,
-        training_ranks=ctx.training_ranks,
     )
     if adapters is not None:
         updater = LoRAUpdater(updater, adapters)
