@@ -50,7 +50,7 @@ def test_lora_run_stores_adapters_and_merged_policies_and_resumes_exactly(
     policy = RunContext.policy
 
     def counting_policy(ctx: RunContext, k: int):  # type: ignore[no-untyped-def]
-        if inspect.stack()[1].function == "grpo_stage":
+        if inspect.stack()[1].frame.f_globals["__name__"] == "flows.stages.grpo":
             loads_by_grpo.append(k)
         return policy(ctx, k)
 
