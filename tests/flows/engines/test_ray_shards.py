@@ -144,7 +144,9 @@ def test_cluster_section_is_validated(
 @pytest.fixture
 def local_ray() -> Iterator[Any]:
     ray = pytest.importorskip("ray", reason=NO_RAY)
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    # address="local": a new cluster even when one a killed run left behind is still up (a
+    # bare ray.init() would join it, and refuse num_cpus)
+    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)
     try:
         yield ray
     finally:
