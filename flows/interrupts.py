@@ -3,6 +3,7 @@ the fault injection the kill-and-resume tests drive."""
 
 from __future__ import annotations
 
+import logging
 import os
 import signal
 import threading
@@ -22,9 +23,13 @@ class RunInterrupted(Exception):
 class _InterruptFlag:
     def __init__(self) -> None:
         self.requested = False
+        # Set once a RunInterrupted is on its way up: the run is already stopping.
+        self.stopping = False
+        self.depth = 0  # graceful_sigint blocks entered (only the outermost installs)
 
     def check(self) -> None:
         if self.requested:
+            self.stopping = True
             raise RunInterrupted(
                 "interrupted by SIGINT at a safe point; resume with the same run id"
             )
@@ -33,29 +38,61 @@ class _InterruptFlag:
 INTERRUPT = _InterruptFlag()
 
 
+def _on_sigint(signum: int, frame: FrameType | None) -> None:
+    if not INTERRUPT.requested:
+        INTERRUPT.requested = True
+        log.warning("SIGINT: stopping at the next safe point (Ctrl-C again to stop now)")
+        return
+    if INTERRUPT.stopping:
+        # Already unwinding from the first Ctrl-C: a second exception now would cut short the
+        # clean-up that records the run as interrupted. A further Ctrl-C (a clean-up that
+        # hangs) raises KeyboardInterrupt.
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+        return
+    if _inside_logging(frame):
+        # logging swallows an exception raised inside a handler's emit (it prints a "Logging
+        # error" traceback and goes on); the flag stops the run at the next safe point
+        # instead, and a third Ctrl-C lands here again.
+        return
+    # Not a KeyboardInterrupt: the run is recorded `interrupted` and the CLI prints the resume
+    # command; the uncommitted stage's files are discarded as usual.
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    INTERRUPT.stopping = True
+    raise RunInterrupted("interrupted by a second SIGINT; resume with the same run id")
+
+
 @contextmanager
 def graceful_sigint() -> Iterator[None]:
-    """First Ctrl-C asks the run to stop at the next safe point; a second one stops now."""
+    """First Ctrl-C asks the run to stop at the next safe point; a second one stops now.
+
+    Nested uses (an ablation's arm runs inside the ablation's) share the outermost one's flag,
+    so a Ctrl-C between two arms is not forgotten when the next arm starts."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
     previous = signal.getsignal(signal.SIGINT)
-
-    def handler(signum: int, frame: FrameType | None) -> None:
-        if INTERRUPT.requested:
-            # Not a KeyboardInterrupt: the run is recorded `interrupted` and the CLI prints
-            # the resume command; the uncommitted stage's files are discarded as usual.
-            signal.signal(signal.SIGINT, signal.default_int_handler)
-            raise RunInterrupted("interrupted by a second SIGINT; resume with the same run id")
-        INTERRUPT.requested = True
-        log.warning("SIGINT: stopping at the next safe point (Ctrl-C again to stop now)")
-
-    INTERRUPT.requested = False
-    signal.signal(signal.SIGINT, handler)
+    if INTERRUPT.depth == 0:
+        INTERRUPT.requested = False
+        INTERRUPT.stopping = False
+    signal.signal(signal.SIGINT, _on_sigint)
+    INTERRUPT.depth += 1
     try:
         yield
     finally:
+        INTERRUPT.depth -= 1
         signal.signal(signal.SIGINT, previous)
+
+
+_LOGGING_DIR = os.path.dirname(logging.__file__)
+
+
+def _inside_logging(frame: FrameType | None) -> bool:
+    """Whether the signal interrupted code called from the logging package."""
+    while frame is not None:
+        if os.path.dirname(frame.f_code.co_filename) == _LOGGING_DIR:
+            return True
+        frame = frame.f_back
+    return False
 
 
 # Fault injection for the kill-and-resume and error-reporting tests: "SIGKILL@grpo:1:2" sends

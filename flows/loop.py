@@ -165,22 +165,25 @@ def execute_run(
         def stage_started(name: str, iteration: int) -> None:
             current[:] = [(name, iteration)]
 
-        try:
-            with graceful_sigint():
-                results = run_loop(ctx, executor, stage_done, stage_started)
-        except BaseException as exc:
-            stopped = isinstance(exc, (RunInterrupted, KeyboardInterrupt, *stop_signals))
-            status = "interrupted" if stopped else "failed"
+        # The handler stays on while the final status is recorded: a Ctrl-C that arrives then
+        # cannot cut the record short (graceful_sigint ignores one once the run is stopping).
+        with graceful_sigint():
             try:
-                run.set_status(status, failure=failure_record(exc, current[0] if current else None))
-            except OSError as unrecorded:  # e.g. the disk that stopped the run is still full
-                # the run's own error is the one to report; `runs` shows a run whose holder
-                # died while `running` as interrupted
-                log.warning("could not record the run as %s: %s", status, unrecorded)
-            tracking.finish_after_error(status)
-            raise
-        finally:
-            ctx.close()  # a rollout engine's worker kept between stages, if any
+                results = run_loop(ctx, executor, stage_done, stage_started)
+            except BaseException as exc:
+                stopped = isinstance(exc, (RunInterrupted, KeyboardInterrupt, *stop_signals))
+                status = "interrupted" if stopped else "failed"
+                failure = failure_record(exc, current[0] if current else None)
+                try:
+                    run.set_status(status, failure=failure)
+                except OSError as unrecorded:  # e.g. the disk that stopped the run is still full
+                    # the run's own error is the one to report; `runs` shows a run whose holder
+                    # died while `running` as interrupted
+                    log.warning("could not record the run as %s: %s", status, unrecorded)
+                tracking.finish_after_error(status)
+                raise
+            finally:
+                ctx.close()  # a rollout engine's worker kept between stages, if any
         run.set_status("completed", iterations_done=cfg.run.iterations)
         tracking.finish("completed")
     return results

@@ -218,8 +218,9 @@ def run_ablation(
         # The ablation's own tracking run (policy_0's evaluation) is the arm-seed runs' parent.
         tracking = RunTracking(plan.policy_0_config(), store)
         tracked_runs = [child_of(tracking.mlflow_run_id, r) for r in runs]
-        try:
-            with graceful_sigint():
+        # The handler stays on while the final status is recorded (see flows/loop.py).
+        with graceful_sigint():
+            try:
                 _shared_policy_0(plan, store, record, make_executor)
                 tracking.sync()
                 INTERRUPT.check()
@@ -227,13 +228,13 @@ def run_ablation(
                 if not record.is_committed(0, ABLATION_TABLE):
                     with record.stage(0, ABLATION_TABLE) as attempt:
                         attempt.write(ABLATION_TABLE, ablation_rows(store, plan, runs))
-        except BaseException as exc:
-            stopped = isinstance(exc, (RunInterrupted, KeyboardInterrupt))
-            status = "interrupted" if stopped else "failed"
-            # The arm run that stopped keeps its own stage; the ablation's record says why.
-            record.set_status(status, failure=failure_record(exc, None))
-            tracking.finish_after_error(status)
-            raise
+            except BaseException as exc:
+                stopped = isinstance(exc, (RunInterrupted, KeyboardInterrupt))
+                status = "interrupted" if stopped else "failed"
+                # The arm run that stopped keeps its own stage; the ablation's record says why.
+                record.set_status(status, failure=failure_record(exc, None))
+                tracking.finish_after_error(status)
+                raise
         record.set_status("completed", iterations_done=0, arm_runs=len(runs))
         tracking.finish("completed", report=False)
     return store.read(ABLATION_TABLE, run_id=plan.ablation_id).to_pylist()
