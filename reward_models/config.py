@@ -172,6 +172,16 @@ class RewardModelConfig(BaseModel):
             "more passes for as many optimiser steps."
         ),
     )
+    prm_continual_epochs: int | None = Field(
+        None,
+        ge=1,
+        le=1000,
+        description=(
+            "Passes over the PRM's mix when continuing from PRM_k-1 (iterations >= 1), 1 to "
+            "1000; empty: prm_epochs. Like the ORM, the continued PRM already ranks the "
+            "policy's steps and catches up in fewer passes."
+        ),
+    )
     batch_size: int = Field(
         16, ge=1, le=4096, description="Examples (sequences) per optimiser step, 1 to 4096."
     )
@@ -230,6 +240,16 @@ class RewardModelConfig(BaseModel):
     def uses(self, kind: RMKind) -> bool:
         """Whether the run has the reward model `kind` (use_orm / use_prm)."""
         return self.use_orm if kind == "orm" else self.use_prm
+
+    def epochs_of(self, kind: RMKind, *, continued: bool) -> int:
+        """Passes over `kind`'s mix: from its source (continued False) or from RM_k-1."""
+        first = self.epochs
+        later = self.continual_epochs
+        if kind == "prm" and self.prm_epochs is not None:
+            first, later = self.prm_epochs, self.prm_continual_epochs or self.prm_epochs
+        elif kind == "prm" and self.prm_continual_epochs is not None:
+            later = self.prm_continual_epochs
+        return (later or first) if continued else first
 
     def settings(self, kind: RMKind) -> RewardModelSettings:
         """The source, format and tokens of the reward model `kind`."""

@@ -168,10 +168,9 @@ def _train_one(
     examples = _rm_examples(ctx, kind, iteration, model)
     _check_label_balance(checks, kind, iteration, examples)
     engine = build_rm_engine(ctx.cfg.engines, rm_cfg, model)
-    if kind == PRM and rm_cfg.prm_epochs is not None:
-        rm_cfg = rm_cfg.model_copy(update={"epochs": rm_cfg.prm_epochs})
-    elif prev is not None and rm_cfg.continual_epochs is not None:
-        rm_cfg = rm_cfg.model_copy(update={"epochs": rm_cfg.continual_epochs})
+    rm_cfg = rm_cfg.model_copy(
+        update={"epochs": rm_cfg.epochs_of(kind, continued=prev is not None)}
+    )
     metrics, records = train_reward_model(model, examples, rm_cfg, seed, engine=engine)
     save_reward_model(ctx.checkpoint(kind, iteration), model, engine.full_state_dict())
     log.info("%s_%d: %s", kind, iteration, rounded(metrics))

@@ -7,7 +7,7 @@ import pytest
 
 from flows.config_files import load_config
 from flows.errors import ConfigError
-from reward_models.config import RewardModelSettings
+from reward_models.config import RewardModelConfig, RewardModelSettings, RMKind
 from reward_models.formats import RM_FORMATS
 
 
@@ -98,3 +98,28 @@ def test_frozen_pretrained_rms_and_a_prm_continuing_a_frozen_orm_load() -> None:
     assert not cfg.reward_models.orm.train and cfg.reward_models.prm.train
     # the step-tag format may start from the policy: its LM head reads the tokens
     load_config("micro", ["reward_models.prm.format=step_tag"])
+
+
+@pytest.mark.parametrize(
+    ("fields", "orm", "prm"),
+    [
+        # (ORM from source, ORM continued), (PRM from source, PRM continued)
+        ({"epochs": 3}, (3, 3), (3, 3)),
+        ({"epochs": 3, "continual_epochs": 1}, (3, 1), (3, 1)),
+        ({"epochs": 3, "continual_epochs": 1, "prm_epochs": 10}, (3, 1), (10, 10)),
+        (
+            {"epochs": 3, "continual_epochs": 1, "prm_epochs": 10, "prm_continual_epochs": 4},
+            (3, 1),
+            (10, 4),
+        ),
+        ({"epochs": 3, "continual_epochs": 1, "prm_continual_epochs": 2}, (3, 1), (3, 2)),
+    ],
+)
+def test_each_reward_model_trains_its_own_passes_from_source_and_when_continued(
+    fields: dict[str, int], orm: tuple[int, int], prm: tuple[int, int]
+) -> None:
+    cfg = RewardModelConfig.model_validate(fields)
+    kinds: tuple[tuple[RMKind, tuple[int, int]], ...] = (("orm", orm), ("prm", prm))
+    for kind, (first, later) in kinds:
+        assert cfg.epochs_of(kind, continued=False) == first, kind
+        assert cfg.epochs_of(kind, continued=True) == later, kind

@@ -115,6 +115,58 @@ def test_greedy_equals_argmax_continuation(
     assert batch.completion_ids[0] == batch.completion_ids[1]
 
 
+def generate_greedy(
+    model: PreTrainedModel, pad: int, prompt_ids: list[list[int]], stop_ids: list[int]
+) -> list[list[int]]:
+    """transformers' `generate(do_sample=False)` on left-padded prompts, each row cut after
+    its first stop token."""
+    width = max(len(p) for p in prompt_ids)
+    ids = torch.full((len(prompt_ids), width), pad)
+    mask = torch.zeros_like(ids)
+    for r, p in enumerate(prompt_ids):
+        ids[r, width - len(p) :], mask[r, width - len(p) :] = torch.tensor(p), 1
+    with torch.no_grad():
+        out = model.generate(
+            input_ids=ids,
+            attention_mask=mask,
+            do_sample=False,
+            max_new_tokens=16,
+            eos_token_id=stop_ids,
+            pad_token_id=pad,
+        )
+    rows = []
+    for row in out[:, width:].tolist():
+        ends = [t + 1 for t, token in enumerate(row) if token in stop_ids]
+        rows.append(row[: ends[0]] if ends else row)
+    return rows
+
+
+def test_greedy_tokens_equal_transformers_generate(
+    policy: tuple[PreTrainedModel, PreTrainedTokenizerBase],
+) -> None:
+    """The same tokens as `model.generate(do_sample=False)`, stop token included, on a
+    left-padded batch of prompts of very different lengths: rows that run to the limit
+    (the fixture's policy) and rows that stop after 1 or 7 tokens (EOS's output row made a
+    near copy of the token that policy repeats)."""
+    model, tok = policy
+    params = SamplingParams(max_new_tokens=16, temperature=0.0)
+    stopping = create_tiny_policy(PolicyConfig(seed=1), tok)
+    free = HFRolloutEngine(stopping, tok, show_progress=False).generate(prompts(tok), 1, params, 0)
+    with torch.no_grad():
+        head = stopping.lm_head.weight
+        noise = torch.randn(head.shape[1], generator=torch.Generator().manual_seed(0))
+        head[tok.eos_token_id] = head[free.completion_ids[0][0]] + 0.05 * noise
+    reasons = set()
+    for m in (model, stopping):
+        engine = HFRolloutEngine(m, tok, show_progress=False)
+        ours = engine.generate(prompts(tok), 1, params, seed=0)
+        theirs = generate_greedy(m, tok.pad_token_id, ours.prompt_ids, engine.stop_ids)
+        assert ours.completion_ids == theirs
+        reasons |= set(ours.finish_reasons)
+        lengths = {len(c) for c in ours.completion_ids}
+    assert reasons == {"stop", "length"} and len(lengths) > 1
+
+
 def test_top_p_samples_only_from_the_nucleus() -> None:
     logits = torch.log(torch.tensor([[0.5, 0.3, 0.15, 0.05]])).repeat(1000, 1)
     tokens, logp = sample_tokens(

@@ -1,0 +1,185 @@
+"""Completion tokens per second of our in-process sampler (HFRolloutEngine: own decode loop,
+preallocated KV cache, each prompt prefilled once for its G samples, finished rows dropped)
+against transformers' `model.generate` on the same prompts, model and settings.
+
+    OMP_NUM_THREADS=2 .venv/bin/python bench/sampler.py                 # tiny, small, smollm2
+    OMP_NUM_THREADS=2 .venv/bin/python bench/sampler.py --models tiny --shapes 32x8
+
+Shapes are prompts x samples per prompt, as the stages draw them: 8x8 is bench/grpo_step.py's
+step, 32x8 the demo's GRPO step (grpo.prompts_per_step x group_size) and 64x4 the drift
+measurement's batch; the rollout and evaluation stages send 256-row chunks of 512x8 and 300x8.
+Temperature 1, top-p 1, no top-k on both sides. Each figure is the median of `--repeats`
+timed calls (after one untimed warm-up), the two samplers alternating. Before any timing,
+greedy decoding (temperature 0) of the same prompts is compared token for token. The
+machine-speed reference (bench/machine_speed.py) is measured before and after.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import time
+from collections.abc import Callable
+
+import grpo_bench_common as common
+import torch
+from machine_speed import load, reference_line
+from transformers import PreTrainedModel, PreTrainedTokenizerBase
+
+from grpo_core.contracts.rollout import SamplingParams
+from grpo_core.engines.hf_rollout import HFRolloutEngine
+from grpo_core.model.config import PolicyConfig
+from grpo_core.model.policy import (
+    build_char_tokenizer,
+    create_tiny_policy,
+    encode_prompt,
+    ensure_pad_token,
+)
+
+MODELS = ("tiny", "small", "smollm2")
+DEFAULT_SHAPES = ("8x8", "32x8", "64x4")
+# (prompts, samples per prompt, params) -> (completion tokens, completion ids per row)
+Sampler = Callable[[list[str], int, SamplingParams], tuple[int, list]]
+
+
+def build(name: str) -> tuple[PreTrainedModel, PreTrainedTokenizerBase, int, list[str]]:
+    """The model, its tokenizer, max new tokens and 512 prompts for `name`."""
+    if name == "smollm2":
+        from grpo_core.model.policy import load_policy
+        from grpo_core.model.smollm2 import smollm2_path
+
+        model, tokenizer = load_policy(str(smollm2_path()))
+        questions = common.make_prompts(common.CONFIGS["small"], seed=0)
+        return model, tokenizer, 48, questions
+    cfg = common.CONFIGS[name]
+    tokenizer = build_char_tokenizer()
+    policy = PolicyConfig(
+        n_layers=cfg.n_layers,
+        hidden_size=cfg.hidden_size,
+        n_heads=cfg.n_heads,
+        intermediate_size=cfg.intermediate_size,
+        seed=0,
+    )
+    model = create_tiny_policy(policy, tokenizer)
+    return model, tokenizer, cfg.max_new_tokens, common.make_prompts(cfg, seed=0)
+
+
+def prompts_for(questions: list[str], n_prompts: int) -> list[str]:
+    """`n_prompts` prompts, cycling the bench's questions."""
+    return [questions[i % len(questions)] for i in range(n_prompts)]
+
+
+def _until_stop(row: list[int], stop_ids: list[int]) -> list[int]:
+    """A generated row up to and including its first stop token."""
+    for t, token in enumerate(row):
+        if token in stop_ids:
+            return row[: t + 1]
+    return row
+
+
+class HFGenerate:
+    """transformers' sampling: left-padded prompts, num_return_sequences = samples."""
+
+    def __init__(self, model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase) -> None:
+        self.model, self.tokenizer = model, tokenizer
+        self.stop_ids = HFRolloutEngine(model, tokenizer, show_progress=False).stop_ids
+
+    def __call__(self, prompts: list[str], n: int, params: SamplingParams) -> tuple[int, list]:
+        pad = self.tokenizer.pad_token_id
+        encoded = [encode_prompt(self.tokenizer, p) for p in prompts]
+        width = max(len(e) for e in encoded)
+        ids = torch.full((len(encoded), width), pad, dtype=torch.long)
+        mask = torch.zeros_like(ids)
+        for r, e in enumerate(encoded):
+            ids[r, width - len(e) :] = torch.tensor(e)
+            mask[r, width - len(e) :] = 1
+        sampling = (
+            {"do_sample": True, "temperature": params.temperature, "top_k": 0, "top_p": 1.0}
+            if params.temperature > 0
+            else {"do_sample": False}
+        )
+        with torch.inference_mode():
+            out = self.model.generate(  # type: ignore[operator]
+                input_ids=ids,
+                attention_mask=mask,
+                max_new_tokens=params.max_new_tokens,
+                num_return_sequences=n,
+                pad_token_id=pad,
+                eos_token_id=self.stop_ids,
+                **sampling,
+            )
+        rows = [_until_stop(row, self.stop_ids) for row in out[:, width:].tolist()]
+        return sum(len(r) for r in rows), rows
+
+
+def ours(engine: HFRolloutEngine) -> Sampler:
+    def sample(prompts: list[str], n: int, params: SamplingParams) -> tuple[int, list]:
+        batch = engine.generate(prompts, n, params, seed=0)
+        return sum(len(c) for c in batch.completion_ids), batch.completion_ids
+
+    return sample
+
+
+def timed(sample: Sampler, prompts: list[str], n: int, params: SamplingParams) -> tuple[float, int]:
+    start = time.perf_counter()
+    tokens, _ = sample(prompts, n, params)
+    return time.perf_counter() - start, tokens
+
+
+def bench_model(name: str, shapes: list[tuple[int, int]], repeats: int) -> None:
+    model, tokenizer, max_new, questions = build(name)
+    ensure_pad_token(tokenizer)
+    model.eval()
+    n_params = sum(p.numel() for p in model.parameters()) / 1e6
+    engine = HFRolloutEngine(model, tokenizer, batch_size=256, show_progress=False)
+    samplers: dict[str, Sampler] = {"ours": ours(engine), "generate": HFGenerate(model, tokenizer)}
+    greedy = SamplingParams(max_new_tokens=max_new, temperature=0.0)
+    probe = prompts_for(questions, 8)
+    same = samplers["ours"](probe, 1, greedy)[1] == samplers["generate"](probe, 1, greedy)[1]
+    print(
+        f"\n## {name}: {n_params:.1f}M parameters, <= {max_new} new tokens; "
+        f"greedy tokens identical to generate's on 8 prompts: {'yes' if same else 'NO'}"
+    )
+    print("| shape | rows | ours tok/s | generate tok/s | speed-up | ours s | generate s |")
+    print("|---|---|---|---|---|---|---|")
+    params = SamplingParams(max_new_tokens=max_new, temperature=1.0)
+    for n_prompts, n in shapes:
+        prompts = prompts_for(questions, n_prompts)
+        for sample in samplers.values():  # untimed warm-up
+            sample(prompts[: min(4, n_prompts)], n, params)
+        seconds: dict[str, list[float]] = {k: [] for k in samplers}
+        rates: dict[str, list[float]] = {k: [] for k in samplers}
+        for repeat in range(repeats):
+            order = list(samplers) if repeat % 2 == 0 else list(reversed(samplers))
+            for key in order:
+                wall, tokens = timed(samplers[key], prompts, n, params)
+                seconds[key].append(wall)
+                rates[key].append(tokens / wall)
+        ours_rate, gen_rate = (statistics.median(rates[k]) for k in ("ours", "generate"))
+        ours_s, gen_s = (statistics.median(seconds[k]) for k in ("ours", "generate"))
+        print(
+            f"| {n_prompts}x{n} | {n_prompts * n} | {ours_rate:,.0f} | {gen_rate:,.0f} | "
+            f"{ours_rate / gen_rate:.2f}x | {ours_s:.2f} | {gen_s:.2f} |",
+            flush=True,
+        )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--models", nargs="+", default=list(MODELS), choices=MODELS)
+    parser.add_argument("--shapes", nargs="+", default=list(DEFAULT_SHAPES))
+    parser.add_argument("--repeats", type=int, default=3)
+    args = parser.parse_args()
+    torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "2")))
+    shapes = [(int(s.split("x")[0]), int(s.split("x")[1])) for s in args.shapes]
+    print(f"{load()}; torch threads {torch.get_num_threads()}")
+    print(reference_line(), flush=True)
+    for name in args.models:
+        bench_model(name, shapes, args.repeats)
+    print()
+    print(reference_line())
+
+
+if __name__ == "__main__":
+    main()
