@@ -34,6 +34,7 @@ from typing import Any
 
 import grpo_bench_common as common
 import torch
+from bench_models import save_bench_policy
 from torch import Tensor, nn
 
 from grpo_core.algo.config import GRPOConfig
@@ -45,28 +46,13 @@ from grpo_core.contracts.policy_batch import PolicyBatch
 from grpo_core.contracts.rollout import RolloutBatch, Sampler, SamplingParams
 from grpo_core.engines.hf_rollout import HFRolloutEngine
 from grpo_core.engines.train import TorchEngine
-from grpo_core.model.config import PolicyConfig
-from grpo_core.model.policy import build_char_tokenizer, create_tiny_policy, load_policy
+from grpo_core.model.policy import load_policy
 
 HERE = Path(__file__).resolve().parent
 MARK = "BENCH_JSON "
 OUR_PHASES = ("generation", "reference", "policy_fwd_bwd", "optimizer", "other")
 # TRL's side times generation, reference and policy_fwd (forward + loss; backward not hooked)
 PHASES = (*OUR_PHASES[:3], "policy_fwd", *OUR_PHASES[3:])
-
-
-def save_model(cfg: common.BenchConfig, out: Path) -> None:
-    """The seeded tiny Llama + char tokenizer of `cfg`, saved where both sides load it."""
-    tokenizer = build_char_tokenizer()
-    policy = PolicyConfig(
-        n_layers=cfg.n_layers,
-        hidden_size=cfg.hidden_size,
-        n_heads=cfg.n_heads,
-        intermediate_size=cfg.intermediate_size,
-        seed=0,
-    )
-    create_tiny_policy(policy, tokenizer).save_pretrained(out)
-    tokenizer.save_pretrained(out)
 
 
 class TimedEngine(TorchEngine):
@@ -506,7 +492,7 @@ def main(argv: list[str] | None = None) -> int:
         cfg = common.CONFIGS[name]
         print(f"== {name}: {cfg.as_dict()}")
         with tempfile.TemporaryDirectory(prefix="grpo-bench-") as tmp:
-            save_model(cfg, Path(tmp))
+            save_bench_policy(cfg, Path(tmp))
             if args.profile:
                 print(describe(run_ours(cfg, Path(tmp), True, args.compile)))
             elif args.vs_trl:

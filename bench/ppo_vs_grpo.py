@@ -30,6 +30,7 @@ from typing import Any
 
 import grpo_bench_common as common
 import torch
+from bench_models import save_bench_policy
 from torch import Tensor, nn
 
 from grpo_core.algo.config import GRPOConfig
@@ -42,26 +43,11 @@ from grpo_core.contracts.policy_batch import PolicyBatch
 from grpo_core.contracts.rollout import RolloutBatch
 from grpo_core.engines.hf_rollout import HFRolloutEngine
 from grpo_core.engines.train import TorchEngine
-from grpo_core.model.config import PolicyConfig
 from grpo_core.model.critic import ValueModel
-from grpo_core.model.policy import build_char_tokenizer, create_tiny_policy, load_policy
+from grpo_core.model.policy import load_policy
 
 MARK = "BENCH_JSON "
 ARMS = {"grpo": "paper", "ppo": "ppo"}  # arm -> grpo.algo preset
-
-
-def save_model(cfg: common.BenchConfig, out: Path) -> None:
-    """The seeded tiny Llama + char tokenizer of `cfg`, saved where both arms load it."""
-    tokenizer = build_char_tokenizer()
-    shape = PolicyConfig(
-        n_layers=cfg.n_layers,
-        hidden_size=cfg.hidden_size,
-        n_heads=cfg.n_heads,
-        intermediate_size=cfg.intermediate_size,
-        seed=0,
-    )
-    create_tiny_policy(shape, tokenizer).save_pretrained(out)
-    tokenizer.save_pretrained(out)
 
 
 class Update:
@@ -197,7 +183,7 @@ def main() -> None:
         print(MARK + json.dumps(report))
         return
     with tempfile.TemporaryDirectory() as tmp:
-        save_model(cfg, Path(tmp))
+        save_bench_policy(cfg, Path(tmp))
         reports = [run_worker(arm, cfg, Path(tmp), args.device, args.steps) for arm in ARMS]
     print(f"config {cfg.name}: {cfg.as_dict()}, device {args.device}, {args.steps} timed steps")
     print(f"{'arm':<5} {'s/step (median)':>16} {'peak MiB':>10} {'state MiB':>10}  peak is")

@@ -24,15 +24,13 @@ from collections.abc import Callable
 
 import grpo_bench_common as common
 import torch
+from bench_models import bench_policy
 from machine_speed import load, reference_line
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from grpo_core.contracts.rollout import SamplingParams
 from grpo_core.engines.hf_rollout import HFRolloutEngine
-from grpo_core.model.config import PolicyConfig
 from grpo_core.model.policy import (
-    build_char_tokenizer,
-    create_tiny_policy,
     encode_prompt,
     ensure_pad_token,
 )
@@ -53,15 +51,7 @@ def build(name: str) -> tuple[PreTrainedModel, PreTrainedTokenizerBase, int, lis
         questions = common.make_prompts(common.CONFIGS["small"], seed=0)
         return model, tokenizer, 48, questions
     cfg = common.CONFIGS[name]
-    tokenizer = build_char_tokenizer()
-    policy = PolicyConfig(
-        n_layers=cfg.n_layers,
-        hidden_size=cfg.hidden_size,
-        n_heads=cfg.n_heads,
-        intermediate_size=cfg.intermediate_size,
-        seed=0,
-    )
-    model = create_tiny_policy(policy, tokenizer)
+    model, tokenizer = bench_policy(cfg)
     return model, tokenizer, cfg.max_new_tokens, common.make_prompts(cfg, seed=0)
 
 
