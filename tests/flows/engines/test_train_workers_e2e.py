@@ -53,6 +53,15 @@ def _alive(pid: int) -> bool:
     return True
 
 
+def _still_alive(pids: list[int], seconds: float) -> list[int]:
+    """The processes of `pids` still running after waiting up to `seconds` for them to exit
+    (ray.kill only asks: an actor's process exits a moment later)."""
+    deadline = time.monotonic() + seconds
+    while any(_alive(p) for p in pids) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    return [p for p in pids if _alive(p)]
+
+
 def test_micro_run_on_two_ray_ranks_matches_one_process(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -77,7 +86,7 @@ def test_micro_run_on_two_ray_ranks_matches_one_process(
     for stage in stages:  # no process started per step: the same two for the whole stage
         assert len(set(stage[0])) == 2 and os.getpid() not in stage[0]
         assert all(pids == stage[0] for pids in stage)
-    assert not any(_alive(pid) for stage in stages for pid in stage[0])  # stopped at the end
+    assert not _still_alive([pid for stage in stages for pid in stage[0]], 30)  # stopped
     gap = assert_close_metrics(grpo_metrics(one, "tw"), grpo_metrics(two, "tw"))
     weights = max(
         max_weight_gap(checkpoint_path(one, "tw", POLICY, k), checkpoint_path(two, "tw", POLICY, k))
@@ -99,10 +108,7 @@ def test_ray_ranks_killed_mid_grpo_resume_exactly(tmp_path: Path) -> None:
     started = re.search(r"training ranks: 2 Ray actors \(pids \[(\d+), (\d+)\]\) on", killed.stderr)
     assert started is not None, killed.stderr[-2000:]
     pids = [int(p) for p in started.groups()]
-    deadline = time.monotonic() + 60
-    while any(_alive(p) for p in pids) and time.monotonic() < deadline:
-        time.sleep(1)
-    assert not any(_alive(p) for p in pids)  # the ranks died with the killed run
+    assert not _still_alive(pids, 60)  # the ranks died with the killed run
     progress = checkpoint_path(store, "kr", GRPO_PROGRESS, 0)
     assert json.loads((progress / EXTRA_FILE).read_text())["next_step"] == 1
     resumed = cli(store, "resume", "kr")
