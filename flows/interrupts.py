@@ -25,7 +25,7 @@ class _InterruptFlag:
         self.requested = False
         # Set once a RunInterrupted is on its way up: the run is already stopping.
         self.stopping = False
-        self.depth = 0  # graceful_sigint blocks entered (only the outermost installs)
+        self.depth = 0  # graceful_sigint blocks entered (only the outermost clears the flags)
 
     def check(self) -> None:
         if self.requested:
