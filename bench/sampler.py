@@ -29,7 +29,7 @@ from machine_speed import load, reference_line
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from grpo_core.contracts.rollout import SamplingParams
-from grpo_core.engines.hf_rollout import HFRolloutEngine
+from grpo_core.engines.hf_rollout import HFRolloutEngine, left_padded, stop_token_ids
 from grpo_core.model.policy import (
     encode_prompt,
     ensure_pad_token,
@@ -42,7 +42,7 @@ Sampler = Callable[[list[str], int, SamplingParams], tuple[int, list]]
 
 
 def build(name: str) -> tuple[PreTrainedModel, PreTrainedTokenizerBase, int, list[str]]:
-    """The model, its tokenizer, max new tokens and 512 prompts for `name`."""
+    """The model, its tokenizer, max new tokens and the bench's prompts for `name`."""
     if name == "smollm2":
         from grpo_core.model.policy import load_policy
         from grpo_core.model.smollm2 import smollm2_path
@@ -73,17 +73,12 @@ class HFGenerate:
 
     def __init__(self, model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase) -> None:
         self.model, self.tokenizer = model, tokenizer
-        self.stop_ids = HFRolloutEngine(model, tokenizer, show_progress=False).stop_ids
+        self.stop_ids = stop_token_ids(tokenizer, getattr(model, "generation_config", None))
 
     def __call__(self, prompts: list[str], n: int, params: SamplingParams) -> tuple[int, list]:
         pad = self.tokenizer.pad_token_id
-        encoded = [encode_prompt(self.tokenizer, p) for p in prompts]
-        width = max(len(e) for e in encoded)
-        ids = torch.full((len(encoded), width), pad, dtype=torch.long)
-        mask = torch.zeros_like(ids)
-        for r, e in enumerate(encoded):
-            ids[r, width - len(e) :] = torch.tensor(e)
-            mask[r, width - len(e) :] = 1
+        ids, mask = left_padded([encode_prompt(self.tokenizer, p) for p in prompts], pad)
+        width = ids.shape[1]
         sampling = (
             {"do_sample": True, "temperature": params.temperature, "top_k": 0, "top_p": 1.0}
             if params.temperature > 0

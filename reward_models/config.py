@@ -243,12 +243,10 @@ class RewardModelConfig(BaseModel):
 
     def epochs_of(self, kind: RMKind, *, continued: bool) -> int:
         """Passes over `kind`'s mix: from its source (continued False) or from RM_k-1."""
-        first = self.epochs
-        later = self.continual_epochs
-        if kind == "prm" and self.prm_epochs is not None:
-            first, later = self.prm_epochs, self.prm_continual_epochs or self.prm_epochs
-        elif kind == "prm" and self.prm_continual_epochs is not None:
-            later = self.prm_continual_epochs
+        first, later = self.epochs, self.continual_epochs
+        if kind == "prm":
+            first = self.prm_epochs or first
+            later = self.prm_continual_epochs or self.prm_epochs or later
         return (later or first) if continued else first
 
     def settings(self, kind: RMKind) -> RewardModelSettings:

@@ -8,7 +8,7 @@ which other rows share its batch (up to float round-off of padded matmuls).
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -51,6 +51,17 @@ def completion_texts(
         )
         for c, why in zip(completion_ids, finish_reasons, strict=True)
     ]
+
+
+def left_padded(prompts: Sequence[Sequence[int]], pad: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Prompt ids (B, W) left-padded with `pad` to the longest, and their attention mask."""
+    width = max(len(p) for p in prompts)
+    ids = torch.full((len(prompts), width), pad, dtype=torch.long)
+    mask = torch.zeros((len(prompts), width), dtype=torch.long)
+    for r, p in enumerate(prompts):
+        ids[r, width - len(p) :] = torch.tensor(p, dtype=torch.long)
+        mask[r, width - len(p) :] = 1
+    return ids, mask
 
 
 def sample_tokens(
@@ -258,12 +269,8 @@ class HFRolloutEngine:
         distinct = list(dict.fromkeys(tuple(p) for p in prompts))
         slot = {p: i for i, p in enumerate(distinct)}
         owner = torch.tensor([slot[tuple(p)] for p in prompts], device=dev)
-        bsz, width, steps = len(prompts), max(len(p) for p in distinct), params.max_new_tokens
-        input_ids = torch.full((len(distinct), width), pad, dtype=torch.long)
-        prompt_mask = torch.zeros((len(distinct), width), dtype=torch.long)
-        for r, p in enumerate(distinct):
-            input_ids[r, width - len(p) :] = torch.tensor(p)
-            prompt_mask[r, width - len(p) :] = 1
+        input_ids, prompt_mask = left_padded(distinct, pad)
+        bsz, width, steps = len(prompts), input_ids.shape[1], params.max_new_tokens
         input_ids, prompt_mask, uniforms = input_ids.to(dev), prompt_mask.to(dev), uniforms.to(dev)
         positions = (prompt_mask.cumsum(-1) - 1).clamp(min=0)
         out = self.model(

@@ -120,11 +120,8 @@ def generate_greedy(
 ) -> list[list[int]]:
     """transformers' `generate(do_sample=False)` on left-padded prompts, each row cut after
     its first stop token."""
-    width = max(len(p) for p in prompt_ids)
-    ids = torch.full((len(prompt_ids), width), pad)
-    mask = torch.zeros_like(ids)
-    for r, p in enumerate(prompt_ids):
-        ids[r, width - len(p) :], mask[r, width - len(p) :] = torch.tensor(p), 1
+    ids, mask = rollout.left_padded(prompt_ids, pad)
+    width = ids.shape[1]
     with torch.no_grad():
         out = model.generate(
             input_ids=ids,
