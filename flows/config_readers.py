@@ -31,6 +31,7 @@ _READ_ONLY_BY: dict[str, frozenset[str]] = {
             "epochs",
             "continual_epochs",
             "prm_epochs",
+            "prm_continual_epochs",
             "batch_size",
             "prm_label",
             "replay_ratio",

@@ -16,6 +16,7 @@ def test_stages_reading_the_keys() -> None:
     assert stages_reading("evaluation.n_prompts") == {"warm_start", "evaluate"}  # policy_0 too
     assert stages_reading("reward_models.orm.source") == {"train_rm"}
     assert stages_reading("reward_models.lr") == {"train_rm"}
+    assert stages_reading("reward_models.prm_continual_epochs") == {"train_rm"}
     assert stages_reading("reward_models.dtype") is None  # the GRPO stage loads RMs in it
     assert stages_reading("grpo.steps") is None  # not listed: every stage
     assert stages_reading("run.warm_start") is None  # not warm_start.*
