@@ -207,8 +207,10 @@ class EnginesSection(_Section):
     rollout: str = Field(
         "hf",
         description="Sampling engine of the rollout, labelling, evaluation and (see "
-        "vllm.in_grpo) GRPO stages: hf (transformers, in process) or vllm (a worker in its own "
-        "environment: `make vllm-env`).",
+        "vllm.in_grpo) GRPO stages: hf (transformers in process, our decode loop), "
+        "hf_generate (the same, decoded by transformers' generate: for a model the hf loop "
+        "cannot drive; same draws, slower) or vllm (a worker in its own environment: "
+        "`make vllm-env`).",
         json_schema_extra=ROLLOUT_ENGINES.json_schema,
     )
     deepspeed: DeepSpeedConfig = Field(
@@ -440,5 +442,11 @@ class ItergrpoConfig(_Section):
                 "with the HF engine, so vLLM would serve the GRPO stage only. Use one: unset "
                 "cluster.ray_address (scale vLLM with engines.vllm.llm_kwargs, e.g. "
                 "tensor_parallel_size), or set engines.rollout: hf"
+            )
+        if self.engines.rollout == "hf_generate" and self.cluster.ray_address is not None:
+            raise ValueError(
+                "engines.rollout = hf_generate with cluster.ray_address set: the Ray shards "
+                "decode with the hf engine's own loop. Set engines.rollout: hf, or unset "
+                "cluster.ray_address to decode with generate in the stage's process"
             )
         return self

@@ -9,6 +9,7 @@ imported when the engine is built.
 
 from __future__ import annotations
 
+import functools
 import os
 import re
 from collections.abc import Callable
@@ -85,14 +86,16 @@ TRAIN_ENGINES: Registry[TrainEngineSpec] = Registry("train engine")
 # ---- hf --------------------------------------------------------------------------------------
 
 
-def _build_hf(request: RolloutRequest, settings: None) -> RolloutEngine:
+def _build_hf(request: RolloutRequest, settings: None, *, decode: str = "lean") -> RolloutEngine:
+    from grpo_core.engines.hf_generate import HFGenerateEngine
     from grpo_core.engines.hf_rollout import HFRolloutEngine
     from grpo_core.model.policy import load_policy
 
     model = request.model
     if model is None:
         model = load_policy(request.checkpoint_dir, request.dtype)[0]
-    return HFRolloutEngine(
+    engine_class = HFGenerateEngine if decode == "generate" else HFRolloutEngine
+    return engine_class(
         model,
         request.tokenizer,
         batch_size=request.batch_size,
@@ -105,8 +108,19 @@ ROLLOUT_ENGINES.add(
     "hf",
     RolloutEngineSpec(
         "hf",
-        "transformers in this process, on the stage's model (CPU or GPU)",
+        "transformers in this process, on the stage's model (CPU or GPU), decoded by our own "
+        "loop (a prompt prefilled once per group, a preallocated KV cache)",
         _build_hf,
+        shares_model=True,
+    ),
+)
+ROLLOUT_ENGINES.add(
+    "hf_generate",
+    RolloutEngineSpec(
+        "hf_generate",
+        "as hf, decoded by transformers' generate: for a model whose forward the hf loop "
+        "cannot drive (same draws and log-probs, slower)",
+        functools.partial(_build_hf, decode="generate"),
         shares_model=True,
     ),
 )

@@ -91,6 +91,10 @@ def test_engine_names_are_validated_with_the_field_named() -> None:
     assert launched.engines.launched
     with pytest.raises(ConfigError, match=r"Ray shards sample with the HF engine"):
         micro_config(Path("/tmp/unused"), "x", "engines.rollout=vllm", "cluster.ray_address=local")
+    with pytest.raises(ConfigError, match=r"decode with the hf engine's own loop"):
+        micro_config(
+            Path("/tmp/unused"), "x", "engines.rollout=hf_generate", "cluster.ray_address=local"
+        )
 
 
 def test_missing_deepspeed_names_the_field_and_the_fix(monkeypatch: pytest.MonkeyPatch) -> None:
