@@ -23,3 +23,23 @@ def test_relative_links_resolve(page: Path) -> None:
         if not path.exists():
             dead.append(target)
     assert not dead, f"{page.relative_to(ROOT)} links to missing files: {dead}"
+
+
+# Documents a user of the repository does not have: the formulas live in docs/algorithm.md.
+OUTSIDE = re.compile(r"GRPO_SPEC|DESIGN\.md|STYLE\.md|\.\./shared/")
+SOURCES = [
+    p
+    for folder in ("flows", "grpo_core", "reward_models", "storage", "tests", "bench", "configs")
+    for p in sorted((ROOT / folder).rglob("*"))
+    if p.suffix in (".py", ".yaml", ".md", ".sh")
+]
+
+
+def test_nothing_cites_a_file_outside_the_repository() -> None:
+    pages = [*PAGES, *SOURCES, ROOT / "Makefile"]
+    citing = [
+        str(p.relative_to(ROOT))
+        for p in pages
+        if p != Path(__file__) and OUTSIDE.search(p.read_text(errors="replace"))
+    ]
+    assert not citing, f"cite files outside the repository (use docs/algorithm.md): {citing}"

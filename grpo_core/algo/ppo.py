@@ -1,7 +1,7 @@
-"""PPO with a critic, the algorithm GRPO is built against (GRPO_SPEC section 2, the seeds'
-PPO chapter): KL-shaped per-token rewards, GAE, returns, masked whitening, the clipped value
-loss and the adaptive KL controller, as pure functions; and `ppo_estimator`, registered as
-the `ppo` advantage estimator (grpo_core/algo/estimators.py).
+"""PPO with a critic, the algorithm GRPO is built against (docs/ppo.md, from the seeds' PPO
+chapter): KL-shaped per-token rewards, GAE, returns, masked whitening, the clipped value loss
+and the adaptive KL controller, as pure functions; and `ppo_estimator`, registered as the
+`ppo` advantage estimator (grpo_core/algo/estimators.py).
 
 Tensors are (B, T) in response coordinates: token t of output r, right-padded, `mask` 1 on
 real tokens. V(s_t) is the critic's value of the prefix before token t.
