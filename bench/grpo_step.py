@@ -466,6 +466,9 @@ def main(argv: list[str] | None = None) -> int:
         help="with --vs-trl: build both sides, print their effective settings, time nothing",
     )
     parser.add_argument("--json", type=Path, help="with --vs-trl: also write the report here")
+    parser.add_argument(
+        "--no-reference", action="store_true", help="skip the machine-speed reference"
+    )
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--model-dir", type=Path, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
@@ -487,6 +490,11 @@ def main(argv: list[str] | None = None) -> int:
     )
     if args.vs_trl and not args.check_only:
         print("pairs alternate the order: odd-numbered pairs run ours first, even-numbered TRL")
+    timed = not (args.check_only or args.profile or args.no_reference)
+    if timed:  # the machine-speed reference, before and after (bench/machine_speed.py)
+        from machine_speed import reference_line
+
+        print(reference_line(), flush=True)
     records = []
     for name in names:
         cfg = common.CONFIGS[name]
@@ -503,6 +511,8 @@ def main(argv: list[str] | None = None) -> int:
                     print(
                         describe(run_worker("ours", cfg, Path(tmp), args.trl_python, args.compile))
                     )
+    if timed:
+        print(reference_line(), flush=True)
     if args.json and records:
         args.json.write_text(json.dumps({"date": time.strftime("%Y-%m-%d %H:%M"), "runs": records}))
     return 0
