@@ -39,8 +39,8 @@ class DrawnTokens(LogitsProcessor):
 
 
 def plain_generation_config(steps: int, stop_ids: list[int], pad_id: int) -> GenerationConfig:
-    """Greedy decoding of `steps` new tokens with nothing that alters the scores: the model's
-    own generation config (sampling flags, penalties, suppressed tokens) is not consulted."""
+    """Greedy decoding of `steps` new tokens with nothing that alters the scores (the caller
+    keeps the model's own generation config, with its penalties and suppressed tokens, out)."""
     return GenerationConfig(
         do_sample=False,
         num_beams=1,
@@ -65,12 +65,21 @@ class HFGenerateEngine(HFRolloutEngine):
         input_ids, prompt_mask = left_padded(prompts, pad)
         bsz, width, steps = len(prompts), input_ids.shape[1], params.max_new_tokens
         drawn = DrawnTokens(uniforms.to(dev), params, width)
-        sequences = self.model.generate(  # type: ignore[operator]
-            input_ids=input_ids.to(dev),
-            attention_mask=prompt_mask.to(dev),
-            generation_config=plain_generation_config(steps, list(self.stop_ids), pad),
-            logits_processor=LogitsProcessorList([drawn]),
-        )
+        model = getattr(self.model, "module", self.model)  # a DeepSpeed engine's model
+        plain = plain_generation_config(steps, list(self.stop_ids), pad)
+        # generate fills every field left None from the model's own generation config
+        # (suppressed tokens, bad words, ...): the model carries the plain one for this call
+        own = model.generation_config
+        model.generation_config = plain
+        try:
+            sequences = model.generate(  # type: ignore[operator]
+                input_ids=input_ids.to(dev),
+                attention_mask=prompt_mask.to(dev),
+                generation_config=plain,
+                logits_processor=LogitsProcessorList([drawn]),
+            )
+        finally:
+            model.generation_config = own
         new = sequences[:, width:].cpu()
         taken = new.shape[1]  # generate stops early once every row has stopped
         tokens_out = torch.full((bsz, steps), pad, dtype=torch.long)

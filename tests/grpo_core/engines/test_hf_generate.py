@@ -3,6 +3,8 @@ tokens, so it samples what the hf engine samples for the same seed."""
 
 from __future__ import annotations
 
+import copy
+
 import pytest
 import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
@@ -67,3 +69,33 @@ def test_registry_builds_the_generate_engine_by_name(
     assert spec.shares_model
     assert type(spec.build(request, None)) is HFGenerateEngine
     assert type(ROLLOUT_ENGINES["hf"].build(request, None)) is HFRolloutEngine
+
+
+def test_the_models_own_generation_config_changes_nothing(
+    policy: tuple[PreTrainedModel, PreTrainedTokenizerBase],
+) -> None:
+    """Penalties, suppressed tokens or sampling flags in the model's generation config would
+    change the scores our draws read: the engine decodes with a plain config of its own."""
+    model, tok = policy
+    params = SamplingParams(max_new_tokens=16, temperature=1.0)
+    plain = HFGenerateEngine(model, tok, batch_size=4, show_progress=False)
+    want = plain.generate(prompts(tok), 2, params, seed=3)
+    saved = model.generation_config
+    model.generation_config = copy.deepcopy(saved)
+    digit = tok.convert_tokens_to_ids("1")
+    for name, value in {
+        "repetition_penalty": 3.0,
+        "suppress_tokens": [digit],
+        "do_sample": True,
+        "top_k": 2,
+        "no_repeat_ngram_size": 2,
+    }.items():
+        setattr(model.generation_config, name, value)
+    try:
+        got = HFGenerateEngine(model, tok, batch_size=4, show_progress=False).generate(
+            prompts(tok), 2, params, seed=3
+        )
+    finally:
+        model.generation_config = saved
+    assert got.completion_ids == want.completion_ids
+    assert any(digit in ids for ids in want.completion_ids)  # the suppressed token is drawn
