@@ -44,6 +44,18 @@ _READ_ONLY_BY: dict[str, frozenset[str]] = {
 }
 
 
+# Keys its readers ignore before an iteration: train_rm of iteration 0 trains RM_0 whatever
+# `retrain` says (flows/stages/train_rm.py); only later iterations keep RM_0 instead. The
+# rerun rule does not need this (a committed train_rm of iteration 0 refuses the change, the
+# safe side); a fork does (flows/fork.py): without it, Fig. 6's two arms share no iteration.
+_FIRST_ITERATION_READ: dict[str, int] = {"reward_models.retrain": 1}
+
+
+def first_iteration_reading(key: str) -> int:
+    """The first iteration whose stages (of `stages_reading(key)`) read `key`: 0 for most."""
+    return _FIRST_ITERATION_READ.get(key, 0)
+
+
 def stages_reading(key: str) -> frozenset[str] | None:
     """The stages that read config key `key` (dotted), None for every stage."""
     matches = [p for p in _READ_ONLY_BY if key == p or (p.endswith(".") and key.startswith(p))]
