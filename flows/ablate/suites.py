@@ -125,6 +125,9 @@ class AblationPlan:
     seeds: int
     store_root: Path
     stored: bool = False  # the suite was read back from the store: migrate renamed fields
+    # Start an arm-seed run from what another of the same seed committed (flows/fork.py). Not
+    # part of the record: a forked run equals a computed one, so it may change on resume.
+    fork: bool = True
 
     def record(self) -> dict[str, Any]:
         """What the ablation's own run stores as its config (and resume rebuilds it from)."""
