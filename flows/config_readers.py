@@ -10,11 +10,21 @@ safe default: a field not listed here refuses the rerun once anything is committ
 
 from __future__ import annotations
 
-from flows.names import EVALUATE, GRPO, LABEL, TRAIN_RM, WARM_START
+from flows.names import EVALUATE, GRPO, ITERATION_STAGES, LABEL, TRAIN_RM, WARM_START
+
+# The warm start builds (or loads) policy_0 and evaluates it: it reads policy, task, prompt,
+# run, engines, cluster, warm_start, evaluation and the sampler's rollout.batch_size, never
+# how the iterations roll out, label, train RMs or run GRPO (flows/stages/warm_start.py). So
+# ablation arms that differ only there share the evaluation of policy_0 (flows/fork.py).
+_ITERATIONS = frozenset(ITERATION_STAGES)
 
 # Dotted key (a section ends with ".") -> the stages that read it. The most specific wins.
 _READ_ONLY_BY: dict[str, frozenset[str]] = {
     "guards.": frozenset(),
+    "grpo.": _ITERATIONS,
+    "reward_models.": _ITERATIONS,
+    "rollout.": _ITERATIONS,
+    "rollout.batch_size": frozenset({WARM_START, *ITERATION_STAGES}),  # every sampler's batch
     "warm_start.": frozenset({WARM_START}),
     "labelling.": frozenset({LABEL}),
     "evaluation.": frozenset({WARM_START, EVALUATE}),  # warm_start evaluates policy_0

@@ -15,6 +15,8 @@ BASE: dict[str, Any] = {
     "grpo": {"steps": 8, "preset": "grpo_os"},
     "reward_models": {"lr": 1e-4, "retrain": True},
     "evaluation": {"n_prompts": 32},
+    "rollout": {"prompts": 32, "batch_size": 256},
+    "prompt": {"style": "plain"},
     "labelling": {"completions": 4},
     "guards": {"rm_labels": "stop"},
     "store": {"root": "/a"},
@@ -66,8 +68,15 @@ def test_a_key_warm_start_reads_shares_nothing() -> None:
     assert prefix(target(evaluation__n_prompts=16)) == []  # warm_start evaluates policy_0
 
 
+def test_arms_of_other_methods_share_the_evaluation_of_policy_0() -> None:
+    # what the iterations do is not read by the warm start (it loads and evaluates policy_0)
+    assert prefix(target(grpo__steps=4)) == [("warm_start", 0)]
+    assert prefix(target(grpo__preset="sft", rollout__prompts=16)) == [("warm_start", 0)]
+
+
 def test_a_key_every_stage_reads_and_the_seed_share_nothing() -> None:
-    assert prefix(target(grpo__steps=4)) == []
+    assert prefix(target(prompt__style="chat")) == []
+    assert prefix(target(rollout__batch_size=8)) == []  # the evaluation's sampler batch
     assert prefix(target(run__seed=2)) == []
     assert prefix(target(run__iterations=2)) == []
 
