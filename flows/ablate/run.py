@@ -208,8 +208,6 @@ def _run_arms(
         if is_complete(store, arm_run):
             log.info("%s: %s committed, skipped", where, arm_run.run_id)
             continue
-        if fork and (forked := fork_done_work(store, runs, arm_run)) is not None:
-            log.info("%s: %s", where, forked)
         log.info(
             "%s: run %s (ablation %s elapsed)",
             where,
@@ -218,6 +216,8 @@ def _run_arms(
         )
         with_fault_hook(no_progress, ARM_RUN, position)(0.0, f"{where} starts")
         start = time.perf_counter()
+        if fork and (forked := fork_done_work(store, runs, arm_run)) is not None:
+            log.info("%s: %s", where, forked)
         run_arm(arm_run.config)
         ran.append(time.perf_counter() - start)
         left = sum(ran) / len(ran) * (len(runs) - position)

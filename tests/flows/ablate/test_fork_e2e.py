@@ -13,6 +13,7 @@ import pytest
 import yaml
 
 from flows.ablate.cost import PEAK_MIB, S_PER_STEP, STATE_MIB
+from flows.cli import main
 from storage.store import RunStore
 from tests.flow_helpers import cli, snapshot
 
@@ -45,7 +46,9 @@ def results(store: Path) -> list[dict[str, Any]]:
     return sorted(kept, key=lambda r: (r["arm"], r["policy_iteration"], r["metric"], r["k"] or 0))
 
 
-def test_forked_ablation_equals_the_one_computed_in_full(tmp_path: Path) -> None:
+def test_forked_ablation_equals_the_one_computed_in_full(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     suite = tmp_path / "fork.yaml"
     suite.write_text(yaml.safe_dump(SUITE))
     forked_store, full_store = tmp_path / "forked", tmp_path / "full"
@@ -64,6 +67,9 @@ def test_forked_ablation_equals_the_one_computed_in_full(tmp_path: Path) -> None
     assert status["status"] == "completed"
     assert status["forked_from"] == {"run_id": SOURCE, "through": ["label", 1]}
     assert "forked_from" not in full.run_status(FORKED)
+    assert main(["runs", "--store", str(forked_store)]) == 0
+    listed = [line for line in capsys.readouterr().out.splitlines() if FORKED in line]
+    assert len(listed) == 1 and f"{SOURCE} through label:1" in listed[0]
     # the forked stages are the source's commits; the rest were computed by the forked run
     commits = forked.committed_stages(FORKED)
     came_from = {(s["stage"], s["iteration"]): s["info"].get("forked_from") for s in commits}
