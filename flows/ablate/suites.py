@@ -4,7 +4,8 @@ policy_0 (the warm start, computed once) and one ordinary run per arm and seed.
 An arm is a list of `--set` style overrides on the suite's base config, so an arm is exactly
 what `itergrpo run --config BASE --set ...` would run. Every arm-seed run starts from the
 shared policy_0: its config loads that checkpoint (`policy.kind: local`) instead of warm-
-starting, and its warm_start stage evaluates it with the run's own seed.
+starting, and its warm_start stage evaluates it with the run's own seed (computed once per
+seed where the arms' differences allow: flows/fork.py).
 """
 
 from __future__ import annotations
