@@ -194,7 +194,10 @@ def fork_done_work(store: RunStore, runs: list[ArmRun], arm_run: ArmRun) -> str 
     if best is None:
         return None
     prefix, source = best
-    fork_from(store, source.run_id, arm_run.config, prefix)
+    try:
+        fork_from(store, source.run_id, arm_run.config, prefix)
+    except Exception as exc:  # undone by fork_run: the run computes everything itself
+        return f"could not fork from {source.run_id} ({exc}); computing every stage"
     return f"forked {describe(prefix)} from {source.run_id}"
 
 
