@@ -64,7 +64,12 @@ class _FlowRunLogs:
 
 @flow(name="itergrpo-ablate", log_prints=True)
 def ablate(
-    ablation_id: str, suite_name: str, suite: dict[str, Any], seeds: int, store_root: str
+    ablation_id: str,
+    suite_name: str,
+    suite: dict[str, Any],
+    seeds: int,
+    store_root: str,
+    fork: bool = True,
 ) -> dict[str, Any] | State:
     """Arms x seeds from one shared policy_0 (DeepSeekMath section 5.2 in miniature).
 
@@ -74,9 +79,11 @@ def ablate(
         suite: The suite itself: base config, overrides, arms (flows/ablate/suites.py).
         seeds: Seeds per arm.
         store_root: The run store.
+        fork: Start an arm-seed run from the stages another run of the same seed committed
+            with the same settings (False: compute every run in full).
     """
     spec = Suite.model_validate(suite)
-    plan = AblationPlan(ablation_id, suite_name, spec, seeds, Path(store_root))
+    plan = AblationPlan(ablation_id, suite_name, spec, seeds, Path(store_root), fork=fork)
     logs = _FlowRunLogs()
 
     def run_arm(cfg: ItergrpoConfig) -> None:

@@ -5,6 +5,10 @@ The ablation is a run of its own (run id = ablation id, config = the suite): its
 stage is the shared policy_0 and its `ablation` stage the table. Arm-seed runs are ordinary
 runs started by an injected `run_arm` (a direct call, or the `iterative_rl` flow as a Prefect
 subflow); they run one after another, since one run already keeps a 2-core machine busy.
+An arm-seed run that has nothing committed first takes over what a complete one of the same
+seed already computed with the same settings (`fork_done_work`, flows/fork.py: e.g. the
+evaluation of policy_0 at that seed, or a whole iteration two arms share), unless the plan
+says `fork=False` (`itergrpo ablate --no-fork`).
 Each arm-seed start passes through the fault hook of flows/interrupts.py as a report of the
 pseudo-stage `arm_run` whose iteration is the run's position (`SIGKILL@arm_run:3:1` kills the
 process as the third arm-seed run starts).
@@ -25,6 +29,7 @@ from flows.config import ItergrpoConfig
 from flows.config_files import stored_config_as_current
 from flows.config_readers import stages_reading
 from flows.context import RunContext
+from flows.fork import describe, fork_from, prefix_from
 from flows.interrupts import INTERRUPT, RunInterrupted, graceful_sigint, with_fault_hook
 from flows.loop import Executor, failure_record, planned_stages
 from flows.names import EVAL_SPLIT, GRPO, WARM_START
@@ -174,7 +179,31 @@ def _shared_policy_0(
     log.info("ablation %s: policy_0 done in %.1f s", plan.ablation_id, time.perf_counter() - start)
 
 
-def _run_arms(store: RunStore, runs: list[ArmRun], run_arm: RunArm, began: float) -> None:
+def fork_done_work(store: RunStore, runs: list[ArmRun], arm_run: ArmRun) -> str | None:
+    """Start `arm_run` (nothing of it committed) as a fork of the complete arm-seed run of
+    `runs` with the longest shareable prefix (flows/fork.py); what was forked, or None."""
+    if store.run_dir(arm_run.run_id).is_dir() and store.committed_stages(arm_run.run_id):
+        return None  # a started run resumes as it is
+    best: tuple[list[tuple[str, int]], ArmRun] | None = None
+    for other in runs:
+        if other.run_id == arm_run.run_id or not is_complete(store, other):
+            continue
+        prefix = prefix_from(store, other.run_id, arm_run.config)
+        if prefix and (best is None or len(prefix) > len(best[0])):
+            best = (prefix, other)
+    if best is None:
+        return None
+    prefix, source = best
+    try:
+        fork_from(store, source.run_id, arm_run.config, prefix)
+    except Exception as exc:  # undone by fork_run: the run computes everything itself
+        return f"could not fork from {source.run_id} ({exc}); computing every stage"
+    return f"forked {describe(prefix)} from {source.run_id}"
+
+
+def _run_arms(
+    store: RunStore, runs: list[ArmRun], run_arm: RunArm, began: float, *, fork: bool
+) -> None:
     ran: list[float] = []
     for position, arm_run in enumerate(runs, start=1):
         INTERRUPT.check()
@@ -190,6 +219,8 @@ def _run_arms(store: RunStore, runs: list[ArmRun], run_arm: RunArm, began: float
         )
         with_fault_hook(no_progress, ARM_RUN, position)(0.0, f"{where} starts")
         start = time.perf_counter()
+        if fork and (forked := fork_done_work(store, runs, arm_run)) is not None:
+            log.info("%s: %s", where, forked)
         run_arm(arm_run.config)
         ran.append(time.perf_counter() - start)
         left = sum(ran) / len(ran) * (len(runs) - position)
@@ -224,7 +255,7 @@ def run_ablation(
                 _shared_policy_0(plan, store, record, make_executor)
                 tracking.sync()
                 INTERRUPT.check()
-                _run_arms(store, tracked_runs, run_arm, began)
+                _run_arms(store, tracked_runs, run_arm, began, fork=plan.fork)
                 if not record.is_committed(0, ABLATION_TABLE):
                     with record.stage(0, ABLATION_TABLE) as attempt:
                         attempt.write(ABLATION_TABLE, ablation_rows(store, plan, runs))

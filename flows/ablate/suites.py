@@ -4,7 +4,8 @@ policy_0 (the warm start, computed once) and one ordinary run per arm and seed.
 An arm is a list of `--set` style overrides on the suite's base config, so an arm is exactly
 what `itergrpo run --config BASE --set ...` would run. Every arm-seed run starts from the
 shared policy_0: its config loads that checkpoint (`policy.kind: local`) instead of warm-
-starting, and its warm_start stage evaluates it with the run's own seed.
+starting, and its warm_start stage evaluates it with the run's own seed (computed once per
+seed where the arms' differences allow: flows/fork.py).
 """
 
 from __future__ import annotations
@@ -125,6 +126,9 @@ class AblationPlan:
     seeds: int
     store_root: Path
     stored: bool = False  # the suite was read back from the store: migrate renamed fields
+    # Start an arm-seed run from what another of the same seed committed (flows/fork.py). Not
+    # part of the record: a forked run equals a computed one, so it may change on resume.
+    fork: bool = True
 
     def record(self) -> dict[str, Any]:
         """What the ablation's own run stores as its config (and resume rebuilds it from)."""

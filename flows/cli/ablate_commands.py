@@ -4,6 +4,7 @@ and the paper's orderings with their verdicts, and write the report."""
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import logging
 import shlex
 import sys
@@ -51,6 +52,7 @@ def _execute(plan: AblationPlan, *, use_prefect: bool) -> list[dict[str, Any]]:
             plan.suite.model_dump(mode="json"),
             plan.seeds,
             str(plan.store_root),
+            fork=plan.fork,
             return_state=True,
         )
     raise_for_flow_state(state, "interrupted")
@@ -110,6 +112,7 @@ def cmd_ablate(args: argparse.Namespace) -> int:
         ablation_id=args.ablation_id,
         store_root=resolve_store_root(args.store, configured),
     )
+    plan = dataclasses.replace(plan, fork=not args.no_fork)
     return run_plan(plan, use_prefect=not args.no_prefect)
 
 
@@ -147,5 +150,11 @@ def add_ablate_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]
     store_option(p)
     p.add_argument(
         "--no-prefect", action="store_true", help="call the runs directly, without Prefect"
+    )
+    p.add_argument(
+        "--no-fork",
+        action="store_true",
+        help="compute every arm-seed run in full, instead of starting one from the stages "
+        "another run of the same seed already committed with the same settings",
     )
     p.set_defaults(func=cmd_ablate)

@@ -211,6 +211,10 @@ def cmd_runs(args: argparse.Namespace) -> int:
     if stopped:  # why a failed or interrupted run stopped: in the table, and in full below
         cols.append("stopped")
         runs = [{**r, "stopped": _stopped_cell(stopped.get(r["run_id"]))} for r in runs]
+    forked = {r["run_id"]: r["forked_from"] for r in runs if isinstance(r.get("forked_from"), dict)}
+    if forked:  # runs that started as a copy of another's stages (`itergrpo ablate`)
+        cols.append("forked_from")
+        runs = [{**r, "forked_from": _forked_cell(forked.get(r["run_id"]))} for r in runs]
     if any(tracked.values()):  # runs that report to MLflow: its run id, and the page below
         cols.append("mlflow_run_id")
         runs = [{**r, "mlflow_run_id": (tracked[r["run_id"]] or (None,))[0]} for r in runs]
@@ -228,6 +232,14 @@ def cmd_runs(args: argparse.Namespace) -> int:
         if link is not None:
             print(f"MLflow run of {run_id}: {link[1]}")
     return 0
+
+
+def _forked_cell(forked: dict[str, Any] | None) -> str | None:
+    """`ablate-micro-grpo_os-s0 through label:1`: the run a fork copied, and its last stage."""
+    if forked is None:
+        return None
+    stage, iteration = (forked.get("through") or [None, None])[:2]
+    return f"{forked.get('run_id')} through {stage}:{iteration}"
 
 
 def _stopped_cell(failure: dict[str, Any] | None) -> str | None:

@@ -212,8 +212,10 @@ def test_resume_accepts_a_run_started_before_new_sections_and_a_moved_cluster(
     _open_and_close(tmp_path, load_config("micro", [f"store.root={tmp_path}", "cluster.shards=4"]))
     # ... what it computes may not, once a stage is committed
     commit_a_stage(RunStore(tmp_path), "r1", cfg.model_dump(mode="json"))
-    with pytest.raises(ConfigMismatchError, match=r"grpo\.steps"):
-        _open_and_close(tmp_path, load_config("micro", [f"store.root={tmp_path}", "grpo.steps=9"]))
+    with pytest.raises(ConfigMismatchError, match=r"run\.iterations"):
+        _open_and_close(
+            tmp_path, load_config("micro", [f"store.root={tmp_path}", "run.iterations=1"])
+        )
 
 
 def test_a_preset_can_name_a_base_and_state_only_what_differs(tmp_path: Path) -> None:

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from flows.config_readers import stages_reading
+from flows.config_readers import first_iteration_reading, stages_reading
 from storage.errors import ConfigMismatchError
 from storage.store import RunStore
 
@@ -17,9 +17,16 @@ def test_stages_reading_the_keys() -> None:
     assert stages_reading("reward_models.orm.source") == {"train_rm"}
     assert stages_reading("reward_models.lr") == {"train_rm"}
     assert stages_reading("reward_models.prm_continual_epochs") == {"train_rm"}
-    assert stages_reading("reward_models.dtype") is None  # the GRPO stage loads RMs in it
-    assert stages_reading("grpo.steps") is None  # not listed: every stage
+    iterations = {"rollout", "label", "train_rm", "grpo", "evaluate"}
+    assert stages_reading("reward_models.dtype") == iterations  # the GRPO stage loads RMs in it
+    assert stages_reading("grpo.steps") == iterations  # all but the warm start
+    assert stages_reading("rollout.prompts") == iterations
+    assert stages_reading("rollout.batch_size") == {"warm_start", *iterations}  # its sampler
+    assert stages_reading("engines.rollout") is None  # not listed: every stage
     assert stages_reading("run.warm_start") is None  # not warm_start.*
+    # train_rm of iteration 0 trains RM_0 whatever `retrain` says (what a fork may share)
+    assert first_iteration_reading("reward_models.retrain") == 1
+    assert first_iteration_reading("reward_models.lr") == 0
 
 
 def _commit(store: RunStore, config: dict[str, object], stage: str) -> None:

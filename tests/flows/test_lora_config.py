@@ -9,7 +9,7 @@ import pytest
 
 from flows.config_files import ConfigError
 from flows.config_readers import stages_reading
-from flows.names import GRPO
+from flows.names import GRPO, ITERATION_STAGES
 from flows.preflight_data import check_policy_and_data
 from grpo_core.contracts.errors import SettingError
 from grpo_core.model import lora as lora_module
@@ -55,7 +55,8 @@ def test_lora_with_deepspeed_or_ray_ranks_is_refused_with_the_fix(
 
 def test_only_the_grpo_stage_reads_it() -> None:
     assert stages_reading("grpo.lora.r") == frozenset({GRPO})
-    assert stages_reading("grpo.steps") is None  # the rest of grpo: every stage (the default)
+    # the rest of grpo: every stage after the warm start
+    assert stages_reading("grpo.steps") == frozenset(ITERATION_STAGES)
 
 
 def test_missing_peft_refuses_the_run_naming_the_extra(

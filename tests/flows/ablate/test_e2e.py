@@ -58,6 +58,12 @@ def test_micro_ablation_survives_kills_and_reports(
         )
         assert commits(store, run_id) == before[run_id]  # not one stage redone
     assert "[3/4] arm online_rft, seed 0: run" in final.stderr
+    # the arms differ only in what the iterations read: the evaluation of policy_0 at a seed
+    # is computed once (flows/fork.py)
+    for seed in (0, 1):
+        assert (
+            f"arm online_rft, seed {seed}: forked warm_start from {ABLATION}-grpo_os-s{seed}"
+        ) in final.stderr
     assert all(complete(store, r) for r in RUNS)
 
     # the table and the verdicts

@@ -121,12 +121,14 @@ def test_a_suite_changed_under_a_started_ablation_is_refused_before_any_work(
     ):
         attempt.write("metrics", [{"stage": "warm_start", "name": "x", "value": 1.0}])
     check_arm_runs(store, plan.arm_runs())  # unchanged: fine
-    changed = suite.model_copy(update={"overrides": [*suite.overrides, "grpo.steps=5"]})
+    # a key the committed warm_start read (it evaluates policy_0)
+    changed = suite.model_copy(update={"overrides": [*suite.overrides, "evaluation.n_prompts=4"]})
     plan = make_plan(name, changed, seeds=1, ablation_id=None, store_root=tmp_path)
     with pytest.raises(
         ConfigMismatchError,
         match=r"arm 'grpo_os', seed 0: run ablate-micro-grpo_os-s0 was started with another "
-        r"config \(differing keys: grpo.steps\), so the suite changed since; pass a new "
+        r"config \(differing keys: evaluation.n_prompts\), so the suite changed since; pass a "
+        r"new "
         r"--ablation-id",
     ):
         check_arm_runs(store, plan.arm_runs())

@@ -125,8 +125,8 @@ CASES: dict[str, tuple[Case, str]] = {
     ),
     "run id with a slash": (lambda tmp, store: ["--run-id", "a/b"], "invalid run id"),
     "changed config of a run with commits": (
-        lambda tmp, store: ["--run-id", "r1", "--set", "grpo.steps=7"],
-        "different config (differing keys: grpo.steps",
+        lambda tmp, store: ["--run-id", "r1", "--set", "run.iterations=1"],
+        "different config (differing keys: run.iterations",
     ),
     "a run another process holds": (lambda tmp, store: ["--run-id", "held"], "is locked by PID"),
     "prompt longer than the policy's context": (

@@ -1,0 +1,126 @@
+"""What one run may take over from another: the rerun rule (flows/config_readers.py) applied
+across runs.
+
+A stage of run B would compute what run A's committed stage computed when no config key on
+which A and B differ is read by that stage or by any stage before it (a stage reads the
+outputs of those before it). So B may start with A's committed stages, in execution order, up
+to the first stage that reads a differing key; that is `shareable_prefix`. Keys that place the
+work (cluster, store, tracking) and the run id do not count: they change where a result lives,
+not what it is. The seed is read by every stage, so runs at different seeds share nothing.
+`fork_from` copies that prefix into B through storage/fork.py.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any
+
+from flows.config import ItergrpoConfig
+from flows.config_files import PLACEMENT_SECTIONS, stored_config_as_current
+from flows.config_readers import first_iteration_reading, stages_reading
+from flows.loop import planned_stages
+from flows.names import CRITIC, GRPO, ORM, POLICY, POLICY_LORA, PRM, TRAIN_RM, WARM_START
+from storage.fork import fork_run
+from storage.store import RunStore
+
+Stage = tuple[str, int]
+# Keys that never make two runs compute differently (placement, and the run's own name).
+# Each ends with "." and is matched against key + ".": a section, or exactly one key.
+NOT_RESULTS = (*(f"{section}." for section in PLACEMENT_SECTIONS), "run.run_id.")
+
+
+def _flat(tree: Any, prefix: str = "") -> dict[str, Any]:
+    if isinstance(tree, Mapping):
+        out: dict[str, Any] = {}
+        for key, value in tree.items():
+            out.update(_flat(value, f"{prefix}.{key}" if prefix else str(key)))
+        return out or {prefix: {}}
+    return {prefix: tree}
+
+
+def differing_keys(a: Mapping[str, Any], b: Mapping[str, Any]) -> list[str]:
+    """Dotted keys whose values differ between config trees `a` and `b` (placement and the
+    run id left out)."""
+    fa, fb = _flat(a), _flat(b)
+    return [
+        k
+        for k in dict.fromkeys([*fa, *fb])
+        if fa.get(k, ...) != fb.get(k, ...) and not (k + ".").startswith(NOT_RESULTS)
+    ]
+
+
+def shareable_prefix(
+    plan: list[Stage],
+    committed: Iterable[Stage],
+    source_config: Mapping[str, Any],
+    target_config: Mapping[str, Any],
+    readers: Callable[[str], frozenset[str] | None] = stages_reading,
+    first_iteration: Callable[[str], int] = first_iteration_reading,
+) -> list[Stage]:
+    """The stages of `plan` (the target's, in execution order) the target may take from a
+    source run that committed `committed`: those before the first stage that the source has
+    not committed or that reads a key on which the two configs differ (a key `readers`
+    returns None for is read by every stage; `first_iteration` says from which iteration on
+    its readers read it)."""
+    done = set(committed)
+    blocking: dict[str, int] = {}  # stage -> the first iteration at which it reads a change
+    for key in differing_keys(source_config, target_config):
+        read_by = readers(key)
+        if read_by is None:
+            return []
+        for stage in read_by:
+            blocking[stage] = min(blocking.get(stage, first_iteration(key)), first_iteration(key))
+    prefix = []
+    for stage, iteration in plan:
+        if (stage, iteration) not in done or iteration >= blocking.get(stage, iteration + 1):
+            break
+        prefix.append((stage, iteration))
+    return prefix
+
+
+def checkpoints_written(stages: Iterable[Stage]) -> list[tuple[str, int]]:
+    """(role, iteration) of the checkpoints `stages` write (flows/names.py): policy_0; RM_k;
+    policy_{k+1} with its LoRA adapters and PPO critic. A stage's own resume points (GRPO
+    progress, launcher jobs) are not needed once it is committed."""
+    out: list[tuple[str, int]] = []
+    for stage, k in stages:
+        if stage == WARM_START:
+            out.append((POLICY, 0))
+        elif stage == TRAIN_RM:
+            out += [(ORM, k), (PRM, k)]
+        elif stage == GRPO:
+            out += [(POLICY, k + 1), (POLICY_LORA, k + 1), (CRITIC, k + 1)]
+    return out
+
+
+def prefix_from(store: RunStore, source: str, target: ItergrpoConfig) -> list[Stage]:
+    """shareable_prefix of run `source` (its stored config and commits) for `target`."""
+    stored = stored_config_as_current(store.run_config(source), target)
+    committed = [(str(s["stage"]), int(s["iteration"])) for s in store.committed_stages(source)]
+    return shareable_prefix(
+        planned_stages(target), committed, stored, target.model_dump(mode="json")
+    )
+
+
+def fork_from(store: RunStore, source: str, target: ItergrpoConfig, stages: list[Stage]) -> None:
+    """Create run `target` holding `source`'s `stages` (a prefix from `prefix_from`)."""
+    assert target.run.run_id is not None
+    fork_run(
+        store,
+        source,
+        target.run.run_id,
+        target.model_dump(mode="json"),
+        stages=stages,
+        checkpoints=checkpoints_written(stages),
+        stage_readers=stages_reading,
+    )
+
+
+def describe(stages: list[Stage]) -> str:
+    """`warm_start..evaluate of iteration 0` (the first and last stage shared)."""
+
+    def one(stage: Stage) -> str:
+        return stage[0] if stage[0] == WARM_START else f"{stage[0]} of iteration {stage[1]}"
+
+    first, last = one(stages[0]), one(stages[-1])
+    return first if len(stages) == 1 else f"{first}..{last}"
