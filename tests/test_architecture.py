@@ -13,8 +13,8 @@ import pytest
 from tests.flow_helpers import REPO
 
 PACKAGES = ("flows", "grpo_core", "reward_models", "storage")
-# What each package may import of ours (README.md, "Layout"). storage's one import of grpo_core is the
-# user-error base class, in a leaf that imports nothing.
+# What each package may import of ours (README.md, "Layout"). storage's one import of
+# grpo_core is the user-error base class, in a leaf that imports nothing.
 ALLOWED = {
     "flows": {"grpo_core", "reward_models", "storage"},
     "reward_models": {"grpo_core"},
