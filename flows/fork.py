@@ -21,7 +21,7 @@ from flows.config_readers import first_iteration_reading, stages_reading
 from flows.loop import planned_stages
 from flows.names import CRITIC, GRPO, ORM, POLICY, POLICY_LORA, PRM, TRAIN_RM, WARM_START
 from storage.fork import fork_run
-from storage.store import RunStore
+from storage.store import RunStore, config_diff
 
 Stage = tuple[str, int]
 # Keys that never make two runs compute differently (placement, and the run's own name).
@@ -29,24 +29,10 @@ Stage = tuple[str, int]
 NOT_RESULTS = (*(f"{section}." for section in PLACEMENT_SECTIONS), "run.run_id.")
 
 
-def _flat(tree: Any, prefix: str = "") -> dict[str, Any]:
-    if isinstance(tree, Mapping):
-        out: dict[str, Any] = {}
-        for key, value in tree.items():
-            out.update(_flat(value, f"{prefix}.{key}" if prefix else str(key)))
-        return out or {prefix: {}}
-    return {prefix: tree}
-
-
 def differing_keys(a: Mapping[str, Any], b: Mapping[str, Any]) -> list[str]:
     """Dotted keys whose values differ between config trees `a` and `b` (placement and the
     run id left out)."""
-    fa, fb = _flat(a), _flat(b)
-    return [
-        k
-        for k in dict.fromkeys([*fa, *fb])
-        if fa.get(k, ...) != fb.get(k, ...) and not (k + ".").startswith(NOT_RESULTS)
-    ]
+    return [k for k in config_diff(a, b) if not (k + ".").startswith(NOT_RESULTS)]
 
 
 def shareable_prefix(

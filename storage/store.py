@@ -53,7 +53,8 @@ def _flat(config: Any, prefix: str = "") -> dict[str, Any]:
     return {prefix: config}
 
 
-def _config_diff(old: Any, new: Any) -> list[str]:
+def config_diff(old: Any, new: Any) -> list[str]:
+    """Dotted keys whose values differ between config trees `old` and `new`."""
     a, b = _flat(old), _flat(new)
     return [k for k in dict.fromkeys([*a, *b]) if a.get(k, ...) != b.get(k, ...)]
 
@@ -230,7 +231,7 @@ class RunStore(StoreLayout):
             return False
         stored = read_config(path)
         old = upgrade(stored) if upgrade is not None else stored
-        diff = _config_diff(old, yaml.safe_load(yaml.safe_dump(config)) or {})
+        diff = config_diff(old, yaml.safe_load(yaml.safe_dump(config)) or {})
         # A run that failed before its first commit, or in a stage that alone reads the keys
         # corrected, has nothing to keep consistent with: its rerun takes the new config (the
         # old one is kept beside it).
@@ -245,7 +246,7 @@ class RunStore(StoreLayout):
                 "--force-config` to replace it (the old config is kept beside it)",
                 clashing,
             )
-        return bool(diff or _config_diff(stored, old))
+        return bool(diff or config_diff(stored, old))
 
     def _record_config(
         self,

@@ -45,11 +45,8 @@ def plain_generation_config(steps: int, stop_ids: list[int], pad_id: int) -> Gen
         do_sample=False,
         num_beams=1,
         max_new_tokens=steps,
-        min_new_tokens=0,
         eos_token_id=stop_ids,
         pad_token_id=pad_id,
-        repetition_penalty=1.0,
-        no_repeat_ngram_size=0,
         use_cache=True,
     )
 
