@@ -128,6 +128,18 @@ TABLE_SCHEMAS: dict[str, pa.Schema] = {
         _opt("ci_low", _F64),
         _opt("ci_high", _F64),
     ),
+    # Each problem's value of the per-problem eval metrics (greedy_accuracy, sampled_accuracy,
+    # pass@k, maj@k): their mean is the `eval` row. Two policies evaluated at the same seed see
+    # the same problems, so comparisons pair on problem_index. Stores written before it lack it.
+    "eval_problems": _schema(
+        _req("policy_iteration", _I64),
+        _req("split", _S),
+        _req("problem_index", _I32),  # position in the evaluated list (ids may repeat)
+        _req("problem_id", _S),
+        _req("metric", _S),
+        _req("k", _I32),
+        _req("value", _F64),
+    ),
     "metrics": _schema(
         _req("stage", _S),
         _opt("step", _I64),
@@ -145,6 +157,20 @@ TABLE_SCHEMAS: dict[str, pa.Schema] = {
         _opt("k", _I32),
         _req("value", _F64),
         _req("arm_run_id", _S),  # the arm-seed run the value was read from (its `eval` rows)
+    ),
+    # The per-problem values behind the `ablation` rows of the metrics the claims compare
+    # (from each arm-seed run's `eval_problems`): the pairing by problem within a seed.
+    "ablation_problems": _schema(
+        _req("ablation_id", _S),
+        _req("arm", _S),
+        _req("seed", _I64),
+        _req("policy_iteration", _I64),
+        _req("metric", _S),
+        _req("k", _I32),
+        _req("problem_index", _I32),
+        _req("problem_id", _S),
+        _req("value", _F64),
+        _req("arm_run_id", _S),
     ),
     # The commit log: one file per committed stage attempt; its existence is the commit.
     "stages": _schema(

@@ -38,6 +38,9 @@ def snapshot(store: RunStore, run_id: str) -> dict[str, Any]:
     out["eval"] = sorted(
         evals, key=lambda r: (r["policy_iteration"], r["split"], r["metric"], r["k"] or 0)
     )
+    problems = store.read("eval_problems", run_id=run_id).drop(["run_id"]).to_pylist()
+    keys = ("policy_iteration", "split", "metric", "k", "problem_index")
+    out["eval_problems"] = sorted(problems, key=lambda r: tuple(r[k] for k in keys))
     return out
 
 

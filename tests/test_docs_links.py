@@ -43,3 +43,26 @@ def test_nothing_cites_a_file_outside_the_repository() -> None:
         if p != Path(__file__) and OUTSIDE.search(p.read_text(errors="replace"))
     ]
     assert not citing, f"cite files outside the repository (use docs/algorithm.md): {citing}"
+
+
+# `path.py::name` in docs/algorithm.md: the function (or test) that implements or checks a
+# formula; a rename must not leave the page naming something that is gone. A bare file name
+# (`test_losses.py::...`, after its full path on the page) is the one file of that name.
+NAMED = re.compile(r"`([\w/]+\.py)::(\w+)`")
+
+
+def _source(path: str) -> Path:
+    if "/" in path:
+        return ROOT / path
+    found = [p for p in SOURCES if p.name == path]
+    return found[0] if len(found) == 1 else ROOT / path
+
+
+def test_functions_the_algorithm_page_names_exist() -> None:
+    missing = []
+    for path, name in NAMED.findall((ROOT / "docs" / "algorithm.md").read_text()):
+        source = _source(path)
+        defined = re.compile(rf"^\s*(?:async\s+)?(?:def|class)\s+{name}\b", re.MULTILINE)
+        if not source.is_file() or not defined.search(source.read_text()):
+            missing.append(f"{path}::{name}")
+    assert not missing, f"docs/algorithm.md names what does not exist: {missing}"

@@ -15,8 +15,7 @@ from prefect.logging.handlers import APILogHandler
 from prefect.states import Cancelled, State
 
 from flows.ablate.report import report_with_inline_plots
-from flows.ablate.results import Values
-from flows.ablate.run import run_ablation
+from flows.ablate.run import run_ablation, stored_values
 from flows.ablate.suites import AblationPlan, Suite
 from flows.config import ItergrpoConfig
 from flows.interrupts import RunInterrupted
@@ -96,7 +95,7 @@ def ablate(
             rows = run_ablation(plan, make_executor=prefect_executor, run_arm=run_arm)
     except RunInterrupted as exc:  # stopped at a safe point: rerunning resumes it
         return Cancelled(message=str(exc))
-    values = Values.from_rows(rows)
+    values = stored_values(plan.store_root, ablation_id)
     out_dir = plan.store_root / "reports" / ablation_id
     create_markdown_artifact(
         report_with_inline_plots(values, ablation_id, plan.suite.description, out_dir),

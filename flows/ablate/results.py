@@ -9,10 +9,20 @@ from __future__ import annotations
 
 from collections import defaultdict
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
-from flows.ablate.stats import Interval, Relation, Verdict, combine, mean_ci, paired_verdict
+from flows.ablate.problem_stats import RandomEffects, paired_by_problem
+from flows.ablate.stats import (
+    Interval,
+    Relation,
+    Verdict,
+    agreed,
+    combine,
+    mean_ci,
+    paired_verdict,
+    verdict,
+)
 
 POLICY_0 = "policy_0"  # the results table's row for the shared starting policy
 GREEDY = "greedy_accuracy"
@@ -31,19 +41,51 @@ FIG6_LINKS: tuple[tuple[str, Relation, str], ...] = (("grpo_os", ">=", "grpo_os_
 FIG7_ARM = "grpo_os"  # Fig. 7: policy_0 vs this arm's final policy, Maj@K and Pass@K
 
 
+Key = tuple[str, int, str, int]  # (arm, policy_iteration, metric, k)
+
+
+@dataclass(frozen=True)
+class ProblemValues:
+    """One seed's per-problem values of a metric, in problem order, with the problems' ids
+    (two arms pair on a seed only if they saw the same problems)."""
+
+    problem_ids: tuple[str, ...]
+    values: tuple[float, ...]
+
+
 @dataclass(frozen=True)
 class Values:
-    """An ablation's evaluations: (arm, policy_iteration, metric, k) -> {seed: value}."""
+    """An ablation's evaluations: (arm, policy_iteration, metric, k) -> {seed: value}, and
+    where stored (`ablation_problems`) the per-problem values behind them."""
 
-    by_key: Mapping[tuple[str, int, str, int], Mapping[int, float]]
+    by_key: Mapping[Key, Mapping[int, float]]
+    problems: Mapping[Key, Mapping[int, ProblemValues]] = field(default_factory=dict)
 
     @classmethod
-    def from_rows(cls, rows: Iterable[Mapping[str, Any]]) -> Values:
-        out: dict[tuple[str, int, str, int], dict[int, float]] = defaultdict(dict)
+    def from_rows(
+        cls,
+        rows: Iterable[Mapping[str, Any]],
+        problem_rows: Iterable[Mapping[str, Any]] = (),
+    ) -> Values:
+        out: dict[Key, dict[int, float]] = defaultdict(dict)
         for r in rows:
-            key = (str(r["arm"]), int(r["policy_iteration"]), str(r["metric"]), int(r["k"] or 1))
-            out[key][int(r["seed"])] = float(r["value"])
-        return cls(dict(out))
+            out[_key(r)][int(r["seed"])] = float(r["value"])
+        listed: dict[Key, dict[int, list[tuple[int, str, float]]]] = defaultdict(
+            lambda: defaultdict(list)
+        )
+        for r in problem_rows:
+            entry = (int(r["problem_index"]), str(r["problem_id"]), float(r["value"]))
+            listed[_key(r)][int(r["seed"])].append(entry)
+        problems = {
+            key: {
+                seed: ProblemValues(
+                    tuple(pid for _, pid, _ in sorted(found)), tuple(v for *_, v in sorted(found))
+                )
+                for seed, found in by_seed.items()
+            }
+            for key, by_seed in listed.items()
+        }
+        return cls(dict(out), problems)
 
     def arms(self) -> list[str]:
         return list(dict.fromkeys(arm for arm, *_ in self.by_key))
@@ -64,9 +106,18 @@ class Values:
     def seeds(self, arm: str, policy_iteration: int, metric: str, k: int = 1) -> dict[int, float]:
         return dict(self.by_key.get((arm, policy_iteration, metric, k), {}))
 
+    def per_problem(
+        self, arm: str, policy_iteration: int, metric: str, k: int = 1
+    ) -> dict[int, ProblemValues]:
+        return dict(self.problems.get((arm, policy_iteration, metric, k), {}))
+
     def interval(self, arm: str, policy_iteration: int, metric: str, k: int = 1) -> Interval | None:
         found = self.seeds(arm, policy_iteration, metric, k)
         return mean_ci([found[s] for s in sorted(found)]) if found else None
+
+
+def _key(row: Mapping[str, Any]) -> Key:
+    return (str(row["arm"]), int(row["policy_iteration"]), str(row["metric"]), int(row["k"] or 1))
 
 
 def results_table(values: Values) -> list[dict[str, Any]]:
@@ -121,11 +172,45 @@ def format_results_table(values: Values) -> str:
 
 @dataclass(frozen=True)
 class Link:
-    """One comparison of a claim: `left relation right` on paired per-seed values."""
+    """One comparison of a claim, `left relation right`: on paired per-seed values (the t
+    interval over seeds) and, where the per-problem values are stored, paired by problem within
+    each seed and pooled over seeds (flows/ablate/problem_stats.py). Its verdict is the one both
+    methods reach; where they differ, inconclusive."""
 
     text: str
-    verdict: Verdict | None  # None: the suite lacks an arm it needs
+    relation: Relation
+    seed_verdict: Verdict | None  # None: the suite lacks an arm it needs
     difference: Interval | None
+    by_problem: RandomEffects | None = None
+    why_no_pairing: str = ""
+
+    @property
+    def problem_verdict(self) -> Verdict | None:
+        return None if self.by_problem is None else verdict(self.by_problem.interval, self.relation)
+
+    @property
+    def verdict(self) -> Verdict | None:
+        if self.seed_verdict is None or self.problem_verdict is None:
+            return self.seed_verdict
+        return agreed([self.seed_verdict, self.problem_verdict])
+
+    def lines(self) -> list[str]:
+        if self.seed_verdict is None or self.difference is None:
+            return [f"  {self.text}: not run"]
+        lines = [f"  {self.text}: difference {_signed(self.difference)} -> {self.seed_verdict}"]
+        pooled = self.by_problem
+        if pooled is None:
+            if self.why_no_pairing:
+                lines.append(f"    paired by problem: not computed ({self.why_no_pairing})")
+            return lines
+        per_seed = ", ".join(f"s{d.seed} {d.mean:+.3f} (se {d.se:.3f})" for d in pooled.seeds)
+        lines += [
+            f"    paired by problem and seed: {_signed(pooled.interval)} -> "
+            f"{self.problem_verdict}; between-seed sd {pooled.tau2**0.5:.3f}, "
+            f"I^2 {pooled.i2:.0%}",
+            f"    per seed: {per_seed}",
+        ]
+        return lines
 
 
 @dataclass(frozen=True)
@@ -146,11 +231,7 @@ class Claim:
         verdict = self.verdict or "not run (the suite lacks its arms)"
         lines = [f"{self.figure}: {self.statement} — {verdict}", f"  on {self.measured_on}"]
         for link in self.links:
-            if link.verdict is None or link.difference is None:
-                lines.append(f"  {link.text}: not run")
-            else:
-                shown = _signed(link.difference)
-                lines.append(f"  {link.text}: difference {shown} -> {link.verdict}")
+            lines += link.lines()
         return "\n".join(lines)
 
 
@@ -164,6 +245,34 @@ def _paired(left: Mapping[int, float], right: Mapping[int, float]) -> tuple[list
     return [left[s] for s in seeds], [right[s] for s in seeds]
 
 
+def _by_problem(
+    a: Mapping[int, ProblemValues], b: Mapping[int, ProblemValues]
+) -> tuple[RandomEffects | None, str]:
+    """The pooled per-problem difference A - B over the seeds both have, or why there is none:
+    no per-problem rows (an ablation stored before they existed), or other problems."""
+    seeds = sorted(set(a) & set(b))
+    if not seeds:
+        return None, "no per-problem rows stored"
+    unpaired = [s for s in seeds if a[s].problem_ids != b[s].problem_ids]
+    if unpaired:
+        return None, f"the arms saw other problems at seed(s) {unpaired}"
+    return paired_by_problem({s: a[s].values for s in seeds}, {s: b[s].values for s in seeds}), ""
+
+
+def _link(
+    text: str,
+    relation: Relation,
+    seed_values: tuple[Mapping[int, float], Mapping[int, float]],
+    problem_values: tuple[Mapping[int, ProblemValues], Mapping[int, ProblemValues]],
+) -> Link:
+    a, b = _paired(*seed_values)
+    if not a:
+        return Link(text, relation, None, None)
+    seed_verdict, difference = paired_verdict(a, b, relation)
+    pooled, why = _by_problem(*problem_values)
+    return Link(text, relation, seed_verdict, difference, pooled, why)
+
+
 def _links(
     values: Values, links: Iterable[tuple[str, Relation, str]], policy: int | None
 ) -> tuple[Link, ...]:
@@ -172,14 +281,34 @@ def _links(
     for left, relation, right in links:
         text = f"{left} {relation} {right}"
         if left not in values.arms() or right not in values.arms():
-            out.append(Link(text, None, None))
+            out.append(Link(text, relation, None, None))
             continue
         at_left = values.final_iteration(left) if policy is None else policy
         at_right = values.final_iteration(right) if policy is None else policy
-        a, b = _paired(values.seeds(left, at_left, GREEDY), values.seeds(right, at_right, GREEDY))
-        verdict, difference = paired_verdict(a, b, relation) if a else (None, None)
-        out.append(Link(text, verdict, difference))
+        seeds = (values.seeds(left, at_left, GREEDY), values.seeds(right, at_right, GREEDY))
+        problems = (
+            values.per_problem(left, at_left, GREEDY),
+            values.per_problem(right, at_right, GREEDY),
+        )
+        out.append(_link(text, relation, seeds, problems))
     return tuple(out)
+
+
+def _gain(before: ProblemValues, after: ProblemValues) -> ProblemValues | None:
+    if before.problem_ids != after.problem_ids:
+        return None
+    diff = tuple(y - x for x, y in zip(before.values, after.values, strict=True))
+    return ProblemValues(before.problem_ids, diff)
+
+
+def _problem_gains(
+    values: Values, arm: str, final: int, metric: str, k: int
+) -> dict[int, ProblemValues]:
+    """Per seed, each problem's gain in `metric` from policy_0 to policy_`final`."""
+    before = values.per_problem(arm, 0, metric, k)
+    after = values.per_problem(arm, final, metric, k)
+    gains = {s: _gain(before[s], after[s]) for s in sorted(set(before) & set(after))}
+    return {s: g for s, g in gains.items() if g is not None}
 
 
 def _fig7_link(values: Values) -> Link:
@@ -187,18 +316,20 @@ def _fig7_link(values: Values) -> Link:
     k, arm = values.top_k(), FIG7_ARM
     text = f"{arm}: Maj@{k} gain > Pass@{k} gain"
     if k is None or arm not in values.arms():
-        return Link(text, None, None)
+        return Link(text, ">", None, None)
     final = values.final_iteration(arm)
-    gains = []
+    gains: list[dict[int, float]] = []
     for metric in (MAJ, PASS):
-        before, after = _paired(
-            values.seeds(arm, 0, metric, k), values.seeds(arm, final, metric, k)
-        )
-        gains.append([y - x for x, y in zip(before, after, strict=True)])
-    if not gains[0] or len(gains[0]) != len(gains[1]):
-        return Link(text, None, None)
-    verdict, difference = paired_verdict(gains[0], gains[1], ">")
-    return Link(text, verdict, difference)
+        before = values.seeds(arm, 0, metric, k)
+        after = values.seeds(arm, final, metric, k)
+        gains.append({s: after[s] - before[s] for s in sorted(set(before) & set(after))})
+    if not gains[0] or set(gains[0]) != set(gains[1]):
+        return Link(text, ">", None, None)
+    problems = (
+        _problem_gains(values, arm, final, MAJ, k),
+        _problem_gains(values, arm, final, PASS, k),
+    )
+    return _link(text, ">", (gains[0], gains[1]), problems)
 
 
 def claims(values: Values) -> list[Claim]:
@@ -227,8 +358,12 @@ def claims(values: Values) -> list[Claim]:
 
 
 CLAIMS_NOTE = (
-    "Cells: mean ± half-width of the 95% Student-t interval over seeds. A claim holds when the "
-    "95% interval of the paired per-seed differences lies above 0 (at or above 0 for '>='), "
+    "Cells: mean ± half-width of the 95% Student-t interval over seeds. A comparison holds when "
+    "the 95% interval of the paired per-seed differences lies above 0 (at or above 0 for '>='), "
     "does not hold when it lies below (at or below 0 for '>'), and is inconclusive when it "
-    "straddles 0 or there is one seed."
+    "straddles 0 or there is one seed. Where per-problem values are stored, a second interval "
+    "pairs the arms by problem within each seed and pools the seeds as a random-effects "
+    "meta-analysis (Hartung-Knapp); a comparison's verdict is the one both intervals reach, "
+    "else inconclusive. A large I^2 says the seeds differ by more than their evaluation noise: "
+    "more seeds, not more problems, would narrow the interval."
 )

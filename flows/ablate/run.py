@@ -21,9 +21,11 @@ import functools
 import logging
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 from flows.ablate.cost import stage_costs
+from flows.ablate.results import Values
 from flows.ablate.suites import AblationPlan, ArmRun
 from flows.config import ItergrpoConfig
 from flows.config_files import stored_config_as_current
@@ -44,6 +46,7 @@ from storage.store import RunStore
 log = logging.getLogger("itergrpo")
 
 ABLATION_TABLE = "ablation"  # the table, and the stage of the ablation's run that writes it
+PROBLEMS_TABLE = "ablation_problems"  # written by the same stage: the per-problem values
 ARM_RUN = "arm_run"  # the fault hook's name for "an arm-seed run starts"
 RunArm = Callable[[ItergrpoConfig], None]
 MakeExecutor = Callable[[RunContext], Executor]
@@ -88,6 +91,33 @@ def ablation_rows(store: RunStore, plan: AblationPlan, runs: list[ArmRun]) -> li
                 }
             )
     return rows
+
+
+def ablation_problem_rows(
+    store: RunStore, plan: AblationPlan, runs: list[ArmRun]
+) -> list[dict[str, Any]]:
+    """Rows of `ablation_problems`: each arm-seed run's per-problem values on the held-out
+    split (none from runs stored before `eval_problems` existed)."""
+    rows = []
+    for r in runs:
+        found = store.read("eval_problems", run_id=r.run_id, where=f"split = '{EVAL_SPLIT}'")
+        for e in found.to_pylist():
+            rows.append(
+                {"ablation_id": plan.ablation_id, "arm": r.arm, "seed": r.seed}
+                | {key: e[key] for key in ("policy_iteration", "metric", "k", "value")}
+                | {"problem_index": e["problem_index"], "problem_id": e["problem_id"]}
+                | {"arm_run_id": r.run_id}
+            )
+    return rows
+
+
+def stored_values(store_root: Path, ablation_id: str) -> Values:
+    """The committed ablation's values: its `ablation` rows and per-problem rows."""
+    store = RunStore(store_root)
+    return Values.from_rows(
+        store.read(ABLATION_TABLE, run_id=ablation_id).to_pylist(),
+        store.read(PROBLEMS_TABLE, run_id=ablation_id).to_pylist(),
+    )
 
 
 def _what_counts(record: dict[str, Any], *, seeds: bool) -> dict[str, Any]:
@@ -259,6 +289,7 @@ def run_ablation(
                 if not record.is_committed(0, ABLATION_TABLE):
                     with record.stage(0, ABLATION_TABLE) as attempt:
                         attempt.write(ABLATION_TABLE, ablation_rows(store, plan, runs))
+                        attempt.write(PROBLEMS_TABLE, ablation_problem_rows(store, plan, runs))
             except BaseException as exc:
                 stopped = isinstance(exc, (RunInterrupted, KeyboardInterrupt))
                 status = "interrupted" if stopped else "failed"

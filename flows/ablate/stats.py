@@ -114,6 +114,11 @@ def paired_verdict(
     return verdict(difference, relation), difference
 
 
+def agreed(verdicts: Sequence[Verdict]) -> Verdict:
+    """Two methods' verdicts of one claim: a verdict both reach, else inconclusive."""
+    return verdicts[0] if verdicts and all(v == verdicts[0] for v in verdicts) else "inconclusive"
+
+
 def combine(verdicts: Sequence[Verdict]) -> Verdict:
     """A chain of claims: holds if every link holds, does not hold if any link does not."""
     if any(v == "does not hold" for v in verdicts):

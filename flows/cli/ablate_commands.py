@@ -63,7 +63,8 @@ def run_plan(plan: AblationPlan, *, use_prefect: bool) -> int:
     """Run (or resume) `plan`; print the table, the verdicts and where the report is."""
     from flows.ablate.cost import COST_NOTE, format_cost_table
     from flows.ablate.report import verdict_lines, write_ablation_report
-    from flows.ablate.results import CLAIMS_NOTE, Values, format_results_table
+    from flows.ablate.results import CLAIMS_NOTE, format_results_table
+    from flows.ablate.run import stored_values
 
     runs = plan.arm_runs()
     arms = ", ".join(plan.suite.arms)
@@ -83,7 +84,8 @@ def run_plan(plan: AblationPlan, *, use_prefect: bool) -> int:
             file=sys.stderr,
         )
         return 130
-    values = Values.from_rows(rows)
+    del rows  # the committed table, read back with its per-problem rows
+    values = stored_values(plan.store_root, plan.ablation_id)
     out_dir = plan.store_root / "reports" / plan.ablation_id
     written = write_ablation_report(values, plan.ablation_id, plan.suite.description, out_dir)
     print()

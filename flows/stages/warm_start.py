@@ -35,6 +35,6 @@ def warm_start_stage(ctx: RunContext, iteration: int, progress: ProgressFn) -> S
     progress(0.8, "evaluating policy_0")
     rows = policy_eval_rows(ctx, model, tokenizer, policy_iteration=0)
     with ctx.run.stage(iteration, WARM_START) as attempt:
-        attempt.write("eval", rows)
+        rows.write(attempt)
         attempt.write("metrics", metric_rows(WARM_START, metrics))
     return StageResult(WARM_START, iteration, metrics=metrics)

@@ -29,6 +29,28 @@ class MetricRow:
     n: int
 
 
+@dataclass(frozen=True)
+class ProblemScore:
+    """One problem's value of a per-problem metric (the metric's row is their mean): the
+    pairing unit when two policies are compared on the same problems. `index` is the problem's
+    position in the evaluated list (a list drawn with repeats has a problem_id more than once)."""
+
+    index: int
+    problem_id: str
+    metric: str
+    k: int
+    value: float
+
+
+@dataclass(frozen=True)
+class PolicyEvaluation:
+    """An evaluation's metric rows and, for the metrics averaged over problems, each problem's
+    value (greedy and sampled accuracy, Pass@K and Maj@K)."""
+
+    metrics: list[MetricRow]
+    problems: list[ProblemScore]
+
+
 GSM8K = ANSWER_FORMATS["gsm8k"]
 
 
@@ -82,7 +104,7 @@ def evaluate_policy(
     problems: list[Problem],
     cfg: EvalConfig,
     seed: int,
-) -> list[MetricRow]:
+) -> PolicyEvaluation:
     """Greedy accuracy / format rate / length, then sampled accuracy, Pass@K and Maj@K per K.
 
     Standard errors are over problems. Maj@K averages the n_samples // K disjoint blocks of K
@@ -102,12 +124,20 @@ def evaluate_policy(
     )
     n, ns = len(problems), cfg.n_samples
     rows: list[MetricRow] = []
+    scores: list[ProblemScore] = []
 
     def add(metric: str, k: int, values: Sequence[float], count: int = n) -> None:
         mean, se = _mean_se(values)
         rows.append(MetricRow(metric, k, mean, se, count))
 
-    add(
+    def add_per_problem(metric: str, k: int, values: Sequence[float]) -> None:
+        add(metric, k, values)
+        scores.extend(
+            ProblemScore(i, p.problem_id, metric, k, float(v))
+            for i, (p, v) in enumerate(zip(problems, values, strict=True))
+        )
+
+    add_per_problem(
         "greedy_accuracy",
         1,
         [float(task.is_correct(p, t)) for p, t in zip(problems, greedy.texts, strict=True)],
@@ -119,17 +149,17 @@ def evaluate_policy(
         [task.is_correct(p, sampled.texts[i * ns + j]) for j in range(ns)]
         for i, p in enumerate(problems)
     ]
-    add("sampled_accuracy", 1, [sum(c) / ns for c in correct])
+    add_per_problem("sampled_accuracy", 1, [sum(c) / ns for c in correct])
     add("format_rate", 1, [fmt.ends_with_answer(t) for t in sampled.texts], n * ns)
     add("mean_length", 1, [float(len(c)) for c in sampled.completion_ids], n * ns)
     add("stop_rate", 1, [float(r == "stop") for r in sampled.finish_reasons], n * ns)
     for k in cfg.k_values():
-        add("pass@k", k, [pass_at_k(ns, sum(c), k) for c in correct])
+        add_per_problem("pass@k", k, [pass_at_k(ns, sum(c), k) for c in correct])
         maj = []
         for i, p in enumerate(problems):
             texts = sampled.texts[i * ns : (i + 1) * ns]
             answers = [fmt.extract(t) for t in texts]
             blocks = [answers[b : b + k] for b in range(0, ns - k + 1, k)]
             maj.append(sum(maj_at_k(blk, p.answer, k, fmt) for blk in blocks) / len(blocks))
-        add("maj@k", k, maj)
-    return rows
+        add_per_problem("maj@k", k, maj)
+    return PolicyEvaluation(rows, scores)

@@ -73,6 +73,7 @@ def test_micro_ablation_survives_kills_and_reports(
     for arm in ("policy_0", "grpo_os", "online_rft"):
         assert any(line.startswith(arm) for line in out.splitlines())
     assert "grpo_os > online_rft: difference" in out
+    assert "paired by problem and seed: " in out  # the second interval, beside the first
     assert "Fig. 6: RM retrained every iteration >= RM trained once" in out
     assert "not run (the suite lacks its arms)" in out
     verdicts = [line for line in out.splitlines() if line.startswith("Fig. ")]
@@ -111,3 +112,15 @@ def test_micro_ablation_survives_kills_and_reports(
     }
     for (arm, seed, metric, k), value in policy_0.items():
         assert policy_0[("grpo_os", seed, metric, k)] == value, (arm, seed, metric, k)
+    # the per-problem values behind them: 8 problems per evaluation, their mean the table's
+    values = {(r["arm_run_id"], r["policy_iteration"], r["metric"], r["k"]): r for r in rows}
+    per_problem = RunStore(store).read("ablation_problems", run_id=ABLATION).to_pylist()
+    grouped: dict[tuple[str, int, str, int], list[float]] = {}
+    for r in per_problem:
+        key = (r["arm_run_id"], r["policy_iteration"], r["metric"], r["k"])
+        grouped.setdefault(key, []).append(r["value"])
+    assert {run_id for run_id, *_ in grouped} == set(RUNS)
+    assert {(run_id, 2, "greedy_accuracy", 1) for run_id in RUNS} <= set(grouped)
+    for key, found in grouped.items():
+        assert len(found) == 8
+        assert sum(found) / 8 == pytest.approx(values[key]["value"]), key

@@ -76,9 +76,10 @@ def test_evaluate_policy_reports_paper_metrics() -> None:
         greedy=["#### 2", "#### 5"],
         samples=[["#### 2", "#### 3", "#### 3", "#### 2"], ["x", "#### 4", "#### 5", "#### 6"]],
     )
-    rows = evaluate_policy(
+    evaluation = evaluate_policy(
         engine, build_char_tokenizer(), ArithTask(), problems, EvalConfig(n_samples=4), seed=0
     )
+    rows = evaluation.metrics
     got = {(r.metric, r.k): r.value for r in rows}
     assert got[("greedy_accuracy", 1)] == 0.5
     assert got[("sampled_accuracy", 1)] == pytest.approx((2 / 4 + 1 / 4) / 2)
@@ -90,3 +91,18 @@ def test_evaluate_policy_reports_paper_metrics() -> None:
     assert got[("maj@k", 4)] == 1.0  # ties go to the answer seen first: a -> 2, b -> 4
     se = next(r.stderr for r in rows if r.metric == "greedy_accuracy")
     assert se == pytest.approx(0.5)
+    # Each problem's value, in problem order; their mean is the metric's row.
+    per = {(s.metric, s.k, s.problem_id): s.value for s in evaluation.problems}
+    assert (per[("greedy_accuracy", 1, "a")], per[("greedy_accuracy", 1, "b")]) == (1.0, 0.0)
+    assert (per[("maj@k", 2, "a")], per[("maj@k", 2, "b")]) == (0.5, 0.5)
+    assert (per[("sampled_accuracy", 1, "a")], per[("pass@k", 4, "b")]) == (0.5, 1.0)
+    assert [s.index for s in evaluation.problems if s.metric == "pass@k" and s.k == 2] == [0, 1]
+    for metric, k in {(s.metric, s.k) for s in evaluation.problems}:
+        values = [s.value for s in evaluation.problems if (s.metric, s.k) == (metric, k)]
+        assert sum(values) / len(values) == pytest.approx(got[(metric, k)])
+    assert {s.metric for s in evaluation.problems} == {
+        "greedy_accuracy",
+        "sampled_accuracy",
+        "pass@k",
+        "maj@k",
+    }
