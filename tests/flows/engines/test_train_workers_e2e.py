@@ -28,6 +28,7 @@ from grpo_core.contracts.policy_batch import PolicyBatch
 from storage.checkpoints import EXTRA_FILE, checkpoint_path
 from storage.store import RunStore
 from tests.flow_helpers import cli, killed_micro_run, micro_config, snapshot
+from tests.flows.engines.conftest import RAY_RUN_ID, ray_sets
 from tests.flows.engines.test_engines_flow import (
     WEIGHT_TOL,
     assert_close_metrics,
@@ -35,9 +36,8 @@ from tests.flows.engines.test_engines_flow import (
     max_weight_gap,
 )
 
-# DeepSpeed (ZeRO-2) where installed, as the issue asks; else the torch engine under DDP.
-TRAIN = "deepspeed" if find_spec("deepspeed") else "torch"
-RAY_SETS = ("engines.train_workers=ray", f"engines.train={TRAIN}", "engines.workers.ranks=2")
+RAY_SETS = ray_sets()
+TRAIN = RAY_SETS[1].split("=")[1]
 
 pytestmark = [
     pytest.mark.skipif(find_spec("ray") is None, reason="ray is not installed"),
@@ -63,7 +63,7 @@ def _still_alive(pids: list[int], seconds: float) -> list[int]:
 
 
 def test_micro_run_on_two_ray_ranks_matches_one_process(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    micro_run: tuple[RunStore, str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     rank_pids: list[list[int]] = []  # per GRPO step, the processes that updated
     update = train_workers.RayWorkersUpdater.update
@@ -76,9 +76,10 @@ def test_micro_run_on_two_ray_ranks_matches_one_process(
         return metrics
 
     monkeypatch.setattr(train_workers.RayWorkersUpdater, "update", spy)
-    one, two = tmp_path / "one", tmp_path / "ray"
-    execute_run(micro_config(one, "tw"))
-    cfg = micro_config(two, "tw", *RAY_SETS)
+    # One process: the session's micro run (same preset and seed); this run takes its run id.
+    reference, run_id = micro_run
+    one, two = reference.root, tmp_path / "ray"
+    cfg = micro_config(two, run_id, *RAY_SETS)
     execute_run(cfg)
     steps = cfg.grpo.steps
     assert len(rank_pids) == cfg.run.iterations * steps
@@ -87,34 +88,37 @@ def test_micro_run_on_two_ray_ranks_matches_one_process(
         assert len(set(stage[0])) == 2 and os.getpid() not in stage[0]
         assert all(pids == stage[0] for pids in stage)
     assert not _still_alive([pid for stage in stages for pid in stage[0]], 30)  # stopped
-    gap = assert_close_metrics(grpo_metrics(one, "tw"), grpo_metrics(two, "tw"))
+    gap = assert_close_metrics(grpo_metrics(one, run_id), grpo_metrics(two, run_id))
     weights = max(
-        max_weight_gap(checkpoint_path(one, "tw", POLICY, k), checkpoint_path(two, "tw", POLICY, k))
+        max_weight_gap(
+            checkpoint_path(one, run_id, POLICY, k), checkpoint_path(two, run_id, POLICY, k)
+        )
         for k in (1, 2)
     )
     print(f"2 Ray ranks ({TRAIN}) vs one process: metrics |gap| {gap:.2e}, weights {weights:.2e}")
     assert weights <= WEIGHT_TOL
-    want, got = snapshot(RunStore(one), "tw"), snapshot(RunStore(two), "tw")
+    want, got = snapshot(reference, run_id), snapshot(RunStore(two), run_id)
     for table in ("prompts", "rollouts", "orm_labels", "rm_train"):
         assert got[table] == want[table], table
 
 
-def test_ray_ranks_killed_mid_grpo_resume_exactly(tmp_path: Path) -> None:
-    sets = ["run.iterations=1", *RAY_SETS]
-    reference = tmp_path / "reference"
-    execute_run(micro_config(reference, "kr", *sets))
+def test_ray_ranks_killed_mid_grpo_resume_exactly(
+    ray_ranks_reference: Path, tmp_path: Path
+) -> None:
+    sets = ["run.iterations=1", *RAY_SETS]  # the reference's (tests/flows/engines/conftest.py)
+    reference, kr = ray_ranks_reference, RAY_RUN_ID
     store = tmp_path / "killed"
-    killed = killed_micro_run(store, "kr", sets, fault="SIGKILL@grpo:0:2")  # step 0 saved only
+    killed = killed_micro_run(store, kr, sets, fault="SIGKILL@grpo:0:2")  # step 0 saved only
     started = re.search(r"training ranks: 2 Ray actors \(pids \[(\d+), (\d+)\]\) on", killed.stderr)
     assert started is not None, killed.stderr[-2000:]
     pids = [int(p) for p in started.groups()]
     assert not _still_alive(pids, 60)  # the ranks died with the killed run
-    progress = checkpoint_path(store, "kr", GRPO_PROGRESS, 0)
+    progress = checkpoint_path(store, kr, GRPO_PROGRESS, 0)
     assert json.loads((progress / EXTRA_FILE).read_text())["next_step"] == 1
-    resumed = cli(store, "resume", "kr")
+    resumed = cli(store, "resume", kr)
     assert resumed.returncode == 0, resumed.stderr[-2000:]
     assert "GRPO: resuming at step 1" in resumed.stderr
-    assert snapshot(RunStore(store), "kr") == snapshot(RunStore(reference), "kr")
-    assert grpo_metrics(store, "kr") == grpo_metrics(reference, "kr")
-    final = (checkpoint_path(store, "kr", POLICY, 1), checkpoint_path(reference, "kr", POLICY, 1))
+    assert snapshot(RunStore(store), kr) == snapshot(RunStore(reference), kr)
+    assert grpo_metrics(store, kr) == grpo_metrics(reference, kr)
+    final = (checkpoint_path(store, kr, POLICY, 1), checkpoint_path(reference, kr, POLICY, 1))
     assert max_weight_gap(*final) == 0.0

@@ -24,6 +24,7 @@ from grpo_core.contracts.policy_batch import PolicyBatch
 from storage.checkpoints import checkpoint_path
 from storage.store import RunStore
 from tests.flow_helpers import micro_config, snapshot
+from tests.flows.engines.conftest import RAY_RUN_ID
 from tests.flows.engines.test_engines_flow import grpo_metrics, max_weight_gap
 from tests.flows.engines.test_train_workers_e2e import RAY_SETS
 
@@ -59,11 +60,11 @@ def two_nodes(monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
 
 
 def test_micro_run_on_two_simulated_nodes_equals_the_one_node_run(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    ray_ranks_reference: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     sets = ["run.iterations=1", *RAY_SETS]
-    one, two = tmp_path / "one", tmp_path / "two"
-    execute_run(micro_config(one, "mn", *sets))  # no cluster: the stage's own local Ray
+    # The one-node run: no cluster, the stage's own local Ray (tests/flows/engines/conftest.py).
+    one, two, mn = ray_ranks_reference, tmp_path / "two", RAY_RUN_ID
 
     placements: list[list[str]] = []  # per GRPO step, the node of each rank
     update = train_workers.RayWorkersUpdater.update
@@ -78,12 +79,12 @@ def test_micro_run_on_two_simulated_nodes_equals_the_one_node_run(
     with two_nodes(monkeypatch) as cluster:
         nodes = {n.node_id for n in [cluster.head_node, *cluster.worker_nodes]}
         cfg = micro_config(
-            two, "mn", *sets, f"cluster.ray_address={cluster.address}", "cluster.shards=2"
+            two, mn, *sets, f"cluster.ray_address={cluster.address}", "cluster.shards=2"
         )
         execute_run(cfg)
     assert len(nodes) == 2 and len(placements) == cfg.grpo.steps
     assert all(sorted(p) == sorted(nodes) for p in placements)  # one rank on each node
-    assert snapshot(RunStore(two), "mn") == snapshot(RunStore(one), "mn")
-    assert grpo_metrics(two, "mn") == grpo_metrics(one, "mn")
-    final = (checkpoint_path(two, "mn", POLICY, 1), checkpoint_path(one, "mn", POLICY, 1))
+    assert snapshot(RunStore(two), mn) == snapshot(RunStore(one), mn)
+    assert grpo_metrics(two, mn) == grpo_metrics(one, mn)
+    final = (checkpoint_path(two, mn, POLICY, 1), checkpoint_path(one, mn, POLICY, 1))
     assert max_weight_gap(*final) == 0.0

@@ -60,7 +60,7 @@ def mlflow_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     finally:
         os.killpg(server.pid, signal.SIGTERM)
         try:
-            server.wait(timeout=30)
+            server.wait(timeout=5)  # it may linger on open keep-alive connections
         except subprocess.TimeoutExpired:
             os.killpg(server.pid, signal.SIGKILL)
             server.wait()
