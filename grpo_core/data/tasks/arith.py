@@ -7,15 +7,19 @@ precedence gives the chain's left-to-right value: `(3+4)*2`.
 
 from __future__ import annotations
 
+import itertools
 import random
 import re
 from dataclasses import dataclass
+from functools import cache
 
 from grpo_core.data.answer_formats import ANSWER_FORMATS
 from grpo_core.data.answers import answers_match, extract_answer
 from grpo_core.data.reasoning_steps import split_steps
-from grpo_core.data.tasks.base import Problem, Split
+from grpo_core.data.tasks.base import Problem, Split, TaskDataError
 from grpo_core.data.tasks.splits import split_of
+
+ENUMERABLE = 200_000  # largest family whose questions are listed to count a split
 
 _STEP = re.compile(r"^([+-]?\d+)([+\-*])([+-]?\d+)=([+-]?\d+)$")
 
@@ -54,6 +58,25 @@ class Chain:
         return Chain(operands, tuple(tokens[1::2]))
 
 
+@cache
+def _count_in_split(
+    min_steps: int,
+    max_steps: int,
+    operand_max: int,
+    operators: str,
+    test_fraction: float,
+    split: Split,
+) -> int:
+    ops = sorted(set(operators))
+    count = 0
+    for steps in range(min_steps, max_steps + 1):
+        for operands in itertools.product(range(1, operand_max + 1), repeat=steps + 1):
+            for chosen in itertools.product(ops, repeat=steps):
+                question = Chain(operands, chosen).question()
+                count += split_of(question, test_fraction) == split
+    return count
+
+
 def format_step(left: int, op: str, right: int, result: int) -> str:
     return f"{left}{op}{right}={result}"
 
@@ -71,6 +94,7 @@ class ArithTask:
         operand_max: int = 9,
         operators: str = "+-",
         test_fraction: float = 0.2,
+        distinct_test: bool = False,
     ) -> None:
         if not 1 <= min_steps <= max_steps:
             raise ValueError(
@@ -87,6 +111,28 @@ class ArithTask:
         self.min_steps, self.max_steps = min_steps, max_steps
         self.operand_max, self.operators = operand_max, operators
         self.test_fraction = test_fraction
+        self.distinct_test = distinct_test
+
+    def family_size(self) -> int:
+        """How many different questions the knobs allow (both splits together)."""
+        ops = len(set(self.operators))
+        return sum(
+            self.operand_max ** (s + 1) * ops**s for s in range(self.min_steps, self.max_steps + 1)
+        )
+
+    def split_size(self, split: Split) -> int | None:
+        """How many different questions `split` holds, counted when the family is small
+        enough to list (None above ENUMERABLE)."""
+        if self.family_size() > ENUMERABLE:
+            return None
+        return _count_in_split(
+            self.min_steps,
+            self.max_steps,
+            self.operand_max,
+            self.operators,
+            self.test_fraction,
+            split,
+        )
 
     def _random_chain(self, rng: random.Random) -> Chain:
         steps = rng.randint(self.min_steps, self.max_steps)
@@ -94,14 +140,24 @@ class ArithTask:
         return Chain(operands, tuple(rng.choice(self.operators) for _ in range(steps)))
 
     def problems(self, split: Split, n: int, seed: int) -> list[Problem]:
-        """`n` seeded problems of `split`; a question's split is fixed by its hash."""
+        """`n` seeded problems of `split`; a question's split is fixed by its hash. With
+        `distinct_test`, no test question twice: the same draws with the repeats skipped
+        (training draws repeat: the warm start draws thousands)."""
+        distinct = self.distinct_test and split == "test"
+        if distinct:
+            self._check_enough(split, n)
         rng = random.Random(f"arith/{split}/{seed}")
         out: list[Problem] = []
+        seen: set[str] = set()
         while len(out) < n:
             chain = self._random_chain(rng)
             question = chain.question()
             if split_of(question, self.test_fraction) != split:
                 continue
+            if distinct:
+                if question in seen:
+                    continue
+                seen.add(question)
             out.append(
                 Problem(
                     problem_id=f"arith-{split}-{seed}-{len(out)}",
@@ -111,6 +167,17 @@ class ArithTask:
                 )
             )
         return out
+
+    def _check_enough(self, split: Split, n: int) -> None:
+        available = self.split_size(split)
+        if available is not None and n > available:
+            raise TaskDataError(
+                f"arith has {available} different {split} questions with these knobs and "
+                f"task.distinct_test = true, but {n} were asked for: ask for fewer "
+                "(evaluation.n_prompts, reward_models.eval_prompts), widen the task "
+                "(task.operand_max, task.max_steps, task.operators), or set "
+                "task.distinct_test = false"
+            )
 
     @staticmethod
     def solution(chain: Chain, wrong_step: int | None = None, delta: int = 0) -> str:

@@ -83,6 +83,13 @@ class TaskConfig(BaseModel):
     operators: str = Field(
         default="+-", description="arith: operators to draw from, a non-empty subset of '+-*'."
     )
+    distinct_test: bool = Field(
+        default=False,
+        description="arith: draw no test question twice within an evaluation (the policy's, "
+        "the reward models' drift measurement); refused when the test split has fewer "
+        "different questions than asked. Off: test draws repeat (a small family has few). "
+        "Training draws always repeat.",
+    )
     math_kinds: list[MathKind] = Field(
         default_factory=lambda: list(KINDS),
         min_length=1,
@@ -185,7 +192,12 @@ def make_task(cfg: TaskConfig) -> Task:
     """The task `cfg` names, with its knobs applied."""
     if cfg.name == "arith":
         return ArithTask(
-            cfg.min_steps, cfg.max_steps, cfg.operand_max, cfg.operators, cfg.test_fraction
+            cfg.min_steps,
+            cfg.max_steps,
+            cfg.operand_max,
+            cfg.operators,
+            cfg.test_fraction,
+            distinct_test=cfg.distinct_test,
         )
     if cfg.name == "math_style":
         return MathStyleTask(tuple(cfg.math_kinds), cfg.math_max, cfg.test_fraction)

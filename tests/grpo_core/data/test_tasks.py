@@ -6,7 +6,7 @@ from pydantic import ValidationError
 
 from grpo_core.data.tasks import TaskConfig, make_task
 from grpo_core.data.tasks.arith import ArithTask
-from grpo_core.data.tasks.base import Problem
+from grpo_core.data.tasks.base import Problem, TaskDataError
 from grpo_core.data.tasks.reasoning_gym import gold_solution
 
 
@@ -17,6 +17,35 @@ def test_arith_is_deterministic_per_seed_and_splits_do_not_overlap() -> None:
     train = {p.question for p in task.problems("train", 2000, seed=0)}
     test = {p.question for p in task.problems("test", 500, seed=1)}
     assert not train & test
+
+
+def test_arith_family_and_split_sizes_by_hand() -> None:
+    # chains of 1-2 additions of 1..2: 2^2 + 2^3 = 12 questions, split between train and test
+    task = ArithTask(min_steps=1, max_steps=2, operand_max=2, operators="+")
+    assert task.family_size() == 12
+    assert task.split_size("train") + task.split_size("test") == 12  # type: ignore[operator]
+    # two operators double each step's choices: 3^2 * 2 + 3^3 * 4 = 126
+    assert ArithTask(min_steps=1, max_steps=2, operand_max=3, operators="+-").family_size() == 126
+    assert ArithTask().family_size() > 200_000 and ArithTask().split_size("test") is None
+
+
+def test_distinct_test_draws_skip_repeats_and_refuse_more_than_the_split_has() -> None:
+    repeated = ArithTask(min_steps=3, max_steps=5, operand_max=3, operators="+")
+    distinct = ArithTask(min_steps=3, max_steps=5, operand_max=3, operators="+", distinct_test=True)
+    with_repeats = [p.question for p in repeated.problems("test", 150, seed=4)]
+    drawn = [p.question for p in distinct.problems("test", 150, seed=4)]
+    assert len(set(with_repeats)) < 150 and len(set(drawn)) == 150
+    # the same draws, the repeats skipped: the first repeat is where they part
+    first_repeat = next(i for i, q in enumerate(with_repeats) if q in with_repeats[:i])
+    assert drawn[:first_repeat] == with_repeats[:first_repeat]
+    available = distinct.split_size("test")
+    assert available is not None and len(distinct.problems("test", available, seed=0)) == available
+    with pytest.raises(TaskDataError, match=r"203 different test questions .* 204 were asked"):
+        distinct.problems("test", 204, seed=0)
+    # training draws repeat: the warm start draws thousands of a few hundred questions
+    assert len({p.question for p in distinct.problems("train", 2000, seed=0)}) < 2000
+    made = make_task(TaskConfig(operand_max=3, distinct_test=True))
+    assert made.distinct_test  # type: ignore[attr-defined]
 
 
 def test_arith_gold_solutions_are_correct_step_by_step() -> None:
