@@ -14,8 +14,8 @@ holds its nominal 95% coverage with 3 seeds whatever tau^2 is (the same test). W
 it cannot be much narrower than the t-interval of seed means (both are limited by the seeds);
 what it adds: seeds whose evaluation is noisier count less, each seed's own difference comes
 with its standard error, and tau^2 and I^2 say whether more seeds or more problems would
-narrow the interval. (Flooring the HKSJ factor at 1, a common variant, covered 99.8-100% in
-that simulation: too timid to decide anything.)
+narrow the interval. (Flooring the HKSJ factor at 1, a common variant, covered 99.3-100% of
+the same simulated ablations when tried: too timid to decide anything.)
 
 Pure functions of floats; no store, no torch.
 """
