@@ -134,7 +134,7 @@ TABLE_SCHEMAS: dict[str, pa.Schema] = {
     "eval_problems": _schema(
         _req("policy_iteration", _I64),
         _req("split", _S),
-        _req("problem_index", _I32),  # position in the evaluated list (ids may repeat)
+        _req("problem_index", _I32),  # position in the evaluated list (questions may repeat)
         _req("problem_id", _S),
         _req("metric", _S),
         _req("k", _I32),

@@ -33,7 +33,7 @@ class MetricRow:
 class ProblemScore:
     """One problem's value of a per-problem metric (the metric's row is their mean): the
     pairing unit when two policies are compared on the same problems. `index` is the problem's
-    position in the evaluated list (a list drawn with repeats has a problem_id more than once)."""
+    position in the evaluated list (a list drawn with repeats may hold a question twice)."""
 
     index: int
     problem_id: str
