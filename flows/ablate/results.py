@@ -21,6 +21,7 @@ from flows.ablate.stats import (
     combine,
     mean_ci,
     paired_verdict,
+    seeds_to_decide,
     verdict,
 )
 
@@ -198,6 +199,11 @@ class Link:
         if self.seed_verdict is None or self.difference is None:
             return [f"  {self.text}: not run"]
         lines = [f"  {self.text}: difference {_signed(self.difference)} -> {self.seed_verdict}"]
+        if self.verdict == "inconclusive" and (needed := seeds_to_decide(self.difference)):
+            lines.append(
+                f"    at this mean and spread about {needed} seeds would decide it "
+                "(a planning figure from few seeds)"
+            )
         pooled = self.by_problem
         if pooled is None:
             if self.why_no_pairing:

@@ -87,6 +87,28 @@ def mean_ci(values: Sequence[float], confidence: float = 0.95) -> Interval:
     return Interval(mean, t_quantile(n - 1, confidence) * sd / math.sqrt(n), n)
 
 
+def seeds_to_decide(difference: Interval, confidence: float = 0.95, most: int = 1000) -> int | None:
+    """A planning figure for an undecided comparison: the fewest seeds S whose interval
+    t_{S-1} * sd / sqrt(S) would be narrower than |mean|, were the mean and the seeds' sd
+    (sd = half * sqrt(n) / t_{n-1}) what this interval measured. None without an interval,
+    at a mean of 0, or beyond `most` seeds. Estimated from few seeds, it can be far off."""
+    if difference.half is None or difference.mean == 0.0:
+        return None
+    n = difference.n
+    sd = difference.half * math.sqrt(n) / t_quantile(n - 1, confidence)
+
+    def decides(seeds: int) -> bool:
+        return t_quantile(seeds - 1, confidence) * sd / math.sqrt(seeds) < abs(difference.mean)
+
+    if not decides(most):
+        return None
+    low, high = 1, most  # the half-width shrinks as seeds grow: bisect for the first that decides
+    while high - low > 1:
+        mid = (low + high) // 2
+        low, high = (low, mid) if decides(mid) else (mid, high)
+    return high
+
+
 def verdict(difference: Interval, relation: Relation) -> Verdict:
     """Whether `A relation B` holds given the interval of the paired differences A - B.
 

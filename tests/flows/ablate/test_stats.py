@@ -13,6 +13,7 @@ from flows.ablate.stats import (
     combine,
     mean_ci,
     paired_verdict,
+    seeds_to_decide,
     t_quantile,
     two_sided_t_probability,
     verdict,
@@ -78,6 +79,18 @@ def test_pairing_by_seed_separates_arms_whose_own_intervals_overlap() -> None:
     assert (outcome, round(difference.half or 0, 4)) == ("inconclusive", 0.1242)
 
 
+def test_seeds_to_decide_by_hand() -> None:
+    # mean 0.5, sd 0.5 (half-width 12.706 * 0.5 / sqrt(2) at n = 2): t_{S-1} * 0.5 / sqrt(S)
+    # is 4.49, 1.24, 0.80, 0.62, 0.52 for S = 2..6 and 0.46 < 0.5 at S = 7
+    assert seeds_to_decide(Interval(0.5, 12.706 * 0.5 / math.sqrt(2), 2)) == 7
+    assert seeds_to_decide(Interval(-0.5, 12.706 * 0.5 / math.sqrt(2), 2)) == 7  # either sign
+    # the default ablation's Fig. 6 at 3 seeds: +0.031 ± 0.280, sd 0.113
+    assert seeds_to_decide(Interval(0.031, 0.280, 3)) == 54
+    assert seeds_to_decide(Interval(0.0, 0.1, 3)) is None  # no difference to find
+    assert seeds_to_decide(Interval(0.001, 0.5, 3)) is None  # beyond 1000 seeds
+    assert seeds_to_decide(Interval(0.3, None, 1)) is None  # one seed: no spread measured
+
+
 def test_a_chain_holds_only_if_every_link_holds() -> None:
     assert combine(["holds", "holds"]) == "holds"
     assert combine(["holds", "inconclusive"]) == "inconclusive"
@@ -126,4 +139,24 @@ def test_claims_and_table_from_ablation_rows() -> None:
     # sd 0.05 over 3 seeds: half-width 4.303 * 0.05 / sqrt(3) = 0.124
     assert " ".join(text.splitlines()[4].split()) == (
         "grpo_os 2 3 0.850 ± 0.124 0.750 ± 0.124 0.900 ± 0.124"
+    )
+
+
+def test_an_undecided_comparison_says_how_many_seeds_would_decide_it() -> None:
+    # differences 0.05, -0.05, 0.10: mean 0.033, sd 0.076, half-width 0.190 -> inconclusive
+    rows = [
+        *_rows("grpo_os", 3, "greedy_accuracy", 1, [0.80, 0.70, 0.90]),
+        *_rows("grpo_os_rm_once", 3, "greedy_accuracy", 1, [0.75, 0.75, 0.80]),
+    ]
+    link = claims(Values.from_rows(rows))[1].links[0]
+    assert link.verdict == "inconclusive" and link.difference is not None
+    needed = seeds_to_decide(link.difference)
+    assert needed is not None and needed > 3
+    assert f"at this mean and spread about {needed} seeds would decide it" in "\n".join(
+        link.lines()
+    )
+    decided = [*_rows("grpo_os", 3, "greedy_accuracy", 1, [0.9, 0.9, 0.95]), *rows[3:]]
+    assert not any(
+        "seeds would decide" in line
+        for line in claims(Values.from_rows(decided))[1].links[0].lines()
     )
