@@ -72,7 +72,7 @@ def test_the_ppo_suite_compares_ppo_dapo_and_grpo_at_the_same_budget(tmp_path: P
 
 
 def test_unknown_suite_names_the_suites() -> None:
-    with pytest.raises(ConfigError, match=r"--suite nope: unknown suite; suites: default, micro"):
+    with pytest.raises(ConfigError, match=r"--suite nope: unknown suite; suites: default, fig6, micro"):
         load_suite("nope")
 
 
@@ -153,3 +153,14 @@ def test_seeds_may_change_until_the_ablation_table_is_committed(tmp_path: Path) 
     check_record(store, plan)
     with pytest.raises(StoreError, match=r"\(finished\) seed count: suite 'micro', 2 seeds"):
         check_record(store, more_seeds)
+
+
+def test_the_fig6_suite_is_the_default_suites_fig6_arms_at_more_seeds(tmp_path: Path) -> None:
+    _, default = load_suite("default")
+    name, fig6 = load_suite("fig6")
+    assert set(fig6.arms) == {"grpo_os", "grpo_os_rm_once"}
+    assert all(fig6.arms[arm] == default.arms[arm] for arm in fig6.arms)  # no drift
+    assert (fig6.config, fig6.overrides) == (default.config, default.overrides)
+    assert fig6.seeds > default.seeds
+    plan = make_plan(name, fig6, seeds=None, ablation_id=None, store_root=tmp_path)
+    assert plan.ablation_id == "ablate-fig6" and len(plan.arm_runs()) == 2 * fig6.seeds
