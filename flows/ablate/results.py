@@ -78,12 +78,7 @@ class Values:
             entry = (int(r["problem_index"]), str(r["problem_id"]), float(r["value"]))
             listed[_key(r)][int(r["seed"])].append(entry)
         problems = {
-            key: {
-                seed: ProblemValues(
-                    tuple(pid for _, pid, _ in sorted(found)), tuple(v for *_, v in sorted(found))
-                )
-                for seed, found in by_seed.items()
-            }
+            key: {seed: _in_problem_order(found) for seed, found in by_seed.items()}
             for key, by_seed in listed.items()
         }
         return cls(dict(out), problems)
@@ -115,6 +110,11 @@ class Values:
     def interval(self, arm: str, policy_iteration: int, metric: str, k: int = 1) -> Interval | None:
         found = self.seeds(arm, policy_iteration, metric, k)
         return mean_ci([found[s] for s in sorted(found)]) if found else None
+
+
+def _in_problem_order(found: list[tuple[int, str, float]]) -> ProblemValues:
+    ordered = sorted(found)  # (problem_index, problem_id, value)
+    return ProblemValues(tuple(pid for _, pid, _ in ordered), tuple(v for *_, v in ordered))
 
 
 def _key(row: Mapping[str, Any]) -> Key:

@@ -29,7 +29,7 @@ def _run_directly(cfg: ItergrpoConfig) -> None:
     execute_run(cfg)
 
 
-def _execute(plan: AblationPlan, *, use_prefect: bool) -> list[dict[str, Any]]:
+def _execute(plan: AblationPlan, *, use_prefect: bool) -> None:
     from transformers.utils import logging as hf_logging
 
     from flows.preflight_data import check_policy_and_data
@@ -40,7 +40,8 @@ def _execute(plan: AblationPlan, *, use_prefect: bool) -> list[dict[str, Any]]:
         from flows.ablate.run import run_ablation
         from flows.loop import call_directly
 
-        return run_ablation(plan, make_executor=call_directly, run_arm=_run_directly)
+        run_ablation(plan, make_executor=call_directly, run_arm=_run_directly)
+        return
     from flows.ablate.flow import ablate
     from flows.prefect_flow import raise_for_flow_state
     from flows.prefect_server import prefect_api
@@ -56,7 +57,6 @@ def _execute(plan: AblationPlan, *, use_prefect: bool) -> list[dict[str, Any]]:
             return_state=True,
         )
     raise_for_flow_state(state, "interrupted")
-    return RunStore(plan.store_root).read("ablation", run_id=plan.ablation_id).to_pylist()
 
 
 def run_plan(plan: AblationPlan, *, use_prefect: bool) -> int:
@@ -74,7 +74,7 @@ def run_plan(plan: AblationPlan, *, use_prefect: bool) -> int:
     )
     start = time.perf_counter()
     try:
-        rows = _execute(plan, use_prefect=use_prefect)
+        _execute(plan, use_prefect=use_prefect)
     except (RunInterrupted, KeyboardInterrupt) as exc:  # a Ctrl-C outside the run's handler too
         store = shlex.quote(str(plan.store_root))
         reason = str(exc) or "interrupted by SIGINT"
@@ -84,7 +84,6 @@ def run_plan(plan: AblationPlan, *, use_prefect: bool) -> int:
             file=sys.stderr,
         )
         return 130
-    del rows  # the committed table, read back with its per-problem rows
     values = stored_values(plan.store_root, plan.ablation_id)
     out_dir = plan.store_root / "reports" / plan.ablation_id
     written = write_ablation_report(values, plan.ablation_id, plan.suite.description, out_dir)
