@@ -60,10 +60,27 @@ class RunWriter:
             if n.startswith(prefix)
         )
 
-    def stage(self, iteration: int, stage: str) -> StageAttempt:
-        """A new attempt of `stage` in `iteration`; use as a context manager."""
+    def stage(self, iteration: int, stage: str, *, supersede: bool = False) -> StageAttempt:
+        """A new attempt of `stage` in `iteration`; use as a context manager. `supersede`: the
+        stage may already be committed, and this attempt's commit replaces that one for every
+        reader (the older attempt's files stay on disk, unread; storage/store.py)."""
         self._check_open()
-        return StageAttempt(self, validate_iteration(iteration), validate_stage(stage))
+        return StageAttempt(
+            self, validate_iteration(iteration), validate_stage(stage), supersede=supersede
+        )
+
+    def committed_attempt(self, iteration: int, stage: str) -> int:
+        """The attempt number of the commit readers see for `stage` in `iteration` (the
+        highest), or 0 when the stage is not committed."""
+        pdir = self.layout.partition_dir(STAGES_TABLE, self.run_id, validate_iteration(iteration))
+        if not pdir.is_dir():
+            return 0
+        attempts = [
+            int(m["attempt"])
+            for n in os.listdir(pdir)
+            if (m := FILE_RE.match(n)) is not None and m["stage"] == validate_stage(stage)
+        ]
+        return max(attempts, default=0)
 
     def set_status(self, status: str, **fields: Any) -> None:
         """Update runs/<run_id>/status.json (merged with the previous fields), atomically."""
@@ -77,10 +94,14 @@ class RunWriter:
 class StageAttempt:
     """One attempt of a stage: files written here are invisible until `commit()`."""
 
-    def __init__(self, writer: RunWriter, iteration: int, stage: str) -> None:
+    def __init__(
+        self, writer: RunWriter, iteration: int, stage: str, *, supersede: bool = False
+    ) -> None:
         self.writer = writer
         self.iteration = iteration
         self.stage = stage
+        self.supersede = supersede
+        self._replaces = 0  # the committed attempt this one supersedes (0: none)
         self.attempt = 0
         self.info: dict[str, Any] = {}
         self.committed = False
@@ -106,9 +127,11 @@ class StageAttempt:
             self.commit()
 
     def begin(self) -> None:
-        """Refuse a committed stage, remove earlier uncommitted attempts, pick the number."""
+        """Refuse a committed stage (unless superseding it), remove earlier uncommitted
+        attempts, pick the number."""
         self.writer._check_open()
-        if self.writer.is_committed(self.iteration, self.stage):
+        self._replaces = self.writer.committed_attempt(self.iteration, self.stage)
+        if self._replaces and not self.supersede:
             raise StageAlreadyCommittedError(
                 f"stage {self.stage!r} of iteration {self.iteration} of run {self.run_id!r} is "
                 "already committed; check writer.is_committed() and skip it"
@@ -123,7 +146,9 @@ class StageAttempt:
                 m = FILE_RE.match(name)
                 if m and m["stage"] == self.stage:
                     last = max(last, int(m["attempt"]))
-                    (pdir / name).unlink(missing_ok=True)
+                    # Committed attempts (all of them, superseded ones included) stay.
+                    if int(m["attempt"]) > self._replaces:
+                        (pdir / name).unlink(missing_ok=True)
                 elif name.startswith(f"{TMP_PREFIX}{self.stage}-"):
                     (pdir / name).unlink(missing_ok=True)
         self.attempt = last + 1
@@ -155,7 +180,7 @@ class StageAttempt:
     def commit(self, info: Mapping[str, Any] | None = None) -> None:
         """Make this attempt's files visible: one atomic write of its `stages` row."""
         self._check_writable()
-        if self.writer.is_committed(self.iteration, self.stage):
+        if self.writer.committed_attempt(self.iteration, self.stage) != self._replaces:
             raise StageAlreadyCommittedError(
                 f"stage {self.stage!r} of iteration {self.iteration} of run {self.run_id!r} "
                 "was committed by another attempt"

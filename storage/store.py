@@ -4,7 +4,10 @@ Layout under the root:
     tables/<table>/run_id=<id>/iteration=<k>/<stage>-<attempt>[-part<n>].parquet
     tables/stages/run_id=<id>/iteration=<k>/<stage>-<attempt>.parquet   (the commit record)
     runs/<run_id>/config.yaml, status.json, lock
-A data file is visible to readers only once its attempt's commit record exists.
+A data file is visible to readers only once its attempt's commit record exists. A stage has one
+commit, except where a later attempt superseded it (RunWriter.stage(..., supersede=True), e.g.
+an ablation's table rewritten with more seeds): readers then see the highest committed attempt
+only, and the superseded one's files stay on disk.
 """
 
 from __future__ import annotations
@@ -328,10 +331,13 @@ class RunStore(StoreLayout):
     def _commits(
         self, run_id: str | None = None, iterations: Iterable[int] | None = None
     ) -> set[tuple[str, int, str, int]]:
-        return {
-            (f.run_id, f.iteration, f.stage, f.attempt)
-            for f in self.data_files(STAGES_TABLE, run_id=run_id, iterations=iterations)
-        }
+        """(run, iteration, stage, attempt) of each stage's commit readers see: its highest
+        committed attempt (a stage has more than one only when one superseded another)."""
+        latest: dict[tuple[str, int, str], int] = {}
+        for f in self.data_files(STAGES_TABLE, run_id=run_id, iterations=iterations):
+            key = (f.run_id, f.iteration, f.stage)
+            latest[key] = max(latest.get(key, 0), f.attempt)
+        return {(*key, attempt) for key, attempt in latest.items()}
 
     def committed_files(
         self,
@@ -347,8 +353,6 @@ class RunStore(StoreLayout):
         files = self.data_files(table, run_id=run_id, iterations=its)
         if stage is not None:
             files = [f for f in files if f.stage == stage]
-        if table == STAGES_TABLE:
-            return [f.path for f in files]
         commits = self._commits(run_id, its)
         return [f.path for f in files if (f.run_id, f.iteration, f.stage, f.attempt) in commits]
 

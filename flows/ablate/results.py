@@ -201,8 +201,8 @@ class Link:
         lines = [f"  {self.text}: difference {_signed(self.difference)} -> {self.seed_verdict}"]
         if self.verdict == "inconclusive" and (needed := seeds_to_decide(self.difference)):
             lines.append(
-                f"    at this mean and spread about {needed} seeds would decide it "
-                "(a planning figure from few seeds)"
+                f"    at this mean and spread about {needed} seeds would decide it (a planning "
+                f"figure; rerun with --seeds {needed} to add them to this ablation)"
             )
         pooled = self.by_problem
         if pooled is None:

@@ -120,18 +120,25 @@ def stored_values(store_root: Path, ablation_id: str) -> Values:
     )
 
 
-def _what_counts(record: dict[str, Any], *, seeds: bool) -> dict[str, Any]:
-    """The parts of an ablation's record that make it the same ablation: its suite (and seed
-    count), and policy_0's config less where it lives (store, cluster)."""
-    suite = {k: v for k, v in record["ablation"].items() if seeds or k != "seeds"}
+def _what_counts(record: dict[str, Any]) -> dict[str, Any]:
+    """The parts of an ablation's record that make it the same ablation: its suite (less the
+    seed count, checked apart), and policy_0's config less where it lives (store, cluster)."""
+    suite = {k: v for k, v in record["ablation"].items() if k != "seeds"}
     policy_0 = {k: v for k, v in record["policy_0"].items() if k not in ("store", "cluster")}
     return {"ablation": suite, "policy_0": policy_0}
 
 
+def table_seeds(store: RunStore, ablation_id: str) -> int:
+    """How many seeds the ablation's committed table holds (0 before it is committed)."""
+    seeds = store.read(ABLATION_TABLE, run_id=ablation_id, columns=["seed"]).column("seed")
+    return len(set(seeds.to_pylist()))
+
+
 def check_record(store: RunStore, plan: AblationPlan) -> None:
-    """Refuse to continue an ablation with another suite or base config, or another seed
-    count once its table is committed (seeds may change before: each arm-seed run stands
-    alone); open_run would only suggest `itergrpo run --force-config`."""
+    """Refuse to continue an ablation with another suite or base config, or with fewer seeds
+    than its committed table holds (seeds may change before it is committed, since each
+    arm-seed run stands alone, and may grow after: the new seeds run and the table is
+    rewritten); open_run would only suggest `itergrpo run --force-config`."""
     if not (store.run_dir(plan.ablation_id) / "config.yaml").exists():
         return
     stored = store.run_config(plan.ablation_id)
@@ -146,13 +153,18 @@ def check_record(store: RunStore, plan: AblationPlan) -> None:
     committed = {s["stage"] for s in store.committed_stages(plan.ablation_id)}
     if not committed:
         return  # nothing to stay consistent with: this suite replaces the stored one
-    seeds = ABLATION_TABLE in committed
-    if _what_counts(stored, seeds=seeds) != _what_counts(plan.record(), seeds=seeds):
-        was = stored["ablation"]
+    if _what_counts(stored) != _what_counts(plan.record()):
         raise StoreError(
-            f"ablation {plan.ablation_id!r} was started with another suite, base config or "
-            f"(finished) seed count: suite {was['suite']!r}, {was['seeds']} seeds. Pass a new "
-            "--ablation-id, or rerun it with the suite it was started with"
+            f"ablation {plan.ablation_id!r} was started with another suite or base config: "
+            f"suite {stored['ablation']['suite']!r}. Pass a new --ablation-id, or rerun it with "
+            "the suite it was started with"
+        )
+    finished = table_seeds(store, plan.ablation_id) if ABLATION_TABLE in committed else 0
+    if plan.seeds < finished:
+        raise StoreError(
+            f"ablation {plan.ablation_id!r} is finished with {finished} seeds, more than the "
+            f"{plan.seeds} asked for: pass --seeds {finished} (or more, to add seeds to it), "
+            "or a new --ablation-id"
         )
 
 
@@ -286,8 +298,9 @@ def run_ablation(
                 tracking.sync()
                 INTERRUPT.check()
                 _run_arms(store, tracked_runs, run_arm, began, fork=plan.fork)
-                if not record.is_committed(0, ABLATION_TABLE):
-                    with record.stage(0, ABLATION_TABLE) as attempt:
+                if table_seeds(store, plan.ablation_id) < plan.seeds:
+                    # More seeds than a committed table: the new table supersedes it.
+                    with record.stage(0, ABLATION_TABLE, supersede=True) as attempt:
                         attempt.write(ABLATION_TABLE, ablation_rows(store, plan, runs))
                         attempt.write(PROBLEMS_TABLE, ablation_problem_rows(store, plan, runs))
             except BaseException as exc:

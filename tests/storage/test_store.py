@@ -91,6 +91,47 @@ def test_committed_stage_cannot_be_started_or_committed_again(tmp_path: Path) ->
     assert log["info"] == {"explicit": True}
 
 
+def test_a_superseding_attempt_replaces_the_commit_for_readers_and_keeps_the_old_files(
+    tmp_path: Path,
+) -> None:
+    store = RunStore(tmp_path)
+    with store.open_run("r1", {}) as run:
+        with run.stage(0, "label") as a:
+            a.write("orm_labels", orm_rows(2))
+        # A failed superseding attempt leaves the first commit as it was.
+        with pytest.raises(RuntimeError), run.stage(0, "label", supersede=True) as b:
+            b.write("orm_labels", orm_rows(7))
+            raise RuntimeError("boom")
+        assert store.read("orm_labels").num_rows == 2
+        with run.stage(0, "label", supersede=True) as c:
+            c.write("orm_labels", orm_rows(5, start=10))
+        assert (a.attempt, c.attempt) == (1, 3)
+        assert run.committed_attempt(0, "label") == 3
+    assert sorted(store.read("orm_labels").column("problem_id").to_pylist()) == [
+        f"p{i}" for i in range(10, 15)
+    ]
+    (log,) = store.committed_stages("r1")
+    assert (log["attempt"], log["n_rows"]) == (3, 5)
+    assert data_files(tmp_path) == [
+        "tables/orm_labels/run_id=r1/iteration=0/label-1.parquet",
+        "tables/orm_labels/run_id=r1/iteration=0/label-3.parquet",
+        "tables/stages/run_id=r1/iteration=0/label-1.parquet",
+        "tables/stages/run_id=r1/iteration=0/label-3.parquet",
+    ]
+
+
+def test_a_superseding_attempt_refuses_to_commit_over_a_newer_commit(tmp_path: Path) -> None:
+    with RunStore(tmp_path).open_run("r1", {}) as run:
+        with run.stage(0, "label") as first:
+            first.write("orm_labels", orm_rows(1))
+        late = run.stage(0, "label", supersede=True)
+        late.begin()
+        with run.stage(0, "label", supersede=True) as other:
+            other.write("orm_labels", orm_rows(2))
+        with pytest.raises(StageAlreadyCommittedError, match="another attempt"):
+            late.commit()
+
+
 def test_other_stages_and_iterations_are_untouched_by_a_rerun(tmp_path: Path) -> None:
     store = RunStore(tmp_path)
     with store.open_run("r1", {}) as run:

@@ -124,3 +124,24 @@ def test_micro_ablation_survives_kills_and_reports(
     for key, found in grouped.items():
         assert len(found) == 8
         assert sum(found) / 8 == pytest.approx(values[key]["value"]), key
+
+    # 4. more seeds for the finished ablation: only the new seed runs, and the rewritten
+    # table (holding all three) supersedes the committed one; fewer seeds are refused
+    old_commits = {r: commits(store, r) for r in RUNS}
+    grown = cli(store, "ablate", "--suite", "micro", "--seeds", "3")
+    assert grown.returncode == 0, grown.stderr[-2000:]
+    assert all(commits(store, r) == old_commits[r] for r in RUNS)
+    assert all(complete(store, f"{ABLATION}-{arm}-s2") for arm in ("grpo_os", "online_rft"))
+    assert main(["sql", query, "--store", str(store), "--format", "csv"]) == 0
+    assert capsys.readouterr().out.split() == ['"arm","seeds"', '"grpo_os",3', '"online_rft",3']
+    grown_rows = RunStore(store).read("ablation", run_id=ABLATION).to_pylist()
+    old_seeds = sorted((r for r in grown_rows if r["seed"] < 2), key=repr)
+    assert old_seeds == sorted(rows, key=repr)  # the old seeds' rows, unchanged
+    assert "(n=3)" in grown.stdout
+    assert [s[:3] for s in commits(store, ABLATION)] == [
+        ("warm_start", 0, 1),
+        ("ablation", 0, 2),
+    ]
+    fewer = cli(store, "ablate", "--suite", "micro", "--seeds", "2")
+    assert fewer.returncode != 0
+    assert "finished with 3 seeds, more than the 2 asked for: pass --seeds 3" in fewer.stderr

@@ -136,7 +136,9 @@ def test_a_suite_changed_under_a_started_ablation_is_refused_before_any_work(
         check_arm_runs(store, plan.arm_runs())
 
 
-def test_seeds_may_change_until_the_ablation_table_is_committed(tmp_path: Path) -> None:
+def test_seeds_may_change_until_the_ablation_table_is_committed_and_then_only_grow(
+    tmp_path: Path,
+) -> None:
     name, suite = load_suite("micro")
     plan = make_plan(name, suite, seeds=2, ablation_id=None, store_root=tmp_path)
     store = RunStore(tmp_path)
@@ -151,10 +153,24 @@ def test_seeds_may_change_until_the_ablation_table_is_committed(tmp_path: Path) 
                 store, make_plan(name, other, seeds=2, ablation_id=None, store_root=tmp_path)
             )
         with run.stage(0, "ablation") as attempt:
-            attempt.write("metrics", [{"stage": "ablation", "name": "x", "value": 1.0}])
+            attempt.write("ablation", [ablation_row(seed) for seed in (0, 1)])
     check_record(store, plan)
-    with pytest.raises(StoreError, match=r"\(finished\) seed count: suite 'micro', 2 seeds"):
-        check_record(store, more_seeds)
+    check_record(store, more_seeds)  # the new seed runs and the table is rewritten
+    one_seed = make_plan(name, suite, seeds=1, ablation_id=None, store_root=tmp_path)
+    with pytest.raises(StoreError, match=r"finished with 2 seeds, more than the 1 asked for"):
+        check_record(store, one_seed)
+
+
+def ablation_row(seed: int) -> dict[str, object]:
+    return {
+        "ablation_id": "ablate-micro",
+        "arm": "grpo_os",
+        "seed": seed,
+        "arm_run_id": f"ablate-micro-grpo_os-s{seed}",
+        "policy_iteration": 0,
+        "metric": "greedy_accuracy",
+        "value": 0.5,
+    }
 
 
 def test_the_fig6_suite_is_the_default_suites_fig6_arms_at_more_seeds(tmp_path: Path) -> None:
