@@ -134,13 +134,14 @@ def table_seeds(store: RunStore, ablation_id: str) -> int:
     return len(set(seeds.to_pylist()))
 
 
-def check_record(store: RunStore, plan: AblationPlan) -> None:
+def check_record(store: RunStore, plan: AblationPlan) -> int:
     """Refuse to continue an ablation with another suite or base config, or with fewer seeds
     than its committed table holds (seeds may change before it is committed, since each
     arm-seed run stands alone, and may grow after: the new seeds run and the table is
-    rewritten); open_run would only suggest `itergrpo run --force-config`."""
+    rewritten); open_run would only suggest `itergrpo run --force-config`. Returns the seeds
+    of the committed table (0: none)."""
     if not (store.run_dir(plan.ablation_id) / "config.yaml").exists():
-        return
+        return 0
     stored = store.run_config(plan.ablation_id)
     if "policy_0" in stored:  # as this version writes it, so renamed fields compare equal
         policy_0 = stored_config_as_current(stored["policy_0"], plan.policy_0_config())
@@ -152,7 +153,7 @@ def check_record(store: RunStore, plan: AblationPlan) -> None:
         )
     committed = {s["stage"] for s in store.committed_stages(plan.ablation_id)}
     if not committed:
-        return  # nothing to stay consistent with: this suite replaces the stored one
+        return 0  # nothing to stay consistent with: this suite replaces the stored one
     if _what_counts(stored) != _what_counts(plan.record()):
         raise StoreError(
             f"ablation {plan.ablation_id!r} was started with another suite or base config: "
@@ -166,6 +167,7 @@ def check_record(store: RunStore, plan: AblationPlan) -> None:
             f"{plan.seeds} asked for: pass --seeds {finished} (or more, to add seeds to it), "
             "or a new --ablation-id"
         )
+    return finished
 
 
 def check_arm_runs(store: RunStore, runs: list[ArmRun]) -> None:
@@ -282,7 +284,16 @@ def run_ablation(
     began = time.perf_counter()
     store = RunStore(plan.store_root)
     runs = plan.arm_runs()
-    check_record(store, plan)
+    finished = check_record(store, plan)
+    if 0 < finished < plan.seeds:
+        added = plan.seed_values()[finished:]
+        which = f"seed {added[0]}" if len(added) == 1 else f"seeds {added[0]}-{added[-1]}"
+        log.info(
+            "ablation %s: its table holds %d seeds; adding %s, then rewriting it",
+            plan.ablation_id,
+            finished,
+            which,
+        )
     check_arm_runs(store, runs)
     check_trackers(plan.policy_0_config().tracking)
     # check_record has compared the stored record: it is replaced (the old one kept beside)

@@ -130,6 +130,7 @@ def test_micro_ablation_survives_kills_and_reports(
     old_commits = {r: commits(store, r) for r in RUNS}
     grown = cli(store, "ablate", "--suite", "micro", "--seeds", "3")
     assert grown.returncode == 0, grown.stderr[-2000:]
+    assert "its table holds 2 seeds; adding seed 2, then rewriting it" in grown.stderr
     assert all(commits(store, r) == old_commits[r] for r in RUNS)
     assert all(complete(store, f"{ABLATION}-{arm}-s2") for arm in ("grpo_os", "online_rft"))
     assert main(["sql", query, "--store", str(store), "--format", "csv"]) == 0
