@@ -52,13 +52,7 @@ class RunWriter:
 
     def is_committed(self, iteration: int, stage: str) -> bool:
         """Whether stage `stage` of `iteration` has a commit record (the caller then skips it)."""
-        prefix = f"{validate_stage(stage)}-"
-        pdir = self.layout.partition_dir(STAGES_TABLE, self.run_id, validate_iteration(iteration))
-        return pdir.is_dir() and any(
-            (m := FILE_RE.match(n)) is not None and m["stage"] == stage
-            for n in os.listdir(pdir)
-            if n.startswith(prefix)
-        )
+        return self.committed_attempt(iteration, stage) > 0
 
     def stage(self, iteration: int, stage: str, *, supersede: bool = False) -> StageAttempt:
         """A new attempt of `stage` in `iteration`; use as a context manager. `supersede`: the
@@ -72,13 +66,14 @@ class RunWriter:
     def committed_attempt(self, iteration: int, stage: str) -> int:
         """The attempt number of the commit readers see for `stage` in `iteration` (the
         highest), or 0 when the stage is not committed."""
+        validate_stage(stage)
         pdir = self.layout.partition_dir(STAGES_TABLE, self.run_id, validate_iteration(iteration))
         if not pdir.is_dir():
             return 0
         attempts = [
             int(m["attempt"])
             for n in os.listdir(pdir)
-            if (m := FILE_RE.match(n)) is not None and m["stage"] == validate_stage(stage)
+            if (m := FILE_RE.match(n)) is not None and m["stage"] == stage
         ]
         return max(attempts, default=0)
 
