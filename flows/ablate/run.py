@@ -245,14 +245,28 @@ def fork_done_work(store: RunStore, runs: list[ArmRun], arm_run: ArmRun) -> str 
     return f"forked {describe(prefix)} from {source.run_id}"
 
 
+def time_left(remaining: list[ArmRun], took: dict[str, list[float]]) -> float:
+    """Seconds the `remaining` runs should take: each at the mean wall of its arm's runs so
+    far (arms differ: one that forks another's stages is faster), an arm not run yet at the
+    mean of all runs so far."""
+    every = [t for times in took.values() for t in times]
+    if not every:
+        return 0.0
+    overall = sum(every) / len(every)
+    means = {arm: sum(times) / len(times) for arm, times in took.items()}
+    return sum(means.get(r.arm, overall) for r in remaining)
+
+
 def _run_arms(
     store: RunStore, runs: list[ArmRun], run_arm: RunArm, began: float, *, fork: bool
 ) -> None:
-    ran: list[float] = []
+    took: dict[str, list[float]] = {}
+    # What is left to run: complete runs (a resumed or grown ablation's) are skipped.
+    todo = {r.run_id: r for r in runs if not is_complete(store, r)}
     for position, arm_run in enumerate(runs, start=1):
         INTERRUPT.check()
         where = f"[{position}/{len(runs)}] arm {arm_run.arm}, seed {arm_run.seed}"
-        if is_complete(store, arm_run):
+        if arm_run.run_id not in todo:
             log.info("%s: %s committed, skipped", where, arm_run.run_id)
             continue
         log.info(
@@ -266,14 +280,14 @@ def _run_arms(
         if fork and (forked := fork_done_work(store, runs, arm_run)) is not None:
             log.info("%s: %s", where, forked)
         run_arm(arm_run.config)
-        ran.append(time.perf_counter() - start)
-        left = sum(ran) / len(ran) * (len(runs) - position)
+        took.setdefault(arm_run.arm, []).append(time.perf_counter() - start)
+        del todo[arm_run.run_id]
         log.info(
             "%s: done in %.0f s (ablation %s elapsed, about %s left)",
             where,
-            ran[-1],
+            took[arm_run.arm][-1],
             _minutes(time.perf_counter() - began),
-            _minutes(left),
+            _minutes(time_left(list(todo.values()), took)),
         )
 
 

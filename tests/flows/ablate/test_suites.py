@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from flows.ablate.run import check_arm_runs, check_record
+from flows.ablate.run import check_arm_runs, check_record, time_left
 from flows.ablate.suites import load_suite, make_plan, suite_names
 from flows.cli import main
 from flows.errors import ConfigError
@@ -182,3 +182,15 @@ def test_the_fig6_suite_is_the_default_suites_fig6_arms_at_more_seeds(tmp_path: 
     assert fig6.seeds > default.seeds
     plan = make_plan(name, fig6, seeds=None, ablation_id=None, store_root=tmp_path)
     assert plan.ablation_id == "ablate-fig6" and len(plan.arm_runs()) == 2 * fig6.seeds
+
+
+def test_time_left_counts_each_remaining_run_at_its_arms_mean(tmp_path: Path) -> None:
+    name, suite = load_suite("micro")
+    runs = make_plan(name, suite, seeds=3, ablation_id=None, store_root=tmp_path).arm_runs()
+    assert [r.arm for r in runs] == ["grpo_os"] * 3 + ["online_rft"] * 3
+    assert time_left(runs, {}) == 0.0  # nothing measured yet
+    took = {"grpo_os": [90.0, 100.0]}
+    # grpo_os s2 at its arm's 95 s; online_rft, not run yet, at the mean of all runs (95 s)
+    assert time_left(runs[2:], took) == 4 * 95.0
+    took["online_rft"] = [30.0]  # a forked arm is faster: its own mean, not the overall one
+    assert time_left(runs[4:], took) == 2 * 30.0
