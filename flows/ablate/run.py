@@ -121,9 +121,12 @@ def stored_values(store_root: Path, ablation_id: str) -> Values:
 
 
 def _what_counts(record: dict[str, Any]) -> dict[str, Any]:
-    """The parts of an ablation's record that make it the same ablation: its suite (less the
-    seed count, checked apart), and policy_0's config less where it lives (store, cluster)."""
-    suite = {k: v for k, v in record["ablation"].items() if k != "seeds"}
+    """The parts of an ablation's record that make it the same ablation: its suite less the
+    seed count (checked apart) and the suite's description and default seeds (they compute
+    nothing), and policy_0's config less where it lives (store, cluster)."""
+    suite = {k: v for k, v in record["ablation"].items() if k not in ("seeds", "spec")}
+    spec = record["ablation"].get("spec", {})
+    suite["spec"] = {k: v for k, v in spec.items() if k not in ("seeds", "description")}
     policy_0 = {k: v for k, v in record["policy_0"].items() if k not in ("store", "cluster")}
     return {"ablation": suite, "policy_0": policy_0}
 

@@ -156,6 +156,9 @@ def test_seeds_may_change_until_the_ablation_table_is_committed_and_then_only_gr
             attempt.write("ablation", [ablation_row(seed) for seed in (0, 1)])
     check_record(store, plan)
     check_record(store, more_seeds)  # the new seed runs and the table is rewritten
+    # the suite file's description and default seed count compute nothing: edits are fine
+    edited = suite.model_copy(update={"description": "reworded", "seeds": 7})
+    check_record(store, make_plan(name, edited, seeds=2, ablation_id=None, store_root=tmp_path))
     one_seed = make_plan(name, suite, seeds=1, ablation_id=None, store_root=tmp_path)
     with pytest.raises(StoreError, match=r"finished with 2 seeds, more than the 1 asked for"):
         check_record(store, one_seed)
