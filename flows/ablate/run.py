@@ -163,7 +163,7 @@ def check_record(store: RunStore, plan: AblationPlan) -> int:
             f"suite {stored['ablation']['suite']!r}. Pass a new --ablation-id, or rerun it with "
             "the suite it was started with"
         )
-    finished = table_seeds(store, plan.ablation_id) if ABLATION_TABLE in committed else 0
+    finished = table_seeds(store, plan.ablation_id)
     if plan.seeds < finished:
         raise StoreError(
             f"ablation {plan.ablation_id!r} is finished with {finished} seeds, more than the "
@@ -326,7 +326,7 @@ def run_ablation(
                 tracking.sync()
                 INTERRUPT.check()
                 _run_arms(store, tracked_runs, run_arm, began, fork=plan.fork)
-                if table_seeds(store, plan.ablation_id) < plan.seeds:
+                if finished < plan.seeds:  # arm runs never touch the table: the count holds
                     # More seeds than a committed table: the new table supersedes it.
                     with record.stage(0, ABLATION_TABLE, supersede=True) as attempt:
                         attempt.write(ABLATION_TABLE, ablation_rows(store, plan, runs))
