@@ -98,7 +98,7 @@ def load_config(
     for item in overrides:
         key, value = parse_override(item)
         set_path(tree, key, value)
-    return validate_config(stored_config_migrated(tree) if migrate else tree)
+    return validate_config(renamed_fields_mapped(tree) if migrate else tree)
 
 
 def validate_config(tree: dict[str, Any]) -> ItergrpoConfig:
@@ -145,14 +145,26 @@ def stored_config_as_current(stored: dict[str, Any], current: ItergrpoConfig) ->
 
 
 def stored_config_migrated(stored: dict[str, Any]) -> dict[str, Any]:
-    """A run's stored config with fields renamed since it started mapped to their new names
-    (grpo.algo.supervision / adv_scaling -> adv_estimator; reward_models.init / init_path /
-    prm_init -> reward_models.orm.source / prm.source), so earlier runs stay resumable."""
-    out = stored
-    algo = stored.get("grpo", {}).get("algo")
+    """A run's stored config (the whole dump) in this version's terms, so earlier runs stay
+    resumable: renamed fields mapped (renamed_fields_mapped), and a behaviour added since
+    under a new default set to what the run did, so a resumed run computes what it started
+    computing (labelling.shared_prefixes: false)."""
+    out = renamed_fields_mapped(stored)
+    labelling = out.get("labelling")
+    if isinstance(labelling, dict) and "shared_prefixes" not in labelling:
+        out = {**out, "labelling": {**labelling, "shared_prefixes": False}}
+    return out
+
+
+def renamed_fields_mapped(tree: dict[str, Any]) -> dict[str, Any]:
+    """A config tree (whole or partial) with fields renamed since mapped to their new names:
+    grpo.algo.supervision / adv_scaling -> adv_estimator; reward_models.init / init_path /
+    prm_init -> reward_models.orm.source / prm.source."""
+    out = tree
+    algo = tree.get("grpo", {}).get("algo")
     if isinstance(algo, dict):
-        out = {**out, "grpo": {**stored["grpo"], "algo": migrate_replaced_fields(algo)}}
-    rms = stored.get("reward_models")
+        out = {**out, "grpo": {**tree["grpo"], "algo": migrate_replaced_fields(algo)}}
+    rms = tree.get("reward_models")
     if isinstance(rms, dict):
         out = {**out, "reward_models": migrate_replaced_rm_fields(rms)}
     return out

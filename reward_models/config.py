@@ -338,6 +338,15 @@ class LabellingConfig(BaseModel):
             "engine with it. All prefixes go to the engine in one call."
         ),
     )
+    shared_prefixes: bool = Field(
+        True,
+        description=(
+            "One Monte-Carlo estimate per distinct step prefix of a problem: outputs that share "
+            "a prefix (a small policy repeats most of its first steps) share its N completions "
+            "and its label, for a fraction of the sampling. false: N completions for every "
+            "output's copy of the prefix, as runs started before this option did."
+        ),
+    )
     prm_outputs: int | None = Field(
         None,
         ge=1,

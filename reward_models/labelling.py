@@ -135,18 +135,27 @@ def prm_labels_monte_carlo(
     """Math-Shepherd PRM labels for every step of every sample (none for empty completions).
 
     All non-final step prefixes of all samples go to the engine in one `generate` call, with
-    `cfg.n_completions` samples each.
+    `cfg.n_completions` samples each. With `cfg.shared_prefixes`, a prefix that several
+    samples of one problem share is sent once and its estimate is every such step's label.
     """
     steps_of = [split_steps(s.completion) for s in samples]
     prompts: list[str] = []
     owners: list[tuple[int, str]] = []  # (sample position, prefix text) per prompt
+    prompt_of_step: list[int] = []  # per non-final step, in sample order: its prompt's index
+    first_prompt: dict[tuple[str, str], int] = {}
     for pos, (sample, steps) in enumerate(zip(samples, steps_of, strict=True)):
         for prefix in step_prefixes(sample.completion)[: max(len(steps) - 1, 0)]:
-            prompts.append(sample.prompt_text + prefix)
+            key = (sample.problem.problem_id, sample.prompt_text + prefix)
+            if cfg.shared_prefixes and key in first_prompt:
+                prompt_of_step.append(first_prompt[key])
+                continue
+            first_prompt[key] = len(prompts)
+            prompt_of_step.append(len(prompts))
+            prompts.append(key[1])
             owners.append((pos, prefix))
 
     n = cfg.n_completions
-    correct_counts: list[int] = []
+    counts_of_prompt: list[int] = []
     if prompts:
         params = SamplingParams(max_new_tokens=cfg.max_new_tokens, temperature=cfg.temperature)
         batch = engine.generate(prompts, n, params, seed)
@@ -155,7 +164,8 @@ def prm_labels_monte_carlo(
         for i, (pos, prefix) in enumerate(owners):
             problem = samples[pos].problem
             texts = batch.texts[i * n : (i + 1) * n]
-            correct_counts.append(sum(task.is_correct(problem, prefix + t) for t in texts))
+            counts_of_prompt.append(sum(task.is_correct(problem, prefix + t) for t in texts))
+    correct_counts = [counts_of_prompt[i] for i in prompt_of_step]
 
     rows: list[PrmLabel] = []
     cursor = 0

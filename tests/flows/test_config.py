@@ -357,3 +357,17 @@ def test_a_stored_ablation_arm_that_set_prm_init_loads_migrated() -> None:
     cfg = load_config("demo-ablate", old_arm, migrate=True)
     assert cfg.reward_models.prm.source == "policy" and not cfg.reward_models.use_prm
     assert load_config("demo-ablate").reward_models.prm.source == "orm"
+
+
+def test_a_run_stored_before_shared_prefixes_resumes_labelling_each_copy() -> None:
+    current = load_config("demo")
+    assert current.labelling.shared_prefixes
+    stored = current.model_dump(mode="json")
+    del stored["labelling"]["shared_prefixes"]
+    assert stored_config_migrated(stored)["labelling"]["shared_prefixes"] is False
+    as_current = stored_config_as_current(stored, current)
+    assert as_current["labelling"]["shared_prefixes"] is False  # so a changed default shows
+    # a suite's overrides read back from the store are a partial tree: the preset's default
+    assert load_config(
+        "demo", ["labelling.n_completions=4"], migrate=True
+    ).labelling.shared_prefixes

@@ -126,7 +126,8 @@ def test_final_step_is_labelled_by_the_verifier_without_completions() -> None:
 def test_all_prefixes_of_all_samples_go_to_one_generate_call() -> None:
     engine = ScriptedEngine(continue_consistently)
     samples = [sample(RIGHT, 0), sample(WRONG, 1), sample("3+4=7\n#### 5", 2), sample("", 3)]
-    rows = prm_labels_monte_carlo(engine, TOKENIZER, TASK, samples, CFG, seed=11)
+    unshared = CFG.model_copy(update={"shared_prefixes": False})
+    rows = prm_labels_monte_carlo(engine, TOKENIZER, TASK, samples, unshared, seed=11)
     assert len(engine.calls) == 1
     prompts, n, params, seed = engine.calls[0]
     assert (n, seed, params.max_new_tokens, params.temperature) == (4, 11, 16, 1.0)
@@ -147,6 +148,33 @@ def test_all_prefixes_of_all_samples_go_to_one_generate_call() -> None:
         (2, 0),
         (2, 1),
     ]
+
+
+def test_a_prefix_shared_by_outputs_of_one_problem_is_estimated_once() -> None:
+    calls: dict[str, int] = {}
+
+    def counted(prompt: str) -> list[str]:  # the k-th time a prompt is sent: k right of 4
+        calls[prompt] = calls.get(prompt, 0) + 1
+        right = "7-2=5\n#### 5" if prompt.endswith("3+4=7\n") else "8-2=6\n#### 6"
+        return [right] * calls[prompt] + ["#### 9"] * (4 - calls[prompt])
+
+    other = Problem("p1", "3+4-2", "5")  # the same text under another id is not shared
+    samples = [sample(RIGHT, 0), sample("3+4=7\n#### 5", 1), sample(RIGHT, 0, other)]
+    for shared, first_counts in ((True, [1, 1, 2]), (False, [1, 2, 3])):
+        engine = ScriptedEngine(counted)
+        calls.clear()
+        cfg = CFG.model_copy(update={"shared_prefixes": shared})
+        rows = prm_labels_monte_carlo(engine, TOKENIZER, TASK, samples, cfg, seed=0)
+        prompts = engine.calls[0][0]
+        first_steps = [r for r in rows if r.step_index == 0]
+        assert [r.n_correct for r in first_steps] == first_counts
+        assert prompts.count(PROMPT + "3+4=7\n") == (2 if shared else 3)
+        # every non-final step keeps its own row, its estimate from N completions
+        assert [(r.problem_id, r.sample_index, r.step_index) for r in rows] == [
+            ("p0", 0, 0), ("p0", 0, 1), ("p0", 0, 2), ("p0", 1, 0), ("p0", 1, 1),
+            ("p1", 0, 0), ("p1", 0, 1), ("p1", 0, 2),
+        ]  # fmt: skip
+        assert all(r.n_completions == 4 for r in first_steps)
 
 
 def test_empty_and_single_step_completions_need_no_engine_call() -> None:
