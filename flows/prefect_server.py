@@ -19,7 +19,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from flows.errors import PrefectApiError
@@ -104,13 +104,15 @@ def check_api_answers(url: str) -> None:
 
 
 @contextlib.contextmanager
-def prefect_api() -> Iterator[None]:
+def prefect_api(while_starting: Callable[[], None] = lambda: None) -> Iterator[None]:
     """Run the body against the configured Prefect API (refused at once when it does not
-    answer), or a temporary server of our own."""
+    answer), or a temporary server of our own; `while_starting` runs before the body, while
+    that server boots."""
     from prefect.settings import PREFECT_API_URL, get_current_settings, temporary_settings
 
     if PREFECT_API_URL.value():
         check_api_answers(str(PREFECT_API_URL.value()))
+        while_starting()
         yield
         return
     port = _free_port()
@@ -155,6 +157,7 @@ def prefect_api() -> Iterator[None]:
     os.close(fd)  # the server holds its own copy
     started = False
     try:
+        while_starting()
         _wait_until_healthy(url, server, server_log)
         started = True
         with temporary_settings({PREFECT_API_URL: url}):

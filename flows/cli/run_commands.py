@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
 import logging
 import os
@@ -62,25 +63,34 @@ class _NoUserErrorTraceback(logging.Filter):
         return True
 
 
-def _execute(cfg: ItergrpoConfig, *, use_prefect: bool, force_config: bool) -> None:
-    preflight(cfg, force_config=force_config)  # before Prefect: a refusal is one clean line
-    # The pipeline (torch, transformers, Prefect) is imported only for a run that can start.
+def _import_pipeline(prefect: bool) -> None:
+    """Import torch, transformers, the stages (and Prefect's flow): seconds of work, done only
+    for a run that can start."""
     from transformers.utils import logging as hf_logging
 
-    from flows.loop import execute_run
-
+    for module in ("flows.loop", "flows.prefect_flow") if prefect else ("flows.loop",):
+        importlib.import_module(module)
     # transformers draws a bar per checkpoint load/save; the stage bars are the useful ones.
     hf_logging.disable_progress_bar()
+
+
+def _execute(cfg: ItergrpoConfig, *, use_prefect: bool, force_config: bool) -> None:
+    preflight(cfg, force_config=force_config)  # before Prefect: a refusal is one clean line
     if use_prefect:
-        from flows.prefect_flow import iterative_rl, raise_for_flow_state
         from flows.prefect_server import prefect_api
 
-        for name in ("prefect.flow_runs", "prefect.task_runs"):
-            logging.getLogger(name).addFilter(_NoUserErrorTraceback())
-        with prefect_api():
+        # The imports run while a temporary server boots: each takes seconds, mostly on one core.
+        with prefect_api(while_starting=lambda: _import_pipeline(prefect=True)):
+            from flows.prefect_flow import iterative_rl, raise_for_flow_state
+
+            for name in ("prefect.flow_runs", "prefect.task_runs"):
+                logging.getLogger(name).addFilter(_NoUserErrorTraceback())
             state = iterative_rl(cfg, force_config=force_config, return_state=True)
         raise_for_flow_state(state, "interrupted")
     else:
+        _import_pipeline(prefect=False)
+        from flows.loop import execute_run
+
         execute_run(cfg, force_config=force_config)
 
 
