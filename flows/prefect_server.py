@@ -107,7 +107,7 @@ def check_api_answers(url: str) -> None:
 def prefect_api(while_starting: Callable[[], None] = lambda: None) -> Iterator[None]:
     """Run the body against the configured Prefect API (refused at once when it does not
     answer), or a temporary server of our own; `while_starting` runs before the body, while
-    that server boots."""
+    that server boots (a refusal it raises stops the server, whose output is then dropped)."""
     from prefect.settings import PREFECT_API_URL, get_current_settings, temporary_settings
 
     if PREFECT_API_URL.value():
@@ -126,7 +126,6 @@ def prefect_api(while_starting: Callable[[], None] = lambda: None) -> Iterator[N
         "PREFECT__SERVER_FINAL": "1",
         "PREFECT_SERVER_LOGGING_LEVEL": "ERROR",
     }
-    log.info("starting a temporary Prefect server on %s", url)
     # The server's own output goes to a file: stopped while a client still has a request in
     # flight (a second Ctrl-C stops the run at once), it logs a database pool reset with a
     # traceback that is not the run's and would read as its failure. Kept if it failed.
@@ -155,11 +154,15 @@ def prefect_api(while_starting: Callable[[], None] = lambda: None) -> Iterator[N
         stderr=subprocess.STDOUT,
     )
     os.close(fd)  # the server holds its own copy
-    started = False
+    failed = False  # the server itself: its output is kept for the error to point at
     try:
         while_starting()
-        _wait_until_healthy(url, server, server_log)
-        started = True
+        try:
+            _wait_until_healthy(url, server, server_log)
+        except RuntimeError:
+            failed = True
+            raise
+        log.info("temporary Prefect server on %s", url)
         with temporary_settings({PREFECT_API_URL: url}):
             try:
                 yield
@@ -172,5 +175,5 @@ def prefect_api(while_starting: Callable[[], None] = lambda: None) -> Iterator[N
         except subprocess.TimeoutExpired:
             server.kill()
             server.wait()
-        if started:
+        if not failed:
             server_log.unlink(missing_ok=True)

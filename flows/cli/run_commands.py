@@ -75,12 +75,15 @@ def _import_pipeline(prefect: bool) -> None:
 
 
 def _execute(cfg: ItergrpoConfig, *, use_prefect: bool, force_config: bool) -> None:
-    preflight(cfg, force_config=force_config)  # before Prefect: a refusal is one clean line
     if use_prefect:
         from flows.prefect_server import prefect_api
 
-        # The imports run while a temporary server boots: each takes seconds, mostly on one core.
-        with prefect_api(while_starting=lambda: _import_pipeline(prefect=True)):
+        def prepare() -> None:  # a refusal is one clean line: nothing reached Prefect yet
+            preflight(cfg, force_config=force_config)
+            _import_pipeline(prefect=True)
+
+        # The checks and imports take seconds, mostly on one core: run while a server boots.
+        with prefect_api(while_starting=prepare):
             from flows.prefect_flow import iterative_rl, raise_for_flow_state
 
             for name in ("prefect.flow_runs", "prefect.task_runs"):
@@ -88,6 +91,7 @@ def _execute(cfg: ItergrpoConfig, *, use_prefect: bool, force_config: bool) -> N
             state = iterative_rl(cfg, force_config=force_config, return_state=True)
         raise_for_flow_state(state, "interrupted")
     else:
+        preflight(cfg, force_config=force_config)
         _import_pipeline(prefect=False)
         from flows.loop import execute_run
 
