@@ -29,7 +29,7 @@ def test_a_refusal_while_the_server_boots_stops_it_and_keeps_no_log(
         seen.extend(server_logs() - before)  # the server is booting, its output goes here
         raise PreflightError("policy.path: no such directory")
 
-    with pytest.raises(PreflightError, match="policy.path"), prefect_api(while_starting=refuse):
+    with pytest.raises(PreflightError, match=r"policy\.path"), prefect_api(while_starting=refuse):
         pytest.fail("the body must not run after a refusal")
     assert len(seen) == 1 and not seen[0].exists()
     assert server_logs() == before
