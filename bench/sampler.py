@@ -1,6 +1,7 @@
 """Completion tokens per second of our in-process sampler (HFRolloutEngine: own decode loop,
-preallocated KV cache, each prompt prefilled once for its G samples, finished rows dropped)
-against transformers' `model.generate` on the same prompts, model and settings.
+preallocated KV cache, each prompt prefilled once for its G samples, finished rows dropped,
+the lean Llama decode step) against the same loop through the model's HF forward and against
+transformers' `model.generate`, on the same prompts, model and settings.
 
     OMP_NUM_THREADS=2 .venv/bin/python bench/sampler.py                 # tiny, small, smollm2
     OMP_NUM_THREADS=2 .venv/bin/python bench/sampler.py --models tiny --shapes 32x8
@@ -117,35 +118,49 @@ def bench_model(name: str, shapes: list[tuple[int, int]], repeats: int) -> None:
     ensure_pad_token(tokenizer)
     model.eval()
     n_params = sum(p.numel() for p in model.parameters()) / 1e6
-    engine = HFRolloutEngine(model, tokenizer, batch_size=256, show_progress=False)
-    samplers: dict[str, Sampler] = {"ours": ours(engine), "generate": HFGenerate(model, tokenizer)}
+    engines = {
+        lean: HFRolloutEngine(model, tokenizer, 256, show_progress=False, lean_decode=lean)
+        for lean in (True, False)
+    }
+    samplers: dict[str, Sampler] = {
+        "ours": ours(engines[True]),
+        "ours, HF forward": ours(engines[False]),
+        "generate": HFGenerate(model, tokenizer),
+    }
     greedy = SamplingParams(max_new_tokens=max_new, temperature=0.0)
     probe = prompts_for(questions, 8)
-    same = samplers["ours"](probe, 1, greedy)[1] == samplers["generate"](probe, 1, greedy)[1]
-    print(
-        f"\n## {name}: {n_params:.1f}M parameters, <= {max_new} new tokens; "
-        f"greedy tokens identical to generate's on 8 prompts: {'yes' if same else 'NO'}"
+    reference = samplers["generate"](probe, 1, greedy)[1]
+    same = all(samplers[k](probe, 1, greedy)[1] == reference for k in ("ours", "ours, HF forward"))
+    lean = (
+        "lean decode step" if engines[True].uses_lean_decode() else "HF forward (not a plain Llama)"
     )
-    print("| shape | rows | ours tok/s | generate tok/s | speed-up | ours s | generate s |")
+    print(
+        f"\n## {name}: {n_params:.1f}M parameters, <= {max_new} new tokens, ours decodes with the "
+        f"{lean}; greedy tokens of both our loops identical to generate's on 8 prompts: "
+        f"{'yes' if same else 'NO'}"
+    )
+    print(
+        "| shape | rows | ours tok/s | ours, HF forward tok/s | generate tok/s | "
+        "ours / generate | ours / ours with HF forward |"
+    )
     print("|---|---|---|---|---|---|---|")
     params = SamplingParams(max_new_tokens=max_new, temperature=1.0)
     for n_prompts, n in shapes:
         prompts = prompts_for(questions, n_prompts)
         for sample in samplers.values():  # untimed warm-up
             sample(prompts[: min(4, n_prompts)], n, params)
-        seconds: dict[str, list[float]] = {k: [] for k in samplers}
         rates: dict[str, list[float]] = {k: [] for k in samplers}
         for repeat in range(repeats):
             order = list(samplers) if repeat % 2 == 0 else list(reversed(samplers))
             for key in order:
                 wall, tokens = timed(samplers[key], prompts, n, params)
-                seconds[key].append(wall)
                 rates[key].append(tokens / wall)
-        ours_rate, gen_rate = (statistics.median(rates[k]) for k in ("ours", "generate"))
-        ours_s, gen_s = (statistics.median(seconds[k]) for k in ("ours", "generate"))
+        rate = {k: statistics.median(v) for k, v in rates.items()}
         print(
-            f"| {n_prompts}x{n} | {n_prompts * n} | {ours_rate:,.0f} | {gen_rate:,.0f} | "
-            f"{ours_rate / gen_rate:.2f}x | {ours_s:.2f} | {gen_s:.2f} |",
+            f"| {n_prompts}x{n} | {n_prompts * n} | {rate['ours']:,.0f} | "
+            f"{rate['ours, HF forward']:,.0f} | {rate['generate']:,.0f} | "
+            f"{rate['ours'] / rate['generate']:.2f}x | "
+            f"{rate['ours'] / rate['ours, HF forward']:.2f}x |",
             flush=True,
         )
 

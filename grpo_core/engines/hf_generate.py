@@ -54,6 +54,9 @@ def plain_generation_config(steps: int, stop_ids: list[int], pad_id: int) -> Gen
 class HFGenerateEngine(HFRolloutEngine):
     """`HFRolloutEngine` whose chunks are decoded by `model.generate` (module docstring)."""
 
+    def uses_lean_decode(self) -> bool:
+        return False  # generate runs the model's own forward
+
     @torch.inference_mode()
     def _generate_chunk(
         self, prompts: list[list[int]], uniforms: torch.Tensor, params: SamplingParams

@@ -19,6 +19,7 @@ from transformers.cache_utils import DynamicCache, DynamicLayer
 from grpo_core.contracts.progress import progress_bar
 from grpo_core.contracts.rollout import FinishReason, RolloutBatch, SamplingParams
 from grpo_core.model.kv_cache import cache_keyword, returned_cache
+from grpo_core.model.llama_decode import is_plain_llama, llama_decoder
 from grpo_core.model.policy import encode_prompt, ensure_pad_token, load_weights_into
 
 # Finished rows leave the decode batch (and its KV cache) once they are this share of it.
@@ -173,14 +174,21 @@ class HFRolloutEngine:
         device: str | torch.device | None = None,
         show_progress: bool = True,
         progress_label: str = "sampling",
+        lean_decode: bool = True,
     ) -> None:
         ensure_pad_token(tokenizer)
         self.model, self.tokenizer = model, tokenizer
+        # decode steps of a plain Llama without HF's module stack (llama_decode.py)
+        self.lean_decode = lean_decode
         self.batch_size = batch_size
         self.device = torch.device(device) if device else next(model.parameters()).device
         self.show_progress = show_progress
         self.progress_label = progress_label  # the bar's title: the stage that samples
         self.stop_ids = stop_token_ids(tokenizer, getattr(model, "generation_config", None))
+
+    def uses_lean_decode(self) -> bool:
+        """Whether decode steps skip HF's module stack (llama_decode.py): a plain Llama."""
+        return self.lean_decode and is_plain_llama(self.model)
 
     def load(self, checkpoint_dir: Path) -> None:
         """Sample the policy saved at `checkpoint_dir`: its weights copied into the model."""
@@ -282,7 +290,10 @@ class HFRolloutEngine:
         )
         past = returned_cache(out)
         cache_arg = cache_keyword(self.model)
-        if not preallocate_cache(past, owner, width + steps) and len(distinct) < bsz:
+        decoder = None
+        if preallocate_cache(past, owner, width + steps):
+            decoder = llama_decoder(self.model, past.layers) if self.lean_decode else None
+        elif len(distinct) < bsz:
             past.reorder_cache(owner)
         logits = out.logits[owner, -1, :].float()
         # the attention mask of step t is the first width + t + 1 columns of this one
@@ -317,13 +328,17 @@ class HFRolloutEngine:
                 live, token, logits = live[keep], token[keep], logits[keep]
                 step_pos = step_pos[keep]
             step_pos = step_pos + 1
-            out = self.model(
-                input_ids=token[:, None],
-                attention_mask=mask[live, : width + t + 1],
-                position_ids=step_pos,
-                use_cache=True,
-                **{cache_arg: past},
-            )
-            past = returned_cache(out)
-            logits = out.logits[:, -1, :].float()
+            step_mask = mask[live, : width + t + 1]
+            if decoder is not None:
+                logits = decoder.step(token, step_pos[:, 0], past.layers, step_mask).float()
+            else:
+                out = self.model(
+                    input_ids=token[:, None],
+                    attention_mask=step_mask,
+                    position_ids=step_pos,
+                    use_cache=True,
+                    **{cache_arg: past},
+                )
+                past = returned_cache(out)
+                logits = out.logits[:, -1, :].float()
         return tokens_out.cpu(), logp_out.cpu(), lengths.cpu(), finished.cpu().tolist()
