@@ -70,12 +70,8 @@ class LlamaDecoder:
         """Logits (B, V) of the next token after `tokens` (B,) at `positions` (B,), each
         layer's keys/values appended to `caches`; attention_mask (B, L) is 1 where a cached
         position (this token's included) may be attended."""
-        rows, q_width, kv_width = (
-            len(tokens),
-            self.heads * self.head_dim,
-            self.kv_heads * self.head_dim,
-        )
-        group = self.heads // self.kv_heads
+        rows, group = len(tokens), self.heads // self.kv_heads
+        q_width, kv_width = self.heads * self.head_dim, self.kv_heads * self.head_dim
         inner = self.model.model
         hidden = inner.embed_tokens(tokens)
         cos, sin = inner.rotary_emb(hidden, positions[:, None])  # (B, 1, D): per row
