@@ -10,8 +10,9 @@ computes attention over the preallocated KV buffers of hf_rollout.py in plain ma
 equal HF's forward to float round-off (tests/grpo_core/model/test_llama_decode.py).
 
 Only plain Llama models qualify (`llama_decoder` returns None otherwise, and the caller keeps
-HF's forward): `LlamaForCausalLM` itself, no projection biases, SiLU; any rotary variant,
-since the model's own rotary module computes the angles.
+HF's forward): `LlamaForCausalLM` itself, no projection biases, SiLU, its parameters whole
+(not partitioned by DeepSpeed ZeRO-3); any rotary variant, since the model's own rotary
+module computes the angles.
 """
 
 from __future__ import annotations
@@ -107,7 +108,11 @@ def is_plain_llama(model: nn.Module) -> bool:
     if type(model) is not LlamaForCausalLM:  # a subclass, a PEFT or DeepSpeed wrapper
         return False
     config = model.config
-    return not (config.attention_bias or config.mlp_bias or config.hidden_act != "silu")
+    if config.attention_bias or config.mlp_bias or config.hidden_act != "silu":
+        return False
+    # DeepSpeed ZeRO-3 partitions parameters (`ds_id`), gathering them only inside the
+    # module hooks of its forward, which this step does not run for the projections.
+    return not any(hasattr(param, "ds_id") or not param.numel() for param in model.parameters())
 
 
 def llama_decoder(model: nn.Module, caches: Sequence[Any]) -> LlamaDecoder | None:

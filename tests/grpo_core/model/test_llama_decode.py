@@ -136,3 +136,15 @@ def test_a_subclass_or_a_cache_of_other_layers_keeps_the_model_forward() -> None
     assert llama_decoder(custom, cache.layers) is None
     assert llama_decoder(model, cache.layers[:-1]) is None
     assert llama_decoder(model, [object()] * 3) is None
+
+
+def test_parameters_partitioned_away_keep_the_model_forward() -> None:
+    model = llama()
+    cache, _, _ = prefilled(model, 2)
+    weight = model.model.layers[1].mlp.up_proj.weight
+    weight.ds_id = 7  # type: ignore[attr-defined]  # how DeepSpeed ZeRO-3 marks its parameters
+    assert llama_decoder(model, cache.layers) is None
+    del weight.ds_id  # type: ignore[attr-defined]
+    assert llama_decoder(model, cache.layers) is not None
+    weight.data = weight.data.new_empty(0)  # a ZeRO-3 placeholder outside its gather
+    assert llama_decoder(model, cache.layers) is None
