@@ -29,13 +29,31 @@ def _read_scores(
     batch_size: int,
     positions: Callable[[RMInput], list[int]],
 ) -> tuple[list[list[float]], list[list[int]]]:
-    """Sigmoid of the RM's logits at `positions(input)` of each output's completion."""
+    """Sigmoid of the RM's logits at `positions(input)` of each output's completion.
+
+    Each distinct (prompt, completion) is scored once and its scores given to every copy: a
+    small policy repeats itself (40-50% of a demo GRPO step's outputs are copies).
+    """
     if len(prompts) != len(completions):
         raise ValueError(f"{len(prompts)} prompts but {len(completions)} completions")
     if batch_size < 1:
         raise ValueError(f"batch_size must be >= 1 (got {batch_size})")
+    pairs = list(zip(prompts, completions, strict=True))
+    distinct = list(dict.fromkeys(pairs))  # first occurrences, in order
+    slot = {pair: n for n, pair in enumerate(distinct)}
+    scores, reads = _read_distinct_scores(model, distinct, batch_size, positions)
+    return [list(scores[slot[p]]) for p in pairs], [list(reads[slot[p]]) for p in pairs]
+
+
+def _read_distinct_scores(
+    model: RewardModel,
+    pairs: Sequence[tuple[str, str]],
+    batch_size: int,
+    positions: Callable[[RMInput], list[int]],
+) -> tuple[list[list[float]], list[list[int]]]:
+    """_read_scores of (prompt, completion) pairs, in `batch_size` right-padded passes."""
     encoder = model.encoder
-    encoded = [encoder.encode(p, c) for p, c in zip(prompts, completions, strict=True)]
+    encoded = [encoder.encode(p, c) for p, c in pairs]
     reads = [positions(e) for e in encoded]
     scores: list[list[float]] = []
     was_training = model.training

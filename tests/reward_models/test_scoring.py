@@ -45,6 +45,34 @@ def test_outcome_scores_are_last_token_probabilities_independent_of_batching() -
     assert model.training  # the caller's mode is restored
 
 
+def test_copies_of_an_output_are_scored_once_and_all_get_its_scores(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    model = rm()
+    forwarded: list[int] = []
+    forward = model.forward
+
+    def counted(*args: torch.Tensor, **kwargs: torch.Tensor) -> torch.Tensor:
+        forwarded.append(len(args[0]))
+        return forward(*args, **kwargs)
+
+    monkeypatch.setattr(model, "forward", counted)
+    order = [1, 0, 1, 2, 1, 0]  # copies of outputs 0 and 1, in any order
+    prompts, completions = [PROMPTS[i] for i in order], [COMPLETIONS[i] for i in order]
+    alone = score_outcome(model, PROMPTS, COMPLETIONS, batch_size=8)
+    forwarded.clear()
+    copied = score_outcome(model, prompts, completions, batch_size=8)
+    assert forwarded == [3]  # one pass over the three distinct outputs
+    assert copied.tolist() == [alone[i].item() for i in order]
+    steps = score_steps(model, prompts, completions, batch_size=2)
+    assert steps.step_end_tokens == [[4, 11], [4, 10, 17], [4, 11], [], [4, 11], [4, 10, 17]]
+    assert steps.scores[0] == steps.scores[2] == steps.scores[4]
+    assert steps.scores[0] is not steps.scores[2]  # each row its own list
+    # the same completion under another prompt is another output
+    other = score_outcome(model, [PROMPTS[0], PROMPTS[1]], [COMPLETIONS[1]] * 2, batch_size=8)
+    assert other[0].item() != other[1].item()
+
+
 def test_step_scores_are_read_at_step_end_tokens() -> None:
     model = rm()
     out = score_steps(model, PROMPTS, COMPLETIONS, batch_size=2)
