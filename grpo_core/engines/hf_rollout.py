@@ -292,7 +292,7 @@ class HFRolloutEngine:
         cache_arg = cache_keyword(self.model)
         decoder = None
         if preallocate_cache(past, owner, width + steps):
-            decoder = llama_decoder(self.model, past.layers) if self.lean_decode else None
+            decoder = llama_decoder(self.model, past.layers) if self.uses_lean_decode() else None
         elif len(distinct) < bsz:
             past.reorder_cache(owner)
         logits = out.logits[owner, -1, :].float()

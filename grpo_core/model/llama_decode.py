@@ -23,6 +23,7 @@ from typing import Any, Protocol
 import torch
 from torch import nn
 from transformers import LlamaForCausalLM
+from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
 
 
 class KVBuffer(Protocol):
@@ -31,11 +32,6 @@ class KVBuffer(Protocol):
     def update(
         self, key_states: torch.Tensor, value_states: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor]: ...
-
-
-def _rotate_half(x: torch.Tensor) -> torch.Tensor:
-    half = x.shape[-1] // 2
-    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
 
 
 class LlamaDecoder:
@@ -76,7 +72,6 @@ class LlamaDecoder:
         inner = self.model.model
         hidden = inner.embed_tokens(tokens)
         cos, sin = inner.rotary_emb(hidden, positions[:, None])  # (B, 1, D): per row
-        cos, sin = cos[:, :, None, :], sin[:, :, None, :]  # broadcast over heads
         blocked = ~attention_mask.bool()[:, None, None, :]  # (B, 1, 1, L)
         for layer, qkv_weight, gate_up_weight, cache in zip(
             self.layers, self.qkv, self.gate_up, caches, strict=True
@@ -86,8 +81,7 @@ class LlamaDecoder:
             q = qkv[:, :q_width].view(rows, 1, self.heads, self.head_dim)
             k = qkv[:, q_width : q_width + kv_width].view(rows, 1, self.kv_heads, self.head_dim)
             v = qkv[:, q_width + kv_width :].view(rows, self.kv_heads, 1, self.head_dim)
-            q = q * cos + _rotate_half(q) * sin
-            k = k * cos + _rotate_half(k) * sin
+            q, k = apply_rotary_pos_emb(q, k, cos, sin, unsqueeze_dim=2)  # over the heads
             keys, values = cache.update(k.transpose(1, 2), v)  # (B, KV, L, D)
             # query heads of one KV head side by side: (B, KV, group, D) against (B, KV, L, D)
             queries = q.view(rows, self.kv_heads, group, self.head_dim)
