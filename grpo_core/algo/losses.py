@@ -70,6 +70,7 @@ def agg_loss(
     *,
     num_tokens: Tensor | float | None = None,
     num_seqs: Tensor | float | None = None,
+    row_weights: Tensor | None = None,
 ) -> Tensor:
     """Aggregate a (B, T) per-token loss over response tokens, spec section 3.
 
@@ -78,15 +79,20 @@ def agg_loss(
     seq-mean-token-sum-norm: mean over sequences of token sum / max_len (Dr. GRPO).
     Empty responses add nothing and are not counted as sequences. For a micro-batch of a
     larger batch pass the full batch's `num_tokens` / `num_seqs`: the micro-batch losses
-    then sum to the full-batch loss.
+    then sum to the full-batch loss. `row_weights` (B,) says how many identical rows each
+    row stands for: the loss equals that of the batch with each row repeated that often.
     """
     mask = mask.to(loss_mat.dtype)
     masked = torch.where(mask > 0, loss_mat, torch.zeros_like(loss_mat))
     lengths = mask.sum(dim=-1)
-    if num_seqs is None:
-        num_seqs = (lengths > 0).sum()
-    if num_tokens is None:
-        num_tokens = lengths.sum()
+    if row_weights is None:  # the plain sums (their float order is the one runs reproduce)
+        seq_counts, token_counts = (lengths > 0).sum(), lengths.sum()
+    else:
+        weights = row_weights.to(loss_mat.dtype)
+        masked = masked * weights[:, None]
+        seq_counts, token_counts = (weights * (lengths > 0)).sum(), (weights * lengths).sum()
+    num_seqs = seq_counts if num_seqs is None else num_seqs
+    num_tokens = token_counts if num_tokens is None else num_tokens
     if mode == "token-mean":
         return masked.sum() / _at_least_one(num_tokens)
     if mode == "seq-mean-token-mean":
@@ -109,8 +115,21 @@ def _at_least_one(count: Tensor | float) -> Tensor | float:
 
 
 def _masked_mean(values: Tensor, mask: Tensor) -> float:
-    picked = torch.where(mask > 0, values, torch.zeros_like(values))
+    """Mean of `values` over the positions of `mask`, each counted `mask` times."""
+    picked = torch.where(mask > 0, values * mask, torch.zeros_like(values))
     return float(picked.sum() / mask.sum().clamp(min=1.0))
+
+
+def _weighted_fraction(values: Tensor, among: Tensor | None, row_weights: Tensor | None) -> float:
+    """Mean of per-row `values` over the rows of `among` (all rows when None), each row
+    counted row_weights times; 0 without rows."""
+    if row_weights is None:
+        if among is None:
+            return float(values.float().mean()) if values.numel() else 0.0
+        return float(values.sum() / among.sum().clamp(min=1))
+    weights = row_weights.to(torch.float32)
+    counted = weights if among is None else weights * among
+    return float((weights * values).sum() / counted.sum().clamp(min=1))
 
 
 def grpo_loss(
@@ -124,11 +143,13 @@ def grpo_loss(
     entropy: Tensor | None = None,
     num_tokens: Tensor | float | None = None,
     num_seqs: Tensor | float | None = None,
+    row_weights: Tensor | None = None,
 ) -> tuple[Tensor, dict[str, float]]:
     """Negative GRPO objective, spec section 3: -(surrogate - beta * KL), aggregated.
 
     All tensors are (B, T) and aligned; `ref_logp` may be None only when cfg.beta == 0.
-    `entropy` (no grad) is only reported. `num_tokens` / `num_seqs` as in agg_loss.
+    `entropy` (no grad) is only reported. `num_tokens` / `num_seqs` / `row_weights` as in
+    agg_loss: the loss and the metrics count each row row_weights times.
     """
     maskf = mask.to(torch.float32)
     surrogate, clipped_low, clipped_high = clipped_surrogate(
@@ -144,7 +165,13 @@ def grpo_loss(
 
     def aggregate(mat: Tensor) -> Tensor:
         return agg_loss(
-            mat, maskf, cfg.loss_agg, cfg.max_len_norm, num_tokens=num_tokens, num_seqs=num_seqs
+            mat,
+            maskf,
+            cfg.loss_agg,
+            cfg.max_len_norm,
+            num_tokens=num_tokens,
+            num_seqs=num_seqs,
+            row_weights=row_weights,
         )
 
     loss = aggregate(loss_mat)
@@ -154,19 +181,21 @@ def grpo_loss(
         zero_adv = ((advantages.abs() * maskf).sum(dim=-1) == 0) & nonempty
         ratio = torch.exp((logp - old_logp).clamp(-MAX_LOG_RATIO, MAX_LOG_RATIO))
         in_mask = mask.bool()
+        # counted masks: each row's tokens (and the row itself) row_weights times
+        counted = maskf if row_weights is None else maskf * row_weights.to(maskf.dtype)[:, None]
         metrics = {
             "loss": float(loss.detach()),
             "policy_loss": float(aggregate(-surrogate)),
-            "kl": _masked_mean(kl, maskf) if kl is not None else 0.0,
-            "clip_frac_low": _masked_mean(clipped_low.float(), maskf),
-            "clip_frac_high": _masked_mean(clipped_high.float(), maskf),
-            "approx_kl_old": _masked_mean(kl_penalty(old_logp, logp, "k3"), maskf),
-            "zero_adv_seq_frac": float(zero_adv.sum() / nonempty.sum().clamp(min=1)),
-            "response_length": float(lengths.mean()) if lengths.numel() else 0.0,
-            "ratio_mean": _masked_mean(ratio, maskf),
+            "kl": _masked_mean(kl, counted) if kl is not None else 0.0,
+            "clip_frac_low": _masked_mean(clipped_low.float(), counted),
+            "clip_frac_high": _masked_mean(clipped_high.float(), counted),
+            "approx_kl_old": _masked_mean(kl_penalty(old_logp, logp, "k3"), counted),
+            "zero_adv_seq_frac": _weighted_fraction(zero_adv, nonempty, row_weights),
+            "response_length": _weighted_fraction(lengths, None, row_weights),
+            "ratio_mean": _masked_mean(ratio, counted),
             "ratio_max": float(ratio[in_mask].max()) if in_mask.any() else 1.0,
             "ratio_min": float(ratio[in_mask].min()) if in_mask.any() else 1.0,
         }
         if entropy is not None:
-            metrics["entropy"] = _masked_mean(entropy, maskf)
+            metrics["entropy"] = _masked_mean(entropy, counted)
     return loss, metrics

@@ -1,4 +1,10 @@
-"""One GRPO policy update on a rollout batch: pi_old and reference log-probs, then mu epochs."""
+"""One GRPO policy update on a rollout batch: pi_old and reference log-probs, then mu epochs.
+
+A batch of G samples per prompt from a policy that has learned its task holds many identical
+rows (40-50% in the demo). Their loss terms are identical too, so each distinct row is run
+once, counted as often as it occurs (row_weights in grpo_loss): the same loss and gradient,
+for the forward and backward passes of the distinct rows only.
+"""
 
 from __future__ import annotations
 
@@ -34,14 +40,20 @@ def grpo_update(
     gradient equals that of one pass over the mini-batch. With engine.data_parallel_size > 1
     every rank passes the same batch and an identically seeded `generator`, runs its share
     of each mini-batch's rows, and the metrics are reduced over the ranks.
+
+    Identical rows of a mini-batch (same tokens, advantages and given pi_old) run once,
+    weighted by their count; the reference and pi_old forwards run once per distinct tokens.
     """
     _check_inputs(batch, advantages, cfg, ref_model)
     engine.train()
-    old = _old_logprobs(engine, batch, cfg, old_logprobs)
+    token_copies = RowCopies(batch)
+    old = _old_logprobs(engine, batch, cfg, old_logprobs, token_copies)
     ref = None
     if cfg.beta > 0 and ref_model is not None:  # _check_inputs: beta > 0 has a reference
-        with torch.no_grad():
-            ref = sequence_logprobs(ref_model, batch, cfg.temperature, cfg.micro_batch_size)
+        ref = token_copies.logprobs(ref_model, cfg.temperature, cfg.micro_batch_size)
+    # rows merge when their tokens, advantages and pi_old (when given) are all equal
+    given_old = None if old is None or old_logprobs is None else old
+    merge_keys = token_copies.keys(advantages, given_old)
     folded = _UpdateMetrics()
     grad_norm_total, steps = 0.0, 0
     for _ in range(cfg.mu):
@@ -51,12 +63,24 @@ def grpo_update(
             # the loss normalisers are the whole mini-batch's, whichever micro-batch runs
             totals = (mini_mask.sum(), (mini_mask.sum(dim=-1) > 0).sum())  # tokens, sequences
             rank, world = engine.data_parallel_rank, engine.data_parallel_size
-            for micro, live in rank_micro_batches(mini, cfg.micro_batch_size, rank, world):
+            merged = merge_rows(merge_keys, mini)
+            slots = torch.arange(len(merged.distinct), device=mini.device)
+            for at, live in rank_micro_batches(slots, cfg.micro_batch_size, rank, world):
+                micro = merged.distinct[at]
                 part = batch.select(micro)
                 if not live:  # a padding pass: same collectives as the other ranks, no loss
                     part = replace(part, response_mask=torch.zeros_like(part.response_mask))
-                terms = _MicroBatch(part, advantages[micro], old, ref, old_logprobs, micro)
-                folded.add(_backward(engine, terms, cfg, totals), float(part.response_mask.sum()))
+                weights = merged.counts[at].to(part.response_mask)
+                stood_for = (
+                    merged.copies_of(at)
+                    if live
+                    else (micro, torch.arange(len(micro), device=micro.device))
+                )
+                terms = _MicroBatch(
+                    part, advantages[micro], old, ref, old_logprobs, micro, weights, stood_for
+                )
+                counted = float((part.response_mask.sum(dim=-1) * weights).sum())
+                folded.add(_backward(engine, terms, cfg, totals), counted)
             grad_norm_total += engine.step()
             steps += 1
     result = folded.averages(engine, steps)
@@ -93,6 +117,9 @@ class _MicroBatch:
     ref: Tensor | None
     sampling: Tensor | None  # the sampler's log-probs, for the mismatch metric
     rows: Tensor
+    weights: Tensor  # how many rows of the mini-batch each row stands for
+    # every row these rows stand for, and the position in `rows` of the one standing for it
+    copies: tuple[Tensor, Tensor]
 
 
 def _backward(
@@ -110,11 +137,14 @@ def _backward(
         entropy=entropy,
         num_tokens=totals[0],
         num_seqs=totals[1],
+        row_weights=mb.weights,
     )
     require_finite("GRPO loss", loss, where="the policy update", cause=DIVERGED)
     engine.backward(loss)
     if mb.sampling is not None:
-        gap = (logp.detach() - mb.sampling[mb.rows]).abs() * mb.part.response_mask
+        # every copy's own sampling log-probs against the one forward they share
+        rows, at = mb.copies
+        gap = (logp.detach()[at] - mb.sampling[rows]).abs() * mb.part.response_mask[at]
         metrics["sampling_logprob_gap_max"] = float(gap.max())
     return metrics
 
@@ -201,7 +231,11 @@ def _reduce_over_ranks(
 
 
 def _old_logprobs(
-    engine: TrainEngine, batch: PolicyBatch, cfg: GRPOConfig, given: Tensor | None
+    engine: TrainEngine,
+    batch: PolicyBatch,
+    cfg: GRPOConfig,
+    given: Tensor | None,
+    copies: RowCopies,
 ) -> Tensor | None:
     """pi_old log-probs (B, L); None means 'the detached current log-probs' (mu = 1)."""
     if given is not None and cfg.use_sampling_logprobs_as_old:
@@ -213,5 +247,68 @@ def _old_logprobs(
         return given
     if cfg.mu == 1 and cfg.mini_batches_per_epoch == 1:
         return None
-    with torch.no_grad():
-        return sequence_logprobs(engine.model, batch, cfg.temperature, cfg.micro_batch_size)
+    return copies.logprobs(engine.model, cfg.temperature, cfg.micro_batch_size)
+
+
+class RowCopies:
+    """The rows of a batch grouped by their tokens (prompt, completion and layout)."""
+
+    def __init__(self, batch: PolicyBatch) -> None:
+        self.batch = batch
+        self.token_keys = row_keys(batch.input_ids, batch.attention_mask, batch.response_mask)
+        first_row: dict[bytes, int] = {}
+        for row, key in enumerate(self.token_keys):
+            first_row.setdefault(key, row)
+        group_of = {key: group for group, key in enumerate(first_row)}
+        self.group = torch.tensor([group_of[k] for k in self.token_keys], dtype=torch.long)
+        self.firsts = torch.tensor(list(first_row.values()), dtype=torch.long)
+
+    def logprobs(self, model: nn.Module, temperature: float, micro_batch_size: int) -> Tensor:
+        """sequence_logprobs of every row (no grad), one forward per distinct row."""
+        device = self.batch.input_ids.device
+        with torch.no_grad():
+            distinct = sequence_logprobs(
+                model, self.batch.select(self.firsts.to(device)), temperature, micro_batch_size
+            )
+        return distinct[self.group.to(device)]
+
+    def keys(self, *per_row: Tensor | None) -> list[bytes]:
+        """Each row's token key joined with its rows of the given (B, ...) tensors."""
+        extra = row_keys(*(t for t in per_row if t is not None))
+        return [a + b for a, b in zip(self.token_keys, extra, strict=True)]
+
+
+def row_keys(*tables: Tensor) -> list[bytes]:
+    """One bytes key per row of (B, ...) tensors: equal keys, equal rows in every table."""
+    if not tables:
+        raise ValueError("row_keys needs at least one table")
+    flat = [t.detach().reshape(len(t), -1).cpu().contiguous().numpy() for t in tables]
+    return [b"".join(f[i].tobytes() for f in flat) for i in range(len(tables[0]))]
+
+
+@dataclass(frozen=True)
+class MergedRows:
+    """A mini-batch's rows merged by key: the first row of each key (in mini-batch order),
+    how many rows it stands for, and for every row the slot of the one standing for it."""
+
+    rows: Tensor
+    distinct: Tensor
+    counts: Tensor
+    slot: Tensor
+
+    def copies_of(self, slots: Tensor) -> tuple[Tensor, Tensor]:
+        """The rows that contiguous `slots` stand for, and each one's position in `slots`."""
+        inside = (self.slot >= slots[0]) & (self.slot <= slots[-1])
+        return self.rows[inside], self.slot[inside] - slots[0]
+
+
+def merge_rows(keys: list[bytes], rows: Tensor) -> MergedRows:
+    """`rows` (indices into `keys`) merged where their keys are equal."""
+    slot_of: dict[bytes, int] = {}
+    slots = [slot_of.setdefault(keys[r], len(slot_of)) for r in rows.tolist()]
+    slot = torch.tensor(slots, dtype=torch.long)
+    counts = torch.bincount(slot, minlength=len(slot_of))
+    first = torch.full((len(slot_of),), len(slots), dtype=torch.long)
+    first = first.scatter_reduce(0, slot, torch.arange(len(slots)), "amin")
+    device = rows.device
+    return MergedRows(rows, rows[first.to(device)], counts.to(device), slot.to(device))

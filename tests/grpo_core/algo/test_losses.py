@@ -270,3 +270,51 @@ def test_zero_advantage_sequences_are_counted() -> None:
     logp = torch.zeros(3, 2)
     _, metrics = grpo_loss(logp, logp, None, adv, mask, GRPOConfig(beta=0.0))
     assert metrics["zero_adv_seq_frac"] == pytest.approx(2 / 3)
+
+
+def test_row_weights_by_hand() -> None:
+    loss = torch.tensor([[1.0, 2.0, 3.0], [4.0, 0.0, 0.0]])
+    mask = torch.tensor([[1.0, 1.0, 1.0], [1.0, 0.0, 0.0]])
+    twice = torch.tensor([1.0, 2.0])  # row 2 stands for two identical rows
+    assert float(agg_loss(loss, mask, "token-mean", row_weights=twice)) == pytest.approx(14 / 5)
+    assert float(agg_loss(loss, mask, "seq-mean-token-mean", row_weights=twice)) == (
+        pytest.approx((2 + 4 + 4) / 3)
+    )
+    assert float(
+        agg_loss(loss, mask, "seq-mean-token-sum-norm", 5, row_weights=twice)
+    ) == pytest.approx((6 / 5 + 2 * 4 / 5) / 3)
+
+
+@given(st.integers(0, 10_000), st.sampled_from(MODES), st.floats(0.0, 0.5))
+def test_row_weights_equal_repeated_rows(seed: int, mode: LossAgg, beta: float) -> None:
+    """Loss, gradient and every metric of rows counted w times equal those of the batch
+    with each row repeated w times."""
+    gen = torch.Generator().manual_seed(seed)
+    shape = (4, 5)
+    logp = -torch.rand(shape, generator=gen, dtype=torch.float64) * 3
+    old = logp + torch.randn(shape, generator=gen, dtype=torch.float64) * 0.3
+    ref = logp + torch.randn(shape, generator=gen, dtype=torch.float64) * 0.5
+    adv = torch.randn(4, 1, generator=gen, dtype=torch.float64).expand(shape).clone()
+    adv[1] = 0.0  # a zero-advantage row
+    mask = (torch.rand(shape, generator=gen) > 0.4).double()
+    mask[0] = 0.0  # an empty response
+    entropy = torch.rand(shape, generator=gen, dtype=torch.float64)
+    weights = torch.randint(1, 4, (4,), generator=gen)
+    cfg = GRPOConfig(beta=beta, loss_agg=mode, max_len_norm=7, eps_high=0.28)
+
+    def loss_grad(
+        rows: torch.Tensor, row_weights: torch.Tensor | None
+    ) -> tuple[float, torch.Tensor, dict[str, float]]:
+        inp = logp.clone().requires_grad_(True)
+        loss, metrics = grpo_loss(
+            inp[rows], old[rows], ref[rows], adv[rows], mask[rows], cfg,
+            entropy=entropy[rows], row_weights=row_weights,
+        )  # fmt: skip
+        (grad,) = torch.autograd.grad(loss, inp, allow_unused=True)
+        return float(loss.detach()), torch.zeros_like(logp) if grad is None else grad, metrics
+
+    merged = loss_grad(torch.arange(4), weights)
+    repeated = loss_grad(torch.arange(4).repeat_interleave(weights), None)
+    assert merged[0] == pytest.approx(repeated[0], abs=1e-9)
+    assert torch.allclose(merged[1], repeated[1], atol=1e-9)
+    assert merged[2] == pytest.approx(repeated[2], abs=1e-9)

@@ -6,10 +6,12 @@ import pytest
 import torch
 
 from grpo_core.algo.config import GRPOConfig, LossAgg
+from grpo_core.algo.losses import grpo_loss
 from grpo_core.algo.update import grpo_update, rank_micro_batches
 from grpo_core.contracts.policy_batch import PolicyBatch, build_policy_batch
 from grpo_core.contracts.training import OptimizerSettings
 from grpo_core.engines.train import TorchEngine
+from grpo_core.model.forward import sequence_logprobs, sequence_logprobs_and_entropy
 from tests.models import tiny_llama
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
@@ -197,3 +199,74 @@ def test_ranks_split_a_mini_batch_into_equal_pass_counts(rows: int, micro: int, 
     live = torch.cat([rows_ for passes in shares for rows_, is_live in passes if is_live])
     assert sorted(live.tolist()) == sorted(mini.tolist())  # every row once, on one rank
     assert all(len(rows_) <= micro for passes in shares for rows_, _ in passes)
+
+
+def batch_with_copies() -> tuple[PolicyBatch, torch.Tensor]:
+    """Rows as G samples give them: four distinct outputs repeated 4, 1, 2 and 2 times in
+    mixed order; the last row has the tokens of output 0 under another advantage."""
+    gen = torch.Generator().manual_seed(3)
+    prompts = [torch.randint(1, 12, (2 + i % 2,), generator=gen).tolist() for i in range(4)]
+    completions = [torch.randint(1, 12, (3 + i,), generator=gen).tolist() for i in range(4)]
+    completions[1] = []  # an empty response
+    order = [0, 1, 0, 2, 3, 0, 2, 3, 0]
+    batch = build_policy_batch(
+        [prompts[i] for i in order], [completions[i] for i in order], 0, "left"
+    )
+    values = torch.randn(4, generator=gen)[order]
+    values[-1] = values[0] + 1.0
+    return batch, batch.expand_per_sequence(values)
+
+
+def count_rows(model: torch.nn.Module) -> list[int]:
+    """Rows of each full or completion forward of `model` (a shared prompt's pass not
+    counted)."""
+    rows: list[int] = []
+
+    def record(_: torch.nn.Module, args: Any, kwargs: dict[str, Any]) -> None:
+        if "logits_to_keep" not in kwargs:
+            rows.append(int(kwargs["input_ids"].shape[0]))
+
+    model.register_forward_pre_hook(record, with_kwargs=True)
+    return rows
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_identical_rows_run_once_with_the_full_batch_gradient(mode: LossAgg) -> None:
+    batch, advantages = batch_with_copies()
+    cfg = GRPOConfig(loss_agg=mode, max_len_norm=7, beta=0.1)
+    policy, reference = tiny_llama(), tiny_llama(seed=1)
+    logp, entropy = sequence_logprobs_and_entropy(policy, batch)
+    ref = sequence_logprobs(reference, batch)
+    loss, expected = grpo_loss(
+        logp, logp.detach(), ref, advantages, batch.response_mask, cfg, entropy=entropy
+    )
+    loss.backward()
+    engine = RecordingEngine(tiny_llama())
+    policy_rows, reference_rows = count_rows(engine.model), count_rows(reference)
+    metrics = grpo_update(
+        engine, reference, batch, advantages, cfg, generator=torch.Generator().manual_seed(0)
+    )
+    assert sum(policy_rows) == 5  # four outputs, one of them under two advantages
+    assert sum(reference_rows) == 4  # the reference's log-probs need the tokens only
+    for param, merged in zip(policy.parameters(), engine.grads[0], strict=True):
+        assert param.grad is not None and torch.allclose(param.grad, merged, atol=1e-6)
+    for key in ("loss", "kl", "entropy", "response_length", "zero_adv_seq_frac"):
+        assert metrics[key] == pytest.approx(expected[key], abs=1e-6), key
+
+
+def test_each_copy_keeps_its_own_sampling_logprob_gap() -> None:
+    batch, advantages = batch_with_copies()
+    model = tiny_llama()
+    with torch.no_grad():
+        current = sequence_logprobs(model, batch)
+    sampling = current.clone()
+    sampling[5] -= 0.5 * batch.response_mask[5]  # the third copy of output 0 was sampled apart
+    metrics = grpo_update(
+        TorchEngine(model, OptimizerSettings(lr=1e-3)),
+        None,
+        batch,
+        advantages,
+        GRPOConfig(beta=0.0),
+        sampling,
+    )
+    assert metrics["sampling_logprob_gap_max"] == pytest.approx(0.5, abs=1e-5)
