@@ -29,7 +29,9 @@ def _run_directly(cfg: ItergrpoConfig) -> None:
     execute_run(cfg)
 
 
-def _execute(plan: AblationPlan, *, use_prefect: bool) -> None:
+def _execute(plan: AblationPlan, *, use_prefect: bool) -> bool:
+    """Run `plan`; whether it wrote the ablation's report (the Prefect flow does, for its
+    artifact)."""
     from transformers.utils import logging as hf_logging
 
     from flows.preflight_data import check_policy_and_data
@@ -41,7 +43,7 @@ def _execute(plan: AblationPlan, *, use_prefect: bool) -> None:
         from flows.loop import call_directly
 
         run_ablation(plan, make_executor=call_directly, run_arm=_run_directly)
-        return
+        return False
     from flows.ablate.flow import ablate
     from flows.prefect_flow import raise_for_flow_state
     from flows.prefect_server import prefect_api
@@ -57,6 +59,7 @@ def _execute(plan: AblationPlan, *, use_prefect: bool) -> None:
             return_state=True,
         )
     raise_for_flow_state(state, "interrupted")
+    return True
 
 
 def run_plan(plan: AblationPlan, *, use_prefect: bool) -> int:
@@ -74,7 +77,7 @@ def run_plan(plan: AblationPlan, *, use_prefect: bool) -> int:
     )
     start = time.perf_counter()
     try:
-        _execute(plan, use_prefect=use_prefect)
+        report_written = _execute(plan, use_prefect=use_prefect)
     except (RunInterrupted, KeyboardInterrupt) as exc:  # a Ctrl-C outside the run's handler too
         store = shlex.quote(str(plan.store_root))
         reason = str(exc) or "interrupted by SIGINT"
@@ -86,7 +89,8 @@ def run_plan(plan: AblationPlan, *, use_prefect: bool) -> int:
         return 130
     values = stored_values(plan.store_root, plan.ablation_id)
     out_dir = plan.store_root / "reports" / plan.ablation_id
-    written = write_ablation_report(values, plan.ablation_id, plan.suite.description, out_dir)
+    if not report_written:
+        write_ablation_report(values, plan.ablation_id, plan.suite.description, out_dir)
     print()
     print(format_results_table(values))
     if cost := format_cost_table(values):
@@ -96,7 +100,7 @@ def run_plan(plan: AblationPlan, *, use_prefect: bool) -> int:
     print()
     print(CLAIMS_NOTE)
     print(f"\nablation {plan.ablation_id} finished in {time.perf_counter() - start:.0f} s")
-    print(f"report: {written[-1].parent}")
+    print(f"report: {out_dir}")
     query = "SELECT arm, count(DISTINCT seed) AS seeds FROM ablation GROUP BY 1"
     print(f'query:  itergrpo sql "{query}" --store {shlex.quote(str(plan.store_root))}')
     return 0

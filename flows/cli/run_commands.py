@@ -74,7 +74,8 @@ def _import_pipeline(prefect: bool) -> None:
     hf_logging.disable_progress_bar()
 
 
-def _execute(cfg: ItergrpoConfig, *, use_prefect: bool, force_config: bool) -> None:
+def _execute(cfg: ItergrpoConfig, *, use_prefect: bool, force_config: bool) -> bool:
+    """Run `cfg`; whether the run wrote its report (the Prefect flow does, for its artifact)."""
     if use_prefect:
         from flows.prefect_server import prefect_api
 
@@ -90,23 +91,26 @@ def _execute(cfg: ItergrpoConfig, *, use_prefect: bool, force_config: bool) -> N
                 logging.getLogger(name).addFilter(_NoUserErrorTraceback())
             state = iterative_rl(cfg, force_config=force_config, return_state=True)
         raise_for_flow_state(state, "interrupted")
-    else:
-        preflight(cfg, force_config=force_config)
-        _import_pipeline(prefect=False)
-        from flows.loop import execute_run
+        return True
+    preflight(cfg, force_config=force_config)
+    _import_pipeline(prefect=False)
+    from flows.loop import execute_run
 
-        execute_run(cfg, force_config=force_config)
+    execute_run(cfg, force_config=force_config)
+    return False
 
 
-def _finish(cfg: ItergrpoConfig, seconds: float) -> None:
+def _finish(cfg: ItergrpoConfig, seconds: float, report_written: bool) -> None:
     assert cfg.run.run_id is not None
     store = RunStore(cfg.store.resolved_root())
     print()
     print(format_iteration_table(iteration_table(store, cfg.run.run_id)))
-    plots = write_report(store, cfg.run.run_id, store.root / "reports" / cfg.run.run_id)
+    report_dir = store.root / "reports" / cfg.run.run_id
+    if not report_written:
+        write_report(store, cfg.run.run_id, report_dir)
     print(f"\nrun {cfg.run.run_id} finished in {seconds:.0f} s")
     print(f"store:  {store.root.resolve()}")
-    print(f"report: {plots[0].parent.resolve()}")
+    print(f"report: {report_dir.resolve()}")
     print(f"query:  {sql_hint(store, cfg.run.run_id)}")
 
 
@@ -114,7 +118,9 @@ def _run_config(cfg: ItergrpoConfig, args: argparse.Namespace) -> int:
 
     start = time.perf_counter()
     try:
-        _execute(cfg, use_prefect=not args.no_prefect, force_config=args.force_config)
+        report_written = _execute(
+            cfg, use_prefect=not args.no_prefect, force_config=args.force_config
+        )
     except (RunInterrupted, KeyboardInterrupt) as exc:
         # KeyboardInterrupt: a Ctrl-C outside the run's own handler (during start-up or
         # clean-up); the run, if it began, is `interrupted` and resumable all the same.
@@ -127,7 +133,7 @@ def _run_config(cfg: ItergrpoConfig, args: argparse.Namespace) -> int:
         store = shlex.quote(str(root))
         print(f"{reason}: itergrpo resume {cfg.run.run_id} --store {store}", file=sys.stderr)
         return 130
-    _finish(cfg, time.perf_counter() - start)
+    _finish(cfg, time.perf_counter() - start, report_written)
     return 0
 
 
