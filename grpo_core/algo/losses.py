@@ -120,9 +120,9 @@ def _masked_mean(values: Tensor, mask: Tensor) -> float:
     return float(picked.sum() / mask.sum().clamp(min=1.0))
 
 
-def _weighted_fraction(values: Tensor, among: Tensor | None, row_weights: Tensor | None) -> float:
-    """Mean of per-row `values` over the rows of `among` (all rows when None), each row
-    counted row_weights times; 0 without rows."""
+def _row_mean(values: Tensor, among: Tensor | None, row_weights: Tensor | None) -> float:
+    """Mean of per-row `values` over the rows of `among` (all rows when None; values are 0
+    outside it), each row counted row_weights times; 0 without rows."""
     if row_weights is None:
         if among is None:
             return float(values.float().mean()) if values.numel() else 0.0
@@ -190,8 +190,8 @@ def grpo_loss(
             "clip_frac_low": _masked_mean(clipped_low.float(), counted),
             "clip_frac_high": _masked_mean(clipped_high.float(), counted),
             "approx_kl_old": _masked_mean(kl_penalty(old_logp, logp, "k3"), counted),
-            "zero_adv_seq_frac": _weighted_fraction(zero_adv, nonempty, row_weights),
-            "response_length": _weighted_fraction(lengths, None, row_weights),
+            "zero_adv_seq_frac": _row_mean(zero_adv, nonempty, row_weights),
+            "response_length": _row_mean(lengths, None, row_weights),
             "ratio_mean": _masked_mean(ratio, counted),
             "ratio_max": float(ratio[in_mask].max()) if in_mask.any() else 1.0,
             "ratio_min": float(ratio[in_mask].min()) if in_mask.any() else 1.0,

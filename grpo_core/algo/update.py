@@ -70,7 +70,8 @@ def grpo_update(
                 part = batch.select(micro)
                 if not live:  # a padding pass: same collectives as the other ranks, no loss
                     part = replace(part, response_mask=torch.zeros_like(part.response_mask))
-                weights = merged.counts[at].to(part.response_mask)
+                # a padding pass stands for no row
+                weights = merged.counts[at].to(part.response_mask) * float(live)
                 stood_for = (
                     merged.copies_of(at)
                     if live
@@ -79,8 +80,7 @@ def grpo_update(
                 terms = _MicroBatch(
                     part, advantages[micro], old, ref, old_logprobs, micro, weights, stood_for
                 )
-                counted = float((part.response_mask.sum(dim=-1) * weights).sum())
-                folded.add(_backward(engine, terms, cfg, totals), counted)
+                folded.add(_backward(engine, terms, cfg, totals), _output_sums(terms))
             grad_norm_total += engine.step()
             steps += 1
     result = folded.averages(engine, steps)
@@ -151,21 +151,46 @@ def _backward(
 
 # Loss terms: the micro-batch terms of one optimizer step add up to that step's loss.
 _ADDITIVE = ("loss", "policy_loss")
+# Means over outputs, not tokens: folded from the sums and counts _output_sums gives.
+_PER_OUTPUT = ("response_length", "zero_adv_seq_frac")
+
+
+def _output_sums(mb: _MicroBatch) -> dict[str, tuple[float, float]]:
+    """(sum, count) of each _PER_OUTPUT metric over the outputs a micro-batch stands for.
+    Integer-valued, so every split into micro-batches and ranks adds up to the same figures
+    exactly; response_length's sum is the response tokens counted."""
+    lengths = mb.part.response_mask.sum(dim=-1)
+    nonempty = (lengths > 0).to(lengths.dtype)
+    no_advantage = (mb.advantages.abs() * mb.part.response_mask).sum(dim=-1) == 0
+    return {
+        "response_length": (float((mb.weights * lengths).sum()), float(mb.weights.sum())),
+        "zero_adv_seq_frac": (
+            float((mb.weights * nonempty * no_advantage).sum()),
+            float((mb.weights * nonempty).sum()),
+        ),
+    }
 
 
 @dataclass
 class _UpdateMetrics:
     """grpo_loss's per-micro-batch metrics folded into the update's figures: token-weighted
-    means, per-step sums of the loss terms, and maxima / minima (min(x) = -max(-x))."""
+    means, means over outputs (_PER_OUTPUT, from sums and counts), per-step sums of the loss
+    terms, and maxima / minima (min(x) = -max(-x))."""
 
     sums: dict[str, float] = field(default_factory=lambda: defaultdict(float))
     extremes: dict[str, float] = field(default_factory=dict)
     empty_extremes: dict[str, float] = field(default_factory=dict)  # without response tokens
     weight: float = 0.0
 
-    def add(self, metrics: dict[str, float], weight: float) -> None:
+    def add(self, metrics: dict[str, float], outputs: dict[str, tuple[float, float]]) -> None:
+        weight = outputs["response_length"][0]  # the response tokens counted
         self.weight += weight
+        for key in _PER_OUTPUT:
+            self.sums[f"{key}:sum"] += outputs[key][0]
+            self.sums[f"{key}:count"] += outputs[key][1]
         for key, value in metrics.items():
+            if key in _PER_OUTPUT:
+                continue
             if key.endswith(("_max", "_min")):
                 sign = 1.0 if key.endswith("_max") else -1.0
                 seen = self.extremes.get(key, -math.inf)
@@ -180,9 +205,12 @@ class _UpdateMetrics:
     def averages(self, engine: TrainEngine, steps: int) -> dict[str, float]:
         """Means over tokens (loss terms: over optimizer steps), reduced over the ranks."""
         sums, extremes, weight = _reduce_over_ranks(engine, self.sums, self.extremes, self.weight)
-        result = {key: value / max(weight, 1.0) for key, value in sums.items()}
+        result = {key: value / max(weight, 1.0) for key, value in sums.items() if ":" not in key}
         for key in _ADDITIVE:
             result[key] = sums[key] / steps
+        for key in _PER_OUTPUT:
+            count = sums[f"{key}:count"]
+            result[key] = sums[f"{key}:sum"] / count if count else 0.0
         for key, value in extremes.items():
             sign = 1.0 if key.endswith("_max") else -1.0
             # -inf: no response token was seen; NaN/inf otherwise is left for the caller's check

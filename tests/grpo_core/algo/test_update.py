@@ -270,3 +270,21 @@ def test_each_copy_keeps_its_own_sampling_logprob_gap() -> None:
         sampling,
     )
     assert metrics["sampling_logprob_gap_max"] == pytest.approx(0.5, abs=1e-5)
+
+
+@pytest.mark.parametrize("micro", [8, 3, 1])
+def test_per_output_metrics_are_exact_means_whatever_the_split(micro: int) -> None:
+    batch, advantages = ragged_batch()
+    advantages[2] = 0.0  # an output no advantage moves
+    lengths = batch.response_lengths.tolist()
+    nonempty = [n > 0 for n in lengths]
+    assert nonempty[2] and not all(nonempty)
+    metrics = grpo_update(
+        TorchEngine(tiny_llama(), OptimizerSettings(lr=1e-3)),
+        None,
+        batch,
+        advantages,
+        GRPOConfig(beta=0.0, micro_batch_size=micro),
+    )
+    assert metrics["response_length"] == sum(lengths) / len(lengths)
+    assert metrics["zero_adv_seq_frac"] == 1 / sum(nonempty)
