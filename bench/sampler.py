@@ -8,11 +8,12 @@ transformers' `model.generate`, on the same prompts, model and settings.
 
 Shapes are prompts x samples per prompt, as the stages draw them: 8x8 is bench/grpo_step.py's
 step, 32x8 the demo's GRPO step (grpo.prompts_per_step x group_size) and 64x4 the drift
-measurement's batch; the rollout and evaluation stages send 256-row chunks of 512x8 and 300x8.
-Temperature 1, top-p 1, no top-k on both sides. Each figure is the median of `--repeats`
-timed calls (after one untimed warm-up), the two samplers alternating. Before any timing,
-greedy decoding (temperature 0) of the same prompts is compared token for token. The
-machine-speed reference (bench/machine_speed.py) is measured before and after.
+measurement's batch; the demo's rollout and evaluation stages sample 512x8 and 300x8 in
+1024-row passes (rollout.batch_size). Temperature 1, top-p 1, no top-k on both sides. Each
+figure is the median of `--repeats` timed calls (after one untimed warm-up), the two
+samplers alternating. Before any timing, greedy decoding (temperature 0) of the same prompts
+is compared token for token. The machine-speed reference (bench/machine_speed.py) is
+measured before and after.
 """
 
 from __future__ import annotations
