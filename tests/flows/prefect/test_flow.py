@@ -120,3 +120,27 @@ def test_partial_parameters_merge_onto_the_served_config(tmp_path: Path) -> None
     assert merged.warm_start == served.warm_start  # micro's, not the class defaults
     assert merged.model_copy(update={"run": served.run}) == served
     assert served_config(given, None) is given  # outside `itergrpo serve`
+
+
+def test_a_cli_run_renders_its_report_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The flow renders the report for its artifact; the CLI prints where, not a second copy."""
+    from flows import report
+    from flows.cli import main, run_commands
+
+    rendered: list[Path] = []
+    write_report = report.write_report
+
+    def counted(store: RunStore, run_id: str, out_dir: Path, *args: object) -> list[Path]:
+        rendered.append(out_dir)
+        return write_report(store, run_id, out_dir, *args)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(report, "write_report", counted)
+    monkeypatch.setattr(run_commands, "write_report", counted)
+    argv = ["run", "--config", "micro", "--store", str(tmp_path), "--run-id", "once"]
+    assert main([*argv, "--set", "run.iterations=1", "--set", "grpo.steps=1"]) == 0
+    reports = tmp_path / "reports" / "once"
+    assert rendered == [reports]
+    assert (reports / "summary.md").is_file() and len(list(reports.glob("*.png"))) == 4
+    assert f"report: {reports.resolve()}" in capsys.readouterr().out
