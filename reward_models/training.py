@@ -28,7 +28,7 @@ from grpo_core.engines.train import TorchEngine
 from reward_models.config import ORM_SOURCE, RewardModelConfig, RewardModelSettings, RMKind
 from reward_models.labelling import LabelledSample, OrmLabel, PrmLabel
 from reward_models.models import RewardModel
-from reward_models.views import RMEncoder
+from reward_models.views import RMEncoder, RMInput
 
 log = logging.getLogger(__name__)
 
@@ -110,6 +110,20 @@ def _text(texts: Mapping[tuple[str, int], SampleText], key: tuple[str, int]) -> 
     return texts[key]
 
 
+class _Encodings:
+    """encoder.encode once per distinct text: a small policy repeats itself (~60% of the
+    demo's outputs are copies of another), and tokenizing is Python work per character."""
+
+    def __init__(self, encoder: RMEncoder) -> None:
+        self.encoder = encoder
+        self.seen: dict[SampleText, RMInput] = {}
+
+    def __call__(self, text: SampleText) -> RMInput:
+        if text not in self.seen:
+            self.seen[text] = self.encoder.encode(*text)
+        return self.seen[text]
+
+
 def orm_examples(
     rows: Sequence[OrmLabel],
     texts: Mapping[tuple[str, int], SampleText],
@@ -119,9 +133,10 @@ def orm_examples(
     source_table: str = "orm_labels",
 ) -> list[RMExample]:
     """One example per ORM label, read where the RM's format reads the outcome."""
+    encode = _Encodings(encoder)
     out = []
     for row in rows:
-        read = encoder.encode(*_text(texts, (row.problem_id, row.sample_index)))
+        read = encode(_text(texts, (row.problem_id, row.sample_index)))
         out.append(
             RMExample(
                 "orm",
@@ -154,9 +169,10 @@ def prm_examples(
     grouped: dict[tuple[str, int], list[PrmLabel]] = {}
     for row in rows:
         grouped.setdefault((row.problem_id, row.sample_index), []).append(row)
+    encode = _Encodings(encoder)
     out = []
     for key, steps in grouped.items():
-        read = encoder.encode(*_text(texts, key))
+        read = encode(_text(texts, key))
         ends = read.step_positions
         steps = sorted(steps, key=lambda r: r.step_index)
         if steps[-1].step_index >= len(ends):

@@ -3,14 +3,13 @@ Math-Shepherd Monte-Carlo completions of each step prefix, sampled from policy_k
 
 from __future__ import annotations
 
-import dataclasses
 import math
 
 from flows.context import RunContext
 from flows.names import LABEL
 from flows.progress import ProgressFn, iteration_label, log
 from flows.stages.health_lines import label_balance_line
-from flows.stages.results import StageResult, mean, metric_rows
+from flows.stages.results import StageResult, mean, metric_rows, row_dicts
 from flows.stages.train_rm import labelled_samples
 from reward_models.labelling import PrmLabel, label_agreement, orm_labels, prm_labels_monte_carlo
 
@@ -43,8 +42,8 @@ def label_stage(ctx: RunContext, iteration: int, progress: ProgressFn) -> StageR
     log.info("%s: %s", where, label_balance_line(orm_rows, prm_rows))
     progress(0.9, f"writing {len(orm_rows)} ORM and {len(prm_rows)} PRM labels")
     with ctx.run.stage(iteration, LABEL) as attempt:
-        attempt.write("orm_labels", [dataclasses.asdict(r) for r in orm_rows])
+        attempt.write("orm_labels", row_dicts(orm_rows))
         if prm_rows:
-            attempt.write("prm_labels", [dataclasses.asdict(r) for r in prm_rows])
+            attempt.write("prm_labels", row_dicts(prm_rows))
         attempt.write("metrics", metric_rows(LABEL, metrics))
     return StageResult(LABEL, iteration, metrics=metrics)

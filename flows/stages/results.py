@@ -30,6 +30,13 @@ def metric_rows(
     ]
 
 
+def row_dicts(rows: Iterable[Any]) -> list[dict[str, Any]]:
+    """Dataclass rows of scalar fields as dicts for the store, in field order: what
+    dataclasses.asdict gives, without its recursive copy (10x faster on the 10-30k rows an RM
+    stage records)."""
+    return [dict(vars(row)) for row in rows]
+
+
 def mean(values: Iterable[Any]) -> float:
     """The mean of `values`, NaN when there are none (a rate of nothing is undefined)."""
     vals = [float(v) for v in values]

@@ -24,7 +24,7 @@ from flows.model_io import save_reward_model
 from flows.names import EVAL_SPLIT, ORM, POLICY, PRM, TRAIN_RM, TRAIN_SPLIT
 from flows.progress import ProgressFn, iteration_label, log
 from flows.stages.health_lines import STALE, auroc_line
-from flows.stages.results import StageResult, metric_rows
+from flows.stages.results import StageResult, metric_rows, row_dicts
 from grpo_core.contracts.numerics import require_finite
 from grpo_core.contracts.progress import rounded
 from grpo_core.contracts.rollout import RolloutBatch, SamplingParams
@@ -174,7 +174,7 @@ def _train_one(
     metrics, records = train_reward_model(model, examples, rm_cfg, seed, engine=engine)
     save_reward_model(ctx.checkpoint(kind, iteration), model, engine.full_state_dict())
     log.info("%s_%d: %s", kind, iteration, rounded(metrics))
-    return metrics, [dataclasses.asdict(r) for r in records]
+    return metrics, row_dicts(records)
 
 
 def train_rm_stage(ctx: RunContext, iteration: int, progress: ProgressFn) -> StageResult:

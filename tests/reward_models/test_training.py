@@ -22,7 +22,7 @@ from reward_models.training import (
     prm_examples,
     train_reward_model,
 )
-from reward_models.views import RMEncoder
+from reward_models.views import RMEncoder, RMInput
 
 TOKENIZER = build_char_tokenizer()
 SMALL = PolicyConfig(n_layers=1, hidden_size=32, n_heads=2, intermediate_size=64, seed=1)
@@ -153,3 +153,24 @@ def test_bad_examples_are_rejected() -> None:
         train_reward_model(fresh_rm(), orm_set(1, "new", 0), RewardModelConfig(max_length=8), 0)
     with pytest.raises(ValueError, match="no reward-model training examples"):
         train_reward_model(fresh_rm(), [], RewardModelConfig(), 0)
+
+
+def test_each_distinct_text_is_encoded_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    encoder = RMEncoder(TOKENIZER)
+    calls: list[tuple[str, str]] = []
+    encode = RMEncoder.encode
+
+    def counted(self: RMEncoder, prompt: str, completion: str) -> RMInput:
+        calls.append((prompt, completion))
+        return encode(self, prompt, completion)
+
+    monkeypatch.setattr(RMEncoder, "encode", counted)
+    texts = {("p", i): SampleText(PROMPT, f"3+4=7\n7-2={i % 2}\n#### {i % 2}") for i in range(6)}
+    rows = [OrmLabel("p", i, i % 2) for i in range(6)]
+    examples = orm_examples(rows, texts, encoder, "new", 0)
+    assert len(calls) == 2  # six outputs, two distinct texts
+    for row, example in zip(rows, examples, strict=True):
+        alone = encode(encoder, *texts["p", row.sample_index])
+        assert example.completion_ids == alone.completion_ids
+        assert example.read_positions == [alone.outcome_position]
+        assert example.sample_index == row.sample_index
