@@ -8,6 +8,7 @@ from dataclasses import dataclass
 
 import torch
 
+from grpo_core.contracts.copies import first_copies
 from grpo_core.contracts.policy_batch import build_policy_batch
 from reward_models.models import RewardModel
 from reward_models.views import RMInput
@@ -39,10 +40,10 @@ def _read_scores(
     if batch_size < 1:
         raise ValueError(f"batch_size must be >= 1 (got {batch_size})")
     pairs = list(zip(prompts, completions, strict=True))
-    distinct = list(dict.fromkeys(pairs))  # first occurrences, in order
-    slot = {pair: n for n, pair in enumerate(distinct)}
+    firsts, groups = first_copies(pairs)
+    distinct = [pairs[i] for i in firsts]
     scores, reads = _read_distinct_scores(model, distinct, batch_size, positions)
-    return [list(scores[slot[p]]) for p in pairs], [list(reads[slot[p]]) for p in pairs]
+    return [list(scores[g]) for g in groups], [list(reads[g]) for g in groups]
 
 
 def _read_distinct_scores(

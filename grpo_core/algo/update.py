@@ -18,6 +18,7 @@ from torch import Tensor, nn
 
 from grpo_core.algo.config import GRPOConfig
 from grpo_core.algo.losses import grpo_loss
+from grpo_core.contracts.copies import first_copies
 from grpo_core.contracts.numerics import DIVERGED, require_finite
 from grpo_core.contracts.policy_batch import PolicyBatch
 from grpo_core.contracts.training import TrainEngine
@@ -285,12 +286,9 @@ class RowCopies:
     def __init__(self, batch: PolicyBatch) -> None:
         self.batch = batch
         self.token_keys = row_keys(batch.input_ids, batch.attention_mask, batch.response_mask)
-        first_row: dict[bytes, int] = {}
-        for row, key in enumerate(self.token_keys):
-            first_row.setdefault(key, row)
-        group_of = {key: group for group, key in enumerate(first_row)}
-        self.group = torch.tensor([group_of[k] for k in self.token_keys], dtype=torch.long)
-        self.firsts = torch.tensor(list(first_row.values()), dtype=torch.long)
+        firsts, groups = first_copies(self.token_keys)
+        self.firsts = torch.tensor(firsts, dtype=torch.long)
+        self.group = torch.tensor(groups, dtype=torch.long)
 
     def logprobs(self, model: nn.Module, temperature: float, micro_batch_size: int) -> Tensor:
         """sequence_logprobs of every row (no grad), one forward per distinct row."""
@@ -341,11 +339,7 @@ class MergedRows:
 
 def merge_rows(keys: list[bytes], rows: Tensor) -> MergedRows:
     """`rows` (indices into `keys`) merged where their keys are equal."""
-    slot_of: dict[bytes, int] = {}
-    slots = [slot_of.setdefault(keys[r], len(slot_of)) for r in rows.tolist()]
-    slot = torch.tensor(slots, dtype=torch.long)
-    counts = torch.bincount(slot, minlength=len(slot_of))
-    first = torch.full((len(slot_of),), len(slots), dtype=torch.long)
-    first = first.scatter_reduce(0, slot, torch.arange(len(slots)), "amin")
-    device = rows.device
-    return MergedRows(rows, rows[first.to(device)], counts.to(device), slot.to(device))
+    firsts, groups = first_copies(keys[r] for r in rows.tolist())
+    slot = torch.tensor(groups, dtype=torch.long, device=rows.device)
+    counts = torch.bincount(slot, minlength=len(firsts))
+    return MergedRows(rows, rows[torch.tensor(firsts, device=rows.device)], counts, slot)

@@ -16,6 +16,7 @@ import torch
 from transformers import GenerationConfig, PreTrainedModel, PreTrainedTokenizerBase
 from transformers.cache_utils import DynamicCache, DynamicLayer
 
+from grpo_core.contracts.copies import first_copies
 from grpo_core.contracts.progress import progress_bar
 from grpo_core.contracts.rollout import FinishReason, RolloutBatch, SamplingParams
 from grpo_core.model.kv_cache import cache_keyword, returned_cache
@@ -274,9 +275,9 @@ class HFRolloutEngine:
         samples of a prompt cost one prompt pass, not G.
         """
         dev, pad = self.device, self.tokenizer.pad_token_id
-        distinct = list(dict.fromkeys(tuple(p) for p in prompts))
-        slot = {p: i for i, p in enumerate(distinct)}
-        owner = torch.tensor([slot[tuple(p)] for p in prompts], device=dev)
+        firsts, groups = first_copies(tuple(p) for p in prompts)
+        distinct = [tuple(prompts[i]) for i in firsts]
+        owner = torch.tensor(groups, device=dev)
         input_ids, prompt_mask = left_padded(distinct, pad)
         bsz, width, steps = len(prompts), input_ids.shape[1], params.max_new_tokens
         input_ids, prompt_mask, uniforms = input_ids.to(dev), prompt_mask.to(dev), uniforms.to(dev)
