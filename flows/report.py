@@ -277,7 +277,7 @@ PANELS = (
     Panel(
         "accuracy",
         "Accuracy on held-out problems",
-        "accuracy (bars: ±1 s.e. over problems)",
+        "accuracy (bars: ±1 s.e. over questions)",
         ("greedy_acc", "sample_acc", "maj", "pass"),
         "no evaluation yet",
         dodge=0.03,

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import math
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass
 
 from grpo_core.contracts.rollout import Sampler, SamplingParams
@@ -88,13 +88,33 @@ def maj_at_k(
     return float(winner is not None and answer_format.equal(gold, winner))
 
 
-def _mean_se(values: Sequence[float]) -> tuple[float, float]:
+def clustered_mean_se(values: Sequence[float], clusters: Sequence[Hashable]) -> tuple[float, float]:
+    """The mean of `values` and its standard error with values of one cluster counted as
+    correlated (the cluster-robust estimate, small-sample factor C / (C - 1)):
+
+        se^2 = C / (C - 1) * sum_c (sum_{i in c} (x_i - mean))^2 / n^2
+
+    Evaluation draws problems with repeats (the demo's 300 are 24 different questions), and a
+    question's draws are not independent: its greedy output is the same every time. With every
+    cluster a single value this is the usual s / sqrt(n); repeating every value k times leaves
+    it unchanged, where the usual formula would shrink by sqrt(k). 0.0 with fewer than two
+    clusters (nothing to estimate the spread from)."""
     n = len(values)
+    if n != len(clusters):
+        raise ValueError(
+            f"clustered_mean_se needs one cluster per value (got {n} and {len(clusters)})"
+        )
+    if n == 0:
+        raise ValueError("clustered_mean_se needs at least one value")
     mean = sum(values) / n
-    if n < 2:
+    residuals: dict[Hashable, float] = {}
+    for value, cluster in zip(values, clusters, strict=True):
+        residuals[cluster] = residuals.get(cluster, 0.0) + (value - mean)
+    c = len(residuals)
+    if c < 2:
         return mean, 0.0
-    var = sum((v - mean) ** 2 for v in values) / (n - 1)
-    return mean, math.sqrt(var / n)
+    var = c / (c - 1) * sum(r * r for r in residuals.values()) / (n * n)
+    return mean, math.sqrt(var)
 
 
 def evaluate_policy(
@@ -107,7 +127,8 @@ def evaluate_policy(
 ) -> PolicyEvaluation:
     """Greedy accuracy / format rate / length, then sampled accuracy, Pass@K and Maj@K per K.
 
-    Standard errors are over problems. Maj@K averages the n_samples // K disjoint blocks of K
+    Standard errors are over questions (clustered_mean_se): the draws of a question drawn
+    several times are one cluster. Maj@K averages the n_samples // K disjoint blocks of K
     consecutive samples of each problem (unbiased, less noisy than the first block alone).
     Correctness uses `task.is_correct`.
     """
@@ -122,13 +143,15 @@ def evaluate_policy(
         SamplingParams(cfg.max_new_tokens, temperature=cfg.temperature, top_p=cfg.top_p),
         seed=seed,
     )
-    n, ns = len(problems), cfg.n_samples
+    ns = cfg.n_samples
     rows: list[MetricRow] = []
     scores: list[ProblemScore] = []
+    questions = [p.question for p in problems]
+    sample_questions = [q for q in questions for _ in range(ns)]
 
-    def add(metric: str, k: int, values: Sequence[float], count: int = n) -> None:
-        mean, se = _mean_se(values)
-        rows.append(MetricRow(metric, k, mean, se, count))
+    def add(metric: str, k: int, values: Sequence[float], clusters: list[str] = questions) -> None:
+        mean, se = clustered_mean_se(values, clusters)
+        rows.append(MetricRow(metric, k, mean, se, len(values)))
 
     def add_per_problem(metric: str, k: int, values: Sequence[float]) -> None:
         add(metric, k, values)
@@ -150,9 +173,9 @@ def evaluate_policy(
         for i, p in enumerate(problems)
     ]
     add_per_problem("sampled_accuracy", 1, [sum(c) / ns for c in correct])
-    add("format_rate", 1, [fmt.ends_with_answer(t) for t in sampled.texts], n * ns)
-    add("mean_length", 1, [float(len(c)) for c in sampled.completion_ids], n * ns)
-    add("stop_rate", 1, [float(r == "stop") for r in sampled.finish_reasons], n * ns)
+    add("format_rate", 1, [fmt.ends_with_answer(t) for t in sampled.texts], sample_questions)
+    add("mean_length", 1, [float(len(c)) for c in sampled.completion_ids], sample_questions)
+    add("stop_rate", 1, [float(r == "stop") for r in sampled.finish_reasons], sample_questions)
     for k in cfg.k_values():
         add_per_problem("pass@k", k, [pass_at_k(ns, sum(c), k) for c in correct])
         maj = []

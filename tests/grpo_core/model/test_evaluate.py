@@ -2,12 +2,20 @@ import itertools
 import math
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from grpo_core.contracts.rollout import RolloutBatch, SamplingParams
 from grpo_core.data.tasks.arith import ArithTask
 from grpo_core.data.tasks.base import Problem
 from grpo_core.model.config import EvalConfig
-from grpo_core.model.evaluate import evaluate_policy, maj_at_k, majority_answer, pass_at_k
+from grpo_core.model.evaluate import (
+    clustered_mean_se,
+    evaluate_policy,
+    maj_at_k,
+    majority_answer,
+    pass_at_k,
+)
 from grpo_core.model.policy import build_char_tokenizer
 
 
@@ -106,3 +114,61 @@ def test_evaluate_policy_reports_paper_metrics() -> None:
         "pass@k",
         "maj@k",
     }
+
+
+def test_clustered_se_by_hand() -> None:
+    # mean 0.6; cluster residual sums a: 0.4 + 0.4, b: -0.6, c: 0.4 - 0.6; 3 clusters:
+    # se^2 = 3/2 * (0.64 + 0.36 + 0.04) / 5^2 = 0.0624
+    mean, se = clustered_mean_se([1.0, 1.0, 0.0, 1.0, 0.0], ["a", "a", "b", "c", "c"])
+    assert mean == pytest.approx(0.6)
+    assert se == pytest.approx(math.sqrt(0.0624))
+    assert clustered_mean_se([1.0, 0.0, 1.0], ["q", "q", "q"]) == (pytest.approx(2 / 3), 0.0)
+    with pytest.raises(ValueError, match="one cluster per value"):
+        clustered_mean_se([1.0, 0.0], ["a"])
+
+
+VALUES = st.lists(st.floats(-100, 100), min_size=2, max_size=30)
+
+
+@given(VALUES)
+def test_clustered_se_of_distinct_values_is_the_usual_one(values: list[float]) -> None:
+    n = len(values)
+    mean = sum(values) / n
+    usual = math.sqrt(sum((v - mean) ** 2 for v in values) / (n - 1) / n)
+    got_mean, got_se = clustered_mean_se(values, list(range(n)))
+    assert got_mean == pytest.approx(mean, abs=1e-9)
+    assert got_se == pytest.approx(usual, rel=1e-9, abs=1e-9)
+
+
+@given(VALUES, st.integers(2, 5))
+def test_repeating_every_question_leaves_the_clustered_se_unchanged(
+    values: list[float], repeats: int
+) -> None:
+    once = clustered_mean_se(values, list(range(len(values))))
+    repeated = [v for v in values for _ in range(repeats)]
+    clusters = [i for i in range(len(values)) for _ in range(repeats)]
+    again = clustered_mean_se(repeated, clusters)
+    assert again[0] == pytest.approx(once[0], abs=1e-9)
+    assert again[1] == pytest.approx(once[1], rel=1e-9, abs=1e-9)
+
+
+def test_a_question_drawn_twice_counts_once_in_the_standard_errors() -> None:
+    a, b = Problem("a", "1+1", "2"), Problem("b", "2+2", "4")
+    a_again = Problem("a2", "1+1", "2")
+    greedy = {"a": "#### 2", "b": "#### 5"}
+    samples = {"a": ["#### 2", "#### 3"], "b": ["#### 4", "#### 4"]}
+
+    def evaluate(problems: list[Problem]) -> dict[str, float]:
+        keys = [p.problem_id[0] for p in problems]
+        engine = ScriptedEngine([greedy[k] for k in keys], [samples[k] for k in keys])
+        cfg = EvalConfig(n_samples=2)
+        rows = evaluate_policy(engine, build_char_tokenizer(), ArithTask(), problems, cfg, 0)
+        return {r.metric: r.stderr for r in rows.metrics if r.k == 1}
+
+    distinct, repeated = evaluate([a, b]), evaluate([a, b, a_again])
+    # Greedy right on 1+1 only. Distinct: the usual s.e., 0.5. Repeated: mean 2/3, residual
+    # sums 2/3 and -2/3, se^2 = 2 * (8/9) / 3^2, se = 4/9 (the plain s.e. of the 3 draws: 1/3).
+    assert distinct["greedy_accuracy"] == pytest.approx(0.5)
+    assert repeated["greedy_accuracy"] == pytest.approx(4 / 9)
+    assert distinct["sampled_accuracy"] == pytest.approx(0.25)
+    assert repeated["format_rate"] == distinct["format_rate"] == 0.0  # per sample, all end in ####
