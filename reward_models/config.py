@@ -147,7 +147,8 @@ class RewardModelConfig(BaseModel):
         le=1.0,
         description=(
             "AdamW learning rate, > 0 and <= 1. 2e-5 is the paper's 7B setting; tiny CPU models "
-            "learn in few steps only with about 1e-3."
+            "learn in few steps with about 3e-4 (the demo's; at 1e-3 its ORM's AUROC hung on "
+            "the seed, 0.73-0.95)."
         ),
     )
     epochs: int = Field(1, ge=1, le=100, description="Passes over the training mix, 1 to 100.")
