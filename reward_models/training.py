@@ -8,9 +8,10 @@ replayed rows read back from the store train exactly like new ones, whatever the
 
 from __future__ import annotations
 
+import functools
 import logging
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal, NamedTuple
@@ -110,18 +111,10 @@ def _text(texts: Mapping[tuple[str, int], SampleText], key: tuple[str, int]) -> 
     return texts[key]
 
 
-class _Encodings:
+def _encodings(encoder: RMEncoder) -> Callable[[SampleText], RMInput]:
     """encoder.encode once per distinct text: a small policy repeats itself (~60% of the
     demo's outputs are copies of another), and tokenizing is Python work per character."""
-
-    def __init__(self, encoder: RMEncoder) -> None:
-        self.encoder = encoder
-        self.seen: dict[SampleText, RMInput] = {}
-
-    def __call__(self, text: SampleText) -> RMInput:
-        if text not in self.seen:
-            self.seen[text] = self.encoder.encode(*text)
-        return self.seen[text]
+    return functools.cache(lambda text: encoder.encode(*text))
 
 
 def orm_examples(
@@ -133,7 +126,7 @@ def orm_examples(
     source_table: str = "orm_labels",
 ) -> list[RMExample]:
     """One example per ORM label, read where the RM's format reads the outcome."""
-    encode = _Encodings(encoder)
+    encode = _encodings(encoder)
     out = []
     for row in rows:
         read = encode(_text(texts, (row.problem_id, row.sample_index)))
@@ -169,7 +162,7 @@ def prm_examples(
     grouped: dict[tuple[str, int], list[PrmLabel]] = {}
     for row in rows:
         grouped.setdefault((row.problem_id, row.sample_index), []).append(row)
-    encode = _Encodings(encoder)
+    encode = _encodings(encoder)
     out = []
     for key, steps in grouped.items():
         read = encode(_text(texts, key))
