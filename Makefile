@@ -53,16 +53,18 @@ bench: venv
 	$(BIN)/python bench/replay_bench.py
 
 # GPU paths, on a CUDA machine: every `gpu`-marked test (CUDA vs CPU update, DeepSpeed ZeRO-2/3
-# on NCCL, bf16, a micro run on the GPU), then the update's tokens/s and MFU. Without CUDA it
-# says so in one line and exits 0 (CI is CPU-only). GPU_PYTHON: an interpreter whose torch is a
-# CUDA build with this project installed (the venv's torch==2.13.0 is a CPU build here).
-# GPU_TESTS: where pytest collects (tests/grpo_core/engines/test_gpu.py alone where Prefect is not installed).
+# on NCCL, bf16, a micro run on the GPU, the micro run on a long-lived Ray rank holding the GPU
+# in fp32 and bf16), then a 0.5B model's update tokens/s and MFU. Without CUDA it says so in
+# one line and exits 0 (CI is CPU-only). GPU_PYTHON: an interpreter whose torch is a CUDA
+# build with this project importable (the venv's torch==2.13.0 is a CPU build here).
+# GPU_TESTS: where pytest collects; where Prefect is not installed, name
+# tests/grpo_core/engines/test_gpu.py and tests/flows/engines/test_train_workers_gpu.py.
 GPU_PYTHON ?= $(BIN)/python
 GPU_TESTS ?= tests
 gpu-check:
 	@if ! $(GPU_PYTHON) -c "import sys, torch; sys.exit(not torch.cuda.is_available())" 2>/dev/null; \
 	then echo "gpu-check: no CUDA device visible to $(GPU_PYTHON): nothing to check"; exit 0; fi; \
-	$(GPU_PYTHON) -m pytest -m gpu -v -rs -p no:cacheprovider $(GPU_TESTS); status=$$?; \
+	$(GPU_PYTHON) -m pytest -m gpu -v -rs -s --durations=0 -p no:cacheprovider $(GPU_TESTS); status=$$?; \
 	$(GPU_PYTHON) bench/gpu_update.py; exit $$status
 
 clean:

@@ -3,8 +3,9 @@
     python bench/gpu_update.py                  # fp32 torch engine vs DeepSpeed ZeRO-2 bf16
     python bench/gpu_update.py --peak-tflops 989  # MFU against another peak
 
-The model is a Llama made locally from a config (no download): 12 layers, hidden 768,
-vocabulary 32000 (~110M parameters, SmolLM2-135M's scale). One update = the pi_old and
+The model is a Llama made on the GPU from a config (no download) with Qwen2.5-0.5B's shape:
+24 layers, hidden 896, MLP 4864, 14 query and 2 key/value heads, vocabulary 151936, tied
+embeddings (494M parameters). One update = the pi_old and
 reference forward passes plus mu = 1 epoch of forward + backward + AdamW over 64 sequences of
 a 64-token prompt and a 192-token completion. FLOPs are counted as 2 N per token for each
 forward-only pass and 6 N per token for the training pass (N = parameters), the usual
@@ -34,28 +35,32 @@ from grpo_core.engines.train import TorchEngine
 
 PEAK_BF16_TFLOPS = {"H100": 989.0, "H200": 989.0, "A100": 312.0}
 ROWS, PROMPT, COMPLETION = 64, 64, 192
+VOCAB = 151936
 
 
-def build_model(seed: int = 0) -> LlamaForCausalLM:
+def build_model(device: str = "cuda", seed: int = 0) -> LlamaForCausalLM:
+    """The 0.5B Llama, initialised where it will run (a CPU init of 494M weights takes
+    longer than the timed updates)."""
     torch.manual_seed(seed)
     cfg = LlamaConfig(
-        vocab_size=32000,
-        hidden_size=768,
-        intermediate_size=2048,
-        num_hidden_layers=12,
-        num_attention_heads=12,
-        num_key_value_heads=4,
+        vocab_size=VOCAB,
+        hidden_size=896,
+        intermediate_size=4864,
+        num_hidden_layers=24,
+        num_attention_heads=14,
+        num_key_value_heads=2,
         max_position_embeddings=512,
         tie_word_embeddings=True,
     )
-    return LlamaForCausalLM(cfg)
+    with torch.device(device):
+        return LlamaForCausalLM(cfg)
 
 
 def make_batch() -> tuple[PolicyBatch, torch.Tensor]:
     gen = torch.Generator().manual_seed(0)
-    prompts = [torch.randint(1, 32000, (PROMPT,), generator=gen).tolist() for _ in range(ROWS)]
+    prompts = [torch.randint(1, VOCAB, (PROMPT,), generator=gen).tolist() for _ in range(ROWS)]
     completions = [
-        torch.randint(1, 32000, (COMPLETION,), generator=gen).tolist() for _ in range(ROWS)
+        torch.randint(1, VOCAB, (COMPLETION,), generator=gen).tolist() for _ in range(ROWS)
     ]
     batch = build_policy_batch(prompts, completions, pad_id=0, padding_side="left")
     advantages = batch.expand_per_sequence(torch.randn(ROWS, generator=gen))
@@ -92,17 +97,19 @@ def main() -> int:
     parser.add_argument("--repeats", type=int, default=5, help="timed updates per row")
     parser.add_argument("--peak-tflops", type=float, default=None, help="dense bf16 peak")
     parser.add_argument(
-        "--micro-batch", type=int, nargs="+", default=[16, 64], help="rows per forward pass"
+        "--micro-batch", type=int, nargs="+", default=[8, 32], help="rows per forward pass"
     )
     args = parser.parse_args()
     if not torch.cuda.is_available():
         print(f"gpu_update: no CUDA device visible (torch {torch.__version__}); nothing to time")
         return 0
     peak = peak_tflops(args.peak_tflops)
-    n_params = sum(p.numel() for p in build_model().parameters())
+    n_params = sum(p.numel() for p in build_model("meta").parameters())
     tokens = ROWS * (PROMPT + COMPLETION)
     flops = tokens * n_params * (2 + 2 + 6)  # pi_old fwd, reference fwd, train fwd+bwd
+    tf32 = torch.backends.cuda.matmul.allow_tf32
     print(f"GPU: {torch.cuda.get_device_name()}, torch {torch.__version__}, peak {peak} TFLOP/s")
+    print(f"fp32 matmuls in TF32: {tf32} (torch's default; the fp32 row is plain fp32 if False)")
     print(f"model: Llama {n_params / 1e6:.1f}M parameters; update: {ROWS} x {tokens // ROWS} tok")
     rows = []
     kinds: list[tuple[str, bool]] = [("torch fp32", False)]
@@ -110,8 +117,8 @@ def main() -> int:
         kinds.append(("DeepSpeed ZeRO-2 bf16", True))
     engines = [(f"{kind}, micro {m}", bf16, m) for kind, bf16 in kinds for m in args.micro_batch]
     for name, bf16, micro_batch in engines:
-        model = build_model().cuda()
-        ref = build_model().cuda().eval()
+        model = build_model()
+        ref = build_model().eval()
         engine: TrainEngine
         if bf16:
             from grpo_core.engines.deepspeed_engine import DeepSpeedEngine

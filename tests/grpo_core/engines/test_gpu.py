@@ -41,7 +41,7 @@ def _update_on(device: torch.device) -> tuple[dict[str, torch.Tensor], dict[str,
     engine = TorchEngine(model, cfg.optimizer_settings())
     metrics = grpo_update(
         engine,
-        tiny_llama(1).to(device),
+        tiny_llama(seed=1).to(device),
         batch.to(device),
         advantages.to(device),
         cfg,
@@ -76,7 +76,7 @@ def _deepspeed_update(config: DeepSpeedConfig) -> tuple[dict[str, torch.Tensor],
     cfg = CFG.model_copy(update={"micro_batch_size": 3})
     engine = DeepSpeedEngine(tiny_llama(), cfg.optimizer_settings(), config=config)
     assert engine.device.type == "cuda", engine.device
-    ref = tiny_llama(1).to(engine.device)
+    ref = tiny_llama(seed=1).to(engine.device)
     if config.bf16:
         ref = ref.to(torch.bfloat16)
     metrics = grpo_update(
