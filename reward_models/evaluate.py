@@ -1,15 +1,24 @@
 """Reward-model evaluation: AUROC (with bootstrap intervals), accuracy, majority baseline,
-best-of-N; rows for `eval`."""
+best-of-N; rows for `eval`.
+
+Uncertainty is over questions where the caller names them: the drift measurement samples
+several outputs per prompt and draws prompts with repeats (the demo's 64 test draws are 24
+questions), and outputs of one question are not independent draws. So the AUROC bootstrap
+resamples questions and the accuracies' standard errors are clustered by question
+(grpo_core.model.evaluate.clustered_mean_se); without question names, by output (steps of
+one PRM output) or by prompt (samples of one prompt)."""
 
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
 import numpy.typing as npt
 import torch
+
+from grpo_core.model.evaluate import clustered_mean_se
 
 ArrayLike = Sequence[float] | Sequence[bool] | npt.NDArray[np.generic] | torch.Tensor
 
@@ -24,7 +33,7 @@ class EvalRow:
     value: float
     stderr: float | None
     n: int
-    # A 95% interval where one is computed (AUROCs: bootstrap over outputs); else None.
+    # A 95% interval where one is computed (AUROCs: bootstrap over questions); else None.
     ci_low: float | None = None
     ci_high: float | None = None
 
@@ -96,7 +105,7 @@ class AurocInterval:
 def bootstrap_auroc(
     scores: ArrayLike,
     labels: ArrayLike,
-    groups: ArrayLike | None = None,
+    groups: ArrayLike | Sequence[Hashable] | None = None,
     *,
     resamples: int = BOOTSTRAP_RESAMPLES,
     level: float = 0.95,
@@ -106,11 +115,11 @@ def bootstrap_auroc(
 
     Each resample draws as many outputs as there are, with replacement, and scores the
     drawn items weighted by how often their output was drawn; `groups` names each item's
-    output (the steps of one PRM output share it: they are not independent draws), None:
-    every item is its own output. Resamples that hold one class only are dropped (their
-    AUROC is undefined). stderr: the resampled AUROCs' standard deviation; low / high: their
-    (1 - level) / 2 and (1 + level) / 2 quantiles. None when the AUROC itself is undefined
-    or fewer than two resamples hold both classes.
+    output or question (the steps of one PRM output, the outputs of one question, share it:
+    they are not independent draws), None: every item is its own output. Resamples that hold
+    one class only are dropped (their AUROC is undefined). stderr: the resampled AUROCs'
+    standard deviation; low / high: their (1 - level) / 2 and (1 + level) / 2 quantiles.
+    None when the AUROC itself is undefined or fewer than two resamples hold both classes.
     """
     if resamples < 2 or not 0.0 < level < 1.0:
         raise ValueError(f"resamples must be >= 2 and level in (0, 1) (got {resamples}, {level})")
@@ -146,7 +155,11 @@ def bootstrap_auroc(
 
 
 def _auroc_row(
-    split: str, metric: str, scores: ArrayLike, labels: ArrayLike, groups: ArrayLike | None
+    split: str,
+    metric: str,
+    scores: ArrayLike,
+    labels: ArrayLike,
+    groups: ArrayLike | Sequence[Hashable] | None,
 ) -> EvalRow:
     """An AUROC row with its bootstrap interval (NaN value, dropped later, if undefined)."""
     y = _binary_labels(labels)
@@ -165,8 +178,28 @@ def _auroc_row(
     )
 
 
-def _proportion_stderr(p: float, n: int) -> float | None:
-    return math.sqrt(p * (1.0 - p) / n) if n > 0 else None
+def _share_row(
+    split: str,
+    metric: str,
+    k: int | None,
+    hits: npt.NDArray[np.bool_],
+    clusters: Sequence[Hashable],
+) -> EvalRow:
+    """The share of `hits` with its standard error over `clusters` (NaN value, dropped later,
+    when there is nothing to count)."""
+    if len(hits) == 0:
+        return EvalRow(split, metric, k, math.nan, None, 0)
+    mean, se = clustered_mean_se(hits.astype(np.float64).tolist(), clusters)
+    return EvalRow(split, metric, k, mean, se, len(hits))
+
+
+def _named(questions: Sequence[Hashable] | None, n: int, what: str) -> Sequence[Hashable]:
+    """The question of each of n items, or each item its own when none are named."""
+    if questions is None:
+        return range(n)
+    if len(questions) != n:
+        raise ValueError(f"{len(questions)} questions for {n} {what}: name one per {what[:-1]}")
+    return questions
 
 
 def accuracy(probs: ArrayLike, labels: ArrayLike, threshold: float = 0.5) -> float:
@@ -198,49 +231,61 @@ def best_of_n_accuracy(scores: ArrayLike, correct: ArrayLike) -> float:
     c = _binary_labels(correct)
     if s.ndim != 2 or s.shape != c.shape:
         raise ValueError(f"scores {s.shape} and correct {c.shape} must both be (P, N)")
+    return float(_best_of_n_per_prompt(s, c).mean())
+
+
+def _best_of_n_per_prompt(
+    s: npt.NDArray[np.float64], c: npt.NDArray[np.float64]
+) -> npt.NDArray[np.float64]:
     top = s == s.max(axis=1, keepdims=True)
-    return float(((top * c).sum(axis=1) / top.sum(axis=1)).mean())
+    return np.asarray((top * c).sum(axis=1) / top.sum(axis=1), dtype=np.float64)
 
 
-def orm_eval_rows(probs: ArrayLike, labels: ArrayLike, split: str) -> list[EvalRow]:
-    """ORM AUROC, accuracy at 0.5 and the majority-class baseline on held-out outputs."""
+def orm_eval_rows(
+    probs: ArrayLike, labels: ArrayLike, split: str, questions: Sequence[Hashable] | None = None
+) -> list[EvalRow]:
+    """ORM AUROC, accuracy at 0.5 and the majority-class baseline on held-out outputs;
+    questions: each output's question (uncertainty over questions), None: outputs."""
     y = _binary_labels(labels)
-    n = len(y)
-    acc = accuracy(probs, y)
-    base = majority_baseline(y)
+    p = _as_array(probs, "scores")
+    if p.shape != y.shape:
+        raise ValueError(f"scores {p.shape} and labels {y.shape} differ in shape")
+    owners = _named(questions, len(y), "outputs")
+    majority = 1.0 if y.mean() >= 0.5 else 0.0  # majority_baseline's class
     return _defined(
         [
-            _auroc_row(split, "orm_auroc", probs, y, None),
-            EvalRow(split, "orm_accuracy", None, acc, _proportion_stderr(acc, n), n),
-            EvalRow(split, "orm_majority_baseline", None, base, _proportion_stderr(base, n), n),
+            _auroc_row(split, "orm_auroc", p, y, None if questions is None else owners),
+            _share_row(split, "orm_accuracy", None, (p >= 0.5) == (y == 1), owners),
+            _share_row(split, "orm_majority_baseline", None, y == majority, owners),
         ]
     )
 
 
 def prm_eval_rows(
-    step_probs: Sequence[Sequence[float]], step_labels: Sequence[Sequence[float]], split: str
+    step_probs: Sequence[Sequence[float]],
+    step_labels: Sequence[Sequence[float]],
+    split: str,
+    questions: Sequence[Hashable] | None = None,
 ) -> list[EvalRow]:
     """PRM step AUROC, step accuracy at 0.5 and the majority baseline; labels exact when
-    known, else MC."""
+    known, else MC. questions: each output's question (uncertainty over questions), None:
+    over outputs (the steps of one output are never counted as independent)."""
     if len(step_probs) != len(step_labels):
         raise ValueError(f"{len(step_probs)} score lists but {len(step_labels)} label lists")
     for i, (p, y) in enumerate(zip(step_probs, step_labels, strict=True)):
         if len(p) != len(y):
             raise ValueError(f"output {i}: {len(p)} step scores but {len(y)} step labels")
+    output_owner = _named(questions, len(step_probs), "outputs")
     probs = np.array([v for row in step_probs for v in row], dtype=np.float64)
     labels = np.array([v for row in step_labels for v in row], dtype=np.float64)
-    n = len(labels)
-    output_of_step = np.repeat(np.arange(len(step_probs)), [len(p) for p in step_probs])
-    hard = (labels >= 0.5).astype(np.float64)  # soft MC labels: majority
-    acc = accuracy(probs, labels)
-    base = majority_baseline(labels)
+    owner_of_step = [output_owner[i] for i, row in enumerate(step_probs) for _ in row]
+    hard = labels >= 0.5  # soft MC labels: majority
+    majority = float(labels.mean()) >= 0.5 if len(labels) else True
     return _defined(
         [
-            _auroc_row(split, "prm_step_auroc", probs, hard, output_of_step),
-            EvalRow(split, "prm_step_accuracy", None, acc, _proportion_stderr(acc, n), n),
-            EvalRow(
-                split, "prm_step_majority_baseline", None, base, _proportion_stderr(base, n), n
-            ),
+            _auroc_row(split, "prm_step_auroc", probs, hard.astype(np.float64), owner_of_step),
+            _share_row(split, "prm_step_accuracy", None, (probs >= 0.5) == hard, owner_of_step),
+            _share_row(split, "prm_step_majority_baseline", None, hard == majority, owner_of_step),
         ]
     )
 
@@ -251,16 +296,22 @@ def _defined(rows: list[EvalRow]) -> list[EvalRow]:
     return [r for r in rows if not math.isnan(r.value)]
 
 
-def best_of_n_rows(scores: ArrayLike, correct: ArrayLike, split: str) -> list[EvalRow]:
-    """Best-of-N accuracy reranking with the RM, beside the mean accuracy of one sample."""
+def best_of_n_rows(
+    scores: ArrayLike, correct: ArrayLike, split: str, questions: Sequence[Hashable] | None = None
+) -> list[EvalRow]:
+    """Best-of-N accuracy reranking with the RM, beside the mean accuracy of one sample;
+    questions: each prompt row's question (uncertainty over questions), None: prompts."""
     c = _binary_labels(correct)
     if c.ndim != 2:
         raise ValueError(f"correct must be (P, N) (got shape {c.shape})")
     n_prompts, n = c.shape
+    owners = _named(questions, n_prompts, "prompts")
     best = best_of_n_accuracy(scores, c)
-    mean = float(c.mean())
-    best_err = _proportion_stderr(best, n_prompts)
+    per_prompt = _best_of_n_per_prompt(_as_array(scores, "scores"), c)
+    _, best_err = clustered_mean_se(per_prompt.tolist(), owners)
+    sample_owners = [owner for owner in owners for _ in range(n)]
+    _, sample_err = clustered_mean_se(c.reshape(-1).tolist(), sample_owners)
     return [
         EvalRow(split, "best_of_n_accuracy", n, best, best_err, n_prompts),
-        EvalRow(split, "sample_accuracy", n, mean, _proportion_stderr(mean, c.size), c.size),
+        EvalRow(split, "sample_accuracy", n, float(c.mean()), sample_err, c.size),
     ]

@@ -306,6 +306,7 @@ def _split_rows(
     """RM_k's (and RM_{k-1}'s) ranking of one split's fresh outputs against the verifier and,
     for the PRM, against the task's exact step labels."""
     owners = [problems[i] for i in sampled.prompt_index]
+    questions = [p.question for p in owners]  # uncertainty is over questions, drawn with repeats
     row_prompts = [prompts[i] for i in sampled.prompt_index]
     correct = [float(task.is_correct(p, t)) for p, t in zip(owners, sampled.texts, strict=True)]
     shape = (len(problems), rm_cfg.eval_samples)
@@ -319,24 +320,26 @@ def _split_rows(
             orm = rm(ORM, rm_iteration)
             probs = score_outcome(orm, row_prompts, sampled.texts)
             _require_finite_scores(f"ORM_{rm_iteration}'s scores", probs, split)
-            found += orm_eval_rows(probs.numpy(), correct, split)
+            found += orm_eval_rows(probs.numpy(), correct, split, questions)
             if not suffix:
                 found += best_of_n_rows(
                     probs.reshape(shape).numpy(),
                     torch.tensor(correct).reshape(shape).numpy(),
                     split,
+                    [p.question for p in problems],
                 )
         if rm_cfg.use_prm:
             prm = rm(PRM, rm_iteration)
             scored = score_steps(prm, row_prompts, sampled.texts)
             flat = [x for scores in scored.scores for x in scores]
             _require_finite_scores(f"PRM_{rm_iteration}'s step scores", flat, split)
-            pairs = [
-                (s, [float(x) for x in y])
-                for s, y in zip(scored.scores, exact, strict=True)
+            checked = [
+                (s, [float(x) for x in y], q)
+                for s, y, q in zip(scored.scores, exact, questions, strict=True)
                 if s and y is not None and len(y) == len(s)
             ]
-            if pairs:
-                found += prm_eval_rows([s for s, _ in pairs], [y for _, y in pairs], split)
+            if checked:
+                step_scores, step_labels, of = zip(*checked, strict=True)
+                found += prm_eval_rows(list(step_scores), list(step_labels), split, list(of))
         rows += [dataclasses.replace(r, metric=r.metric + suffix) for r in found]
     return rows

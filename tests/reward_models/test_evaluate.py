@@ -147,3 +147,57 @@ def test_auroc_rows_carry_the_interval_and_prm_rows_resample_outputs() -> None:
     expected = bootstrap_auroc([0.9, 0.8, 0.3, 0.6, 0.2], [1, 1, 0, 1, 0], groups=[0, 0, 1, 2, 2])
     assert expected is not None
     assert (prm.ci_low, prm.ci_high, prm.stderr) == (expected.low, expected.high, expected.stderr)
+
+
+def test_accuracy_standard_errors_are_over_questions_by_hand() -> None:
+    # Outputs of questions a, a, b, c, c, c; correct-at-0.5 hits 1, 1, 0, 1, 0, 1 (mean 2/3).
+    # Residuals summed per question: a 2/3, b -2/3, c 0; se^2 = 3/2 * (8/9) / 36 = 1/27.
+    probs = [0.9, 0.8, 0.7, 0.6, 0.6, 0.2]
+    labels = [1, 1, 0, 1, 0, 0]
+    rows = {r.metric: r for r in orm_eval_rows(probs, labels, "test", list("aabccc"))}
+    assert rows["orm_accuracy"].value == pytest.approx(2 / 3)
+    assert rows["orm_accuracy"].stderr == pytest.approx(math.sqrt(1 / 27))
+    # Without question names each output is its own: s / sqrt(n) = sqrt((4/3) / 5 / 6).
+    (_, alone, _) = orm_eval_rows(probs, labels, "test")
+    assert alone.stderr == pytest.approx(math.sqrt(4 / 3 / 5 / 6))
+    with pytest.raises(ValueError, match="5 questions for 6 outputs"):
+        orm_eval_rows(probs, labels, "test", list("aabcc"))
+
+
+@given(scored_outputs, st.integers(2, 4))
+def test_a_question_drawn_k_times_counts_once(pairs: list[tuple[float, int]], k: int) -> None:
+    # Each output's question drawn k times with the same outputs (the drift measurement's
+    # repeats): AUROC interval and accuracy s.e. as for one draw of each, not sqrt(k) narrower.
+    scores, labels = [s for s, _ in pairs], [y for _, y in pairs]
+    names = [f"q{i}" for i in range(len(pairs))]
+    once = orm_eval_rows(scores, labels, "test", names)
+    repeated = orm_eval_rows(scores * k, labels * k, "test", names * k)
+    for one, many in zip(once, repeated, strict=True):
+        assert many.value == pytest.approx(one.value) and many.n == k * one.n
+        assert many.stderr == pytest.approx(one.stderr)
+    if once[1].stderr:  # named as separate outputs, the repeats would look k times as many
+        (_, unnamed, _) = orm_eval_rows(scores * k, labels * k, "test")
+        assert unnamed.stderr is not None and unnamed.stderr < once[1].stderr
+
+
+def test_best_of_n_and_prm_rows_cluster_by_question() -> None:
+    # Two prompts of question a (best-of-2 hits 1, 1) and one of b (0): mean 2/3; residuals
+    # a 2/3, b -2/3; se^2 = 2 * (8/9) / 9 = 16/81.
+    scores = [[0.9, 0.1], [0.8, 0.2], [0.7, 0.3]]
+    correct = [[1, 0], [1, 1], [0, 1]]
+    best, sample = best_of_n_rows(scores, correct, "test", ["a", "a", "b"])
+    assert best.value == pytest.approx(2 / 3) and best.stderr == pytest.approx(4 / 9)
+    # samples: a holds 1, 0, 1, 1 and b 0, 1 (mean 2/3): residuals a 1/3, b -1/3;
+    # se^2 = 2 * (2/9) / 36 = 1/81.
+    assert sample.value == pytest.approx(2 / 3) and sample.stderr == pytest.approx(1 / 9)
+    # PRM: steps of outputs of questions a, a, b; hits (p >= 0.5 == label) 1, 1 | 0 | 1, 1.
+    steps, step_labels = [[0.9, 0.8], [0.3], [0.6, 0.2]], [[1, 1], [1], [1, 0]]
+    rows = {r.metric: r for r in prm_eval_rows(steps, step_labels, "test", ["a", "a", "b"])}
+    # mean 4/5; residuals a 1/5 + 1/5 - 4/5 = -2/5, b 2/5; se^2 = 2 * (8/25) / 25
+    assert rows["prm_step_accuracy"].value == pytest.approx(4 / 5)
+    assert rows["prm_step_accuracy"].stderr == pytest.approx(math.sqrt(16 / 625))
+    expected = bootstrap_auroc(
+        [0.9, 0.8, 0.3, 0.6, 0.2], [1, 1, 1, 1, 0], groups=["a", "a", "a", "b", "b"]
+    )
+    assert expected is not None
+    assert rows["prm_step_auroc"].stderr == expected.stderr
