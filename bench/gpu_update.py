@@ -2,6 +2,7 @@
 
     python bench/gpu_update.py                  # fp32 torch engine vs DeepSpeed ZeRO-2 bf16
     python bench/gpu_update.py --peak-tflops 989  # MFU against another peak
+    python bench/gpu_update.py --zero-stages 0 2 --profile  # where one update's time goes
 
 The model is a Llama made on the GPU from a config (no download) with Qwen2.5-0.5B's shape:
 24 layers, hidden 896, MLP 4864, 14 query and 2 key/value heads, vocabulary 151936, tied
@@ -67,13 +68,17 @@ def make_batch() -> tuple[PolicyBatch, torch.Tensor]:
     return batch, advantages
 
 
-def time_updates(
-    engine: TrainEngine, ref: torch.nn.Module, repeats: int, micro_batch: int
-) -> list[float]:
+def update_inputs(micro_batch: int) -> tuple[GRPOConfig, PolicyBatch, torch.Tensor]:
     cfg = GRPOConfig(lr=1e-6, beta=0.04, micro_batch_size=micro_batch, mini_batches_per_epoch=1)
     batch, advantages = make_batch()
     device = torch.device("cuda")
-    batch, advantages = batch.to(device), advantages.to(device)
+    return cfg, batch.to(device), advantages.to(device)
+
+
+def time_updates(
+    engine: TrainEngine, ref: torch.nn.Module, repeats: int, micro_batch: int
+) -> list[float]:
+    cfg, batch, advantages = update_inputs(micro_batch)
     times = []
     for i in range(repeats + 1):  # the first update warms up kernels and the allocator
         torch.cuda.synchronize()
@@ -83,6 +88,28 @@ def time_updates(
         if i:
             times.append(time.perf_counter() - start)
     return times
+
+
+def profile_update(
+    engine: TrainEngine, ref: torch.nn.Module, micro_batch: int, top: int = 12
+) -> None:
+    """One more update under torch.profiler: its top ops by self CUDA time, and how much of
+    the update's wall the GPU was busy (the rest is the host: Python, launches, syncs)."""
+    from torch.autograd import DeviceType
+    from torch.profiler import ProfilerActivity, profile
+
+    cfg, batch, advantages = update_inputs(micro_batch)
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        start = time.perf_counter()
+        grpo_update(engine, ref, batch, advantages, cfg)
+        torch.cuda.synchronize()
+        wall = time.perf_counter() - start
+    events = prof.key_averages()
+    # kernels only, as the table's "Self CUDA %" totals them: an op's row repeats its kernels'
+    busy = sum(e.self_device_time_total for e in events if e.device_type == DeviceType.CUDA) / 1e6
+    print(f"  profiled update: wall {wall:.3f} s, GPU busy {busy:.3f} s ({100 * busy / wall:.0f}%)")
+    print(events.table(sort_by="self_cuda_time_total", row_limit=top, max_name_column_width=48))
 
 
 def peak_tflops(override: float | None) -> float | None:
@@ -99,6 +126,10 @@ def main() -> int:
     parser.add_argument(
         "--micro-batch", type=int, nargs="+", default=[8, 32], help="rows per forward pass"
     )
+    parser.add_argument(
+        "--zero-stages", type=int, nargs="+", default=[2], help="ZeRO stages of the bf16 rows"
+    )
+    parser.add_argument("--profile", action="store_true", help="profile one update per row")
     args = parser.parse_args()
     if not torch.cuda.is_available():
         print(f"gpu_update: no CUDA device visible (torch {torch.__version__}); nothing to time")
@@ -112,20 +143,19 @@ def main() -> int:
     print(f"fp32 matmuls in TF32: {tf32} (torch's default; the fp32 row is plain fp32 if False)")
     print(f"model: Llama {n_params / 1e6:.1f}M parameters; update: {ROWS} x {tokens // ROWS} tok")
     rows = []
-    kinds: list[tuple[str, bool]] = [("torch fp32", False)]
+    kinds: list[tuple[str, int | None]] = [("torch fp32", None)]  # (name, ZeRO stage)
     if find_spec("deepspeed") is not None:
-        kinds.append(("DeepSpeed ZeRO-2 bf16", True))
-    engines = [(f"{kind}, micro {m}", bf16, m) for kind, bf16 in kinds for m in args.micro_batch]
-    for name, bf16, micro_batch in engines:
+        kinds += [(f"DeepSpeed ZeRO-{z} bf16", z) for z in args.zero_stages]
+    engines = [(f"{kind}, micro {m}", zero, m) for kind, zero in kinds for m in args.micro_batch]
+    for name, zero, micro_batch in engines:
         model = build_model()
         ref = build_model().eval()
         engine: TrainEngine
-        if bf16:
+        if zero is not None:
             from grpo_core.engines.deepspeed_engine import DeepSpeedEngine
 
-            engine = DeepSpeedEngine(
-                model, OptimizerSettings(lr=1e-6), config=DeepSpeedConfig(zero_stage=2, bf16=True)
-            )
+            config = DeepSpeedConfig(zero_stage=zero, bf16=True)
+            engine = DeepSpeedEngine(model, OptimizerSettings(lr=1e-6), config=config)
             ref = ref.to(torch.bfloat16)
         else:
             engine = TorchEngine(model, OptimizerSettings(lr=1e-6))
@@ -135,6 +165,9 @@ def main() -> int:
         mfu = f"{100 * tflops / peak:.1f}%" if peak else "-"
         memory = torch.cuda.max_memory_allocated() / 2**30
         rows.append((name, median, tokens / median, tflops, mfu, memory))
+        if args.profile:
+            print(name)
+            profile_update(engine, ref, micro_batch)
         del engine, model, ref
         torch.cuda.empty_cache()
     print(f"{'engine':<34} {'s/update':>9} {'tokens/s':>10} {'TFLOP/s':>8} {'MFU':>6} {'GiB':>6}")
