@@ -27,6 +27,7 @@ RAY_MODULES = frozenset(
         "tests/flows/engines/test_train_workers.py",
         "tests/flows/engines/test_train_workers_e2e.py",
         "tests/flows/engines/test_train_workers_gpu.py",
+        "tests/flows/engines/test_vllm_actors.py",
         "tests/flows/engines/test_train_workers_nodes.py",
     }
 )

@@ -12,6 +12,7 @@ from typing import Literal
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from flows.config import EnginesSection
+from flows.engines import vllm_actors  # noqa: F401  (registers engines.vllm.placement = ray)
 from grpo_core.contracts.numerics import DIVERGED, require_finite
 from grpo_core.contracts.rollout import RolloutBatch, RolloutEngine, Sampler, SamplingParams
 from grpo_core.engines.registry import ROLLOUT_ENGINES, RolloutRequest

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 ZeroStage = Literal[0, 1, 2, 3]
 
@@ -116,6 +116,38 @@ class VLLMSettings(BaseModel):
         description="KV-cache GiB on a CPU-only machine (VLLM_CPU_KVCACHE_SPACE), 1 to 4096; "
         "ignored on GPU.",
     )
+    engines: int = Field(
+        1,
+        ge=1,
+        le=256,
+        description="vLLM engines, 1 to 256; more than 1 splits every sampling call's prompts "
+        "over them (contiguous shards, sampled at once; the same rows as one engine) and "
+        "gives each updated policy to each.",
+    )
+    tensor_parallel_size: int = Field(
+        1,
+        ge=1,
+        le=64,
+        description="GPUs each engine shards its model over (vLLM tensor parallelism), 1 to 64.",
+    )
+    placement: Literal["process", "ray"] = Field(
+        "process",
+        description="Where the engines run: process (worker processes of the run, sharing "
+        "its devices) or ray (each engine in a Ray actor that reserves "
+        "engines.vllm.num_gpus_per_engine GPUs, so Ray gives each its own; on the Ray the "
+        "run already uses, else a local one).",
+    )
+    num_gpus_per_engine: float = Field(
+        0.0,
+        ge=0.0,
+        le=64.0,
+        description="GPUs Ray reserves per engine with placement = ray, 0 to 64: 0 on CPU, "
+        "tensor_parallel_size for engines on their own GPUs, a fraction to share a GPU "
+        "(with gpu_memory_utilization to match).",
+    )
+    num_cpus_per_engine: float = Field(
+        1.0, ge=0.0, le=256.0, description="CPUs Ray reserves per engine with placement = ray."
+    )
     llm_kwargs: dict[str, Any] = Field(
         default_factory=dict,
         description="Further vllm.LLM arguments, given as they are (e.g. {'tensor_parallel_size': "
@@ -126,6 +158,18 @@ class VLLMSettings(BaseModel):
         description="Environment variables added to the worker's (e.g. {'VLLM_CPU_OMP_THREADS_"
         "BIND': 'nobind'} on a small shared CPU machine).",
     )
+
+    @model_validator(mode="after")
+    def _gpus_cover_the_tensor_parallel_size(self) -> VLLMSettings:
+        """A Ray actor sees only the GPUs it reserves: a tensor-parallel engine needs them all."""
+        gpus, tp = self.num_gpus_per_engine, self.tensor_parallel_size
+        if self.placement == "ray" and tp > 1 and 0 < gpus < tp:  # a fraction shares 1 GPU
+            raise ValueError(
+                f"engines.vllm.num_gpus_per_engine = {gpus:g} is fewer than "
+                f"engines.vllm.tensor_parallel_size = {tp}: a Ray actor sees only the GPUs it "
+                f"reserves; set num_gpus_per_engine to {tp}"
+            )
+        return self
 
 
 class TrainWorkersConfig(BaseModel):

@@ -133,9 +133,11 @@ def _require_vllm(settings: VLLMSettings) -> None:
     find_vllm_python(settings.python)
 
 
-def _build_vllm(request: RolloutRequest, settings: VLLMSettings) -> RolloutEngine:
-    from grpo_core.engines.vllm_rollout import VLLMRolloutEngine
-
+def vllm_engine_options(
+    request: RolloutRequest, settings: VLLMSettings, index: int | None = None
+) -> dict[str, Any]:
+    """VLLMRolloutEngine's arguments for `request` (picklable: a Ray actor builds its engine
+    from them); index: the engine's number in a group (its own log file and scratch folder)."""
     llm_kwargs: dict[str, Any] = {
         "enable_prefix_caching": request.prefix_caching,
         "gpu_memory_utilization": settings.gpu_memory_utilization,
@@ -143,23 +145,73 @@ def _build_vllm(request: RolloutRequest, settings: VLLMSettings) -> RolloutEngin
     }
     if settings.max_model_len is not None:
         llm_kwargs["max_model_len"] = settings.max_model_len
+    if settings.tensor_parallel_size > 1:
+        llm_kwargs["tensor_parallel_size"] = settings.tensor_parallel_size
     llm_kwargs.update(settings.llm_kwargs)
+    suffix = "" if index is None else f"-{index}"
     log_path = None
     if request.log_dir is not None:
         request.log_dir.mkdir(parents=True, exist_ok=True)
-        log_path = request.log_dir / "vllm-worker.log"
-    return VLLMRolloutEngine(
-        request.checkpoint_dir,
-        dtype=request.dtype if settings.dtype == "policy" else settings.dtype,
-        seed=request.seed,
-        llm_kwargs=llm_kwargs,
-        python=find_vllm_python(settings.python),
-        env={"VLLM_CPU_KVCACHE_SPACE": str(settings.cpu_kv_cache_gib), **settings.env},
-        log_path=log_path,
-        weight_sync=settings.weight_sync,
-        sync_timeout_s=settings.sync_timeout_s,
-        scratch_dir=request.scratch_dir,
-    )
+        log_path = request.log_dir / f"vllm-worker{suffix}.log"
+    scratch = request.scratch_dir
+    if scratch is not None and index is not None:
+        scratch = scratch / f"engine{suffix}"
+    return {
+        "checkpoint_dir": request.checkpoint_dir,
+        "dtype": request.dtype if settings.dtype == "policy" else settings.dtype,
+        "seed": request.seed,
+        "llm_kwargs": llm_kwargs,
+        "python": find_vllm_python(settings.python),
+        "env": {"VLLM_CPU_KVCACHE_SPACE": str(settings.cpu_kv_cache_gib), **settings.env},
+        "log_path": log_path,
+        "weight_sync": settings.weight_sync,
+        "sync_timeout_s": settings.sync_timeout_s,
+        "scratch_dir": scratch,
+    }
+
+
+# engines.vllm.placement -> the group's member engines, started from each one's options, and
+# what to run once they are closed (a local Ray to stop), or None.
+VLLMPlacement = Callable[
+    [list[dict[str, Any]], "VLLMSettings"], tuple[list[Any], Callable[[], None] | None]
+]
+VLLM_PLACEMENTS: Registry[VLLMPlacement] = Registry("vLLM engine placement")
+
+
+def _vllm_processes(
+    options: list[dict[str, Any]], settings: VLLMSettings
+) -> tuple[list[Any], Callable[[], None] | None]:
+    """Worker processes of this process, started at once (each waits for its own)."""
+    from grpo_core.engines.sharded_rollout import on_all
+    from grpo_core.engines.vllm_rollout import VLLMRolloutEngine
+
+    started: list[VLLMRolloutEngine] = []
+
+    def start(kwargs: dict[str, Any]) -> VLLMRolloutEngine:
+        engine = VLLMRolloutEngine(**kwargs)
+        started.append(engine)
+        return engine
+
+    try:
+        return on_all(options, start), None
+    except BaseException:
+        for engine in started:  # none left running by a failed start
+            engine.close()
+        raise
+
+
+VLLM_PLACEMENTS.add("process", _vllm_processes)
+
+
+def _build_vllm(request: RolloutRequest, settings: VLLMSettings) -> RolloutEngine:
+    from grpo_core.engines.sharded_rollout import ShardedRolloutEngine
+    from grpo_core.engines.vllm_rollout import VLLMRolloutEngine
+
+    if settings.engines == 1 and settings.placement == "process":
+        return VLLMRolloutEngine(**vllm_engine_options(request, settings))
+    options = [vllm_engine_options(request, settings, i) for i in range(settings.engines)]
+    members, after_close = VLLM_PLACEMENTS[settings.placement](options, settings)
+    return ShardedRolloutEngine(members, after_close)
 
 
 ROLLOUT_ENGINES.add(

@@ -133,9 +133,11 @@ class VLLMRolloutEngine:
         log.info("vLLM %s worker ready in %.1f s", self.vllm_version, self.start_seconds)
 
     def generate(
-        self, prompts: list[str], n: int, params: SamplingParams, seed: int
+        self, prompts: list[str], n: int, params: SamplingParams, seed: int, prompt_offset: int = 0
     ) -> RolloutBatch:
-        """n samples per prompt, rows prompt-major; same inputs and seed give the same batch."""
+        """n samples per prompt, rows prompt-major; same inputs and seed give the same batch.
+        prompt_offset: where `prompts` start in a batch that several engines share (their rows
+        are seeded by their place in it; prompt_index stays local to this call)."""
         if n < 1:
             raise ValueError(f"n (samples per prompt) must be >= 1 (got {n})")
         encoded = [encode_prompt(self.tokenizer, p) for p in prompts]
@@ -148,6 +150,7 @@ class VLLMRolloutEngine:
             top_p=params.top_p,
             max_tokens=params.max_new_tokens,
             seed=seed,
+            prompt_offset=prompt_offset,
             stop_token_ids=self.stop_ids,
             output=str(output),
         )

@@ -9,10 +9,12 @@ and (for Parquet) pyarrow, never our packages, whose dependencies that environme
 Serve mode reads one JSON request per line on stdin and answers one JSON line on stdout
 (vLLM's own logging is moved to stderr); the first line is {"op": "ready", ...}. Requests:
 - {"op": "generate", "output": PATH, "n", "temperature", "top_p", "max_tokens", "seed",
-  "stop_token_ids", and the prompts: "prompt_token_ids" (lists of ids), or "prompts" (strings),
-  or "input": a .parquet/.json file with one of those columns}: writes one row per sample to
-  PATH (.parquet or .json) with prompt_index, sample_index, prompt_token_ids, token_ids, text,
-  finish_reason (stop/length) and logprobs (the sampling log-prob of each token).
+  "stop_token_ids", optionally "prompt_offset" (the index of the first prompt in the caller's
+  whole batch, when engines share one: seeds follow it), and the prompts: "prompt_token_ids"
+  (lists of ids), or "prompts" (strings), or "input": a .parquet/.json file with one of
+  those columns}: writes one row per sample to PATH (.parquet or .json) with prompt_index,
+  sample_index, prompt_token_ids, token_ids, text, finish_reason (stop/length) and logprobs
+  (the sampling log-prob of each token).
 - {"op": "reload", "model": DIR}: loads new weights of the same architecture in place and
   drops the prefix cache (its KV entries belong to the old weights).
 - {"op": "init_sync", "host", "port", "backend" (gloo/nccl), "timeout_s"}: joins the trainer's
@@ -113,17 +115,19 @@ def generate(llm: Any, request: dict[str, Any], show_progress: bool) -> int:
     set_logit_scale(llm, 1.0 if greedy else 1.0 / temperature)
     # vLLM seeds sample j of a request with seed + j, and torch's CPU generator keeps only the
     # low 32 bits of a seed: row r = p * n + j of this call gets (base + r) mod 2**32, with
-    # base a hash of the call's seed, so a row's draw never depends on the rest of the batch.
+    # base a hash of the call's seed, so a row's draw never depends on the rest of the batch;
+    # p counts from prompt_offset, so engines sharing a batch draw what one engine would.
     base = int.from_bytes(
         hashlib.blake2b(str(int(request["seed"])).encode(), digest_size=4).digest()
     )
+    first = int(request.get("prompt_offset", 0))
     params = [
         SamplingParams(
             n=n,
             temperature=0.0 if greedy else 1.0,  # the 1/T is already in the logits
             top_p=1.0 if greedy else float(request.get("top_p", 1.0)),
             max_tokens=int(request["max_tokens"]),
-            seed=(base + p * n) % 2**32,
+            seed=(base + (first + p) * n) % 2**32,
             logprobs=0,  # the sampled token's log-prob only
             stop_token_ids=[int(t) for t in request.get("stop_token_ids", [])],
             skip_special_tokens=True,

@@ -15,8 +15,9 @@ import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from grpo_core.contracts.errors import SettingError
-from grpo_core.contracts.rollout import RolloutBatch, SamplingParams
+from grpo_core.contracts.rollout import RolloutBatch, Sampler, SamplingParams
 from grpo_core.engines.hf_rollout import HFRolloutEngine
+from grpo_core.engines.sharded_rollout import ShardedRolloutEngine, on_all
 from grpo_core.engines.vllm_env import find_vllm_python
 from grpo_core.engines.vllm_rollout import WORKER_SCRIPT, VLLMRolloutEngine
 from grpo_core.model.config import PolicyConfig
@@ -107,7 +108,7 @@ def min_argmax_margin(model: PreTrainedModel, batch: RolloutBatch) -> float:
     return min(margins)
 
 
-def assert_greedy_identical(engine: VLLMRolloutEngine, checkpoint: Path) -> None:
+def assert_greedy_identical(engine: Sampler, checkpoint: Path) -> None:
     model, tok = load_policy(checkpoint)
     params = SamplingParams(max_new_tokens=24, temperature=0.0)
     hf = HFRolloutEngine(model, tok, show_progress=False).generate(prompts(tok), 1, params, 0)
@@ -231,3 +232,48 @@ def test_in_memory_sync_over_nccl_equals_a_fresh_load(checkpoints: tuple[Path, P
         disk = gpu_engine.generate(prompts(tok), 1, params, seed=0)
     assert memory.completion_ids == disk.completion_ids
     assert memory.logprobs == disk.logprobs
+
+
+@pytest.fixture(scope="module")
+def two_engines(checkpoints: tuple[Path, Path]) -> Iterator[ShardedRolloutEngine]:
+    """engines.vllm.engines = 2 with placement = process: two workers, started at once."""
+    members = on_all(
+        [0, 1],
+        lambda _: VLLMRolloutEngine(
+            checkpoints[0], dtype="float32", llm_kwargs=LLM_KWARGS, env=WORKER_ENV
+        ),
+    )
+    group = ShardedRolloutEngine(members)
+    yield group
+    group.close()
+
+
+def assert_same_rows(got: RolloutBatch, want: RolloutBatch) -> None:
+    assert got.prompt_index == want.prompt_index and got.prompt_ids == want.prompt_ids
+    assert got.completion_ids == want.completion_ids and got.texts == want.texts
+    assert got.finish_reasons == want.finish_reasons
+    for a, b in zip(got.logprobs, want.logprobs, strict=True):  # other batch shapes: round-off
+        assert torch.allclose(torch.tensor(a), torch.tensor(b), atol=LOGPROB_ATOL)
+
+
+def test_two_engines_sample_what_one_engine_samples(
+    engine: VLLMRolloutEngine, two_engines: ShardedRolloutEngine
+) -> None:
+    tok = engine.tokenizer
+    workers = {member._process.pid for member in two_engines.members}  # type: ignore[attr-defined]
+    assert len(workers) == 2
+    for n, params in [(1, SamplingParams(16, 0.0)), (3, SamplingParams(16, 1.0, top_p=0.9))]:
+        one = engine.generate(prompts(tok), n, params, seed=5)
+        assert_same_rows(two_engines.generate(prompts(tok), n, params, seed=5), one)
+
+
+def test_two_engines_take_each_updated_policy(
+    two_engines: ShardedRolloutEngine, checkpoints: tuple[Path, Path]
+) -> None:
+    model_b = load_policy(checkpoints[1])[0]
+    try:
+        two_engines.receive_weights(dict(model_b.state_dict()))  # in memory, to each worker
+        assert_greedy_identical(two_engines, checkpoints[1])
+    finally:
+        two_engines.load(checkpoints[0])
+    assert_greedy_identical(two_engines, checkpoints[0])

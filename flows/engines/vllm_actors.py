@@ -1,0 +1,101 @@
+"""vLLM engines as Ray actors (engines.vllm.placement = ray): each engine's worker process is
+started and owned by a Ray actor that reserves engines.vllm.num_gpus_per_engine GPUs and
+num_cpus_per_engine CPUs, so Ray gives every engine its own devices (CUDA_VISIBLE_DEVICES,
+which the vLLM worker inherits). The actors live as long as the run's rollout engine; the
+stage process talks to them through Ray, and each actor to its worker as the in-process
+engine does (JSON lines, and a gloo/NCCL group for the weights). Registered into
+grpo_core.engines.registry.VLLM_PLACEMENTS when this module is imported (flows/engines/sampling.py).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any
+
+from torch import Tensor
+
+from flows.engines.train_workers import start_ray
+from grpo_core.contracts.rollout import RolloutBatch, SamplingParams
+from grpo_core.engines.config import VLLMSettings
+from grpo_core.engines.registry import VLLM_PLACEMENTS
+
+
+class VLLMEngineActor:
+    """The body of one engine's Ray actor: a VLLMRolloutEngine built from its options."""
+
+    def __init__(self, options: dict[str, Any]) -> None:
+        from grpo_core.engines.vllm_rollout import VLLMRolloutEngine
+
+        self.engine = VLLMRolloutEngine(**options)
+
+    def pid(self) -> int:
+        """This actor's process id (tests check where the engines run)."""
+        return os.getpid()
+
+    def generate(
+        self, prompts: list[str], n: int, params: SamplingParams, seed: int, prompt_offset: int
+    ) -> RolloutBatch:
+        return self.engine.generate(prompts, n, params, seed, prompt_offset)
+
+    def load(self, checkpoint_dir: str) -> None:
+        self.engine.load(Path(checkpoint_dir))
+
+    def receive_weights(self, weights: dict[str, Tensor]) -> None:
+        self.engine.receive_weights(weights)
+
+    def close(self) -> None:
+        self.engine.close()
+
+
+class RayEngineMember:
+    """A ShardMember that forwards to one VLLMEngineActor."""
+
+    def __init__(self, ray: Any, actor: Any) -> None:
+        self.ray, self.actor = ray, actor
+
+    def generate(
+        self, prompts: list[str], n: int, params: SamplingParams, seed: int, prompt_offset: int = 0
+    ) -> RolloutBatch:
+        batch: RolloutBatch = self.ray.get(
+            self.actor.generate.remote(prompts, n, params, seed, prompt_offset)
+        )
+        return batch
+
+    def load(self, checkpoint_dir: Path) -> None:
+        self.ray.get(self.actor.load.remote(str(checkpoint_dir)))
+
+    def receive_weights(self, weights: Mapping[str, Tensor]) -> None:
+        cpu = {name: value.detach().cpu() for name, value in weights.items()}
+        self.ray.get(self.actor.receive_weights.remote(cpu))
+
+    def close(self) -> None:
+        try:
+            self.ray.get(self.actor.close.remote())
+        finally:
+            self.ray.kill(self.actor)
+
+
+def _ray_actors(
+    options: list[dict[str, Any]], settings: VLLMSettings
+) -> tuple[list[Any], Callable[[], None] | None]:
+    """One actor per engine, started at once; a local Ray is stopped after the last closes."""
+    ray, owns_ray = start_ray(None, len(options) * settings.num_cpus_per_engine)
+    actor = ray.remote(VLLMEngineActor).options(
+        num_cpus=settings.num_cpus_per_engine, num_gpus=settings.num_gpus_per_engine
+    )
+    handles = [actor.remote(kwargs) for kwargs in options]
+    members = [RayEngineMember(ray, handle) for handle in handles]
+    try:
+        ray.get([handle.pid.remote() for handle in handles])  # every engine up, or its error
+    except BaseException:
+        for handle in handles:
+            ray.kill(handle)
+        if owns_ray:
+            ray.shutdown()
+        raise
+    return members, (ray.shutdown if owns_ray else None)
+
+
+VLLM_PLACEMENTS.add("ray", _ray_actors)
