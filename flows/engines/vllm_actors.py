@@ -45,15 +45,30 @@ class VLLMEngineActor:
     def receive_weights(self, weights: dict[str, Tensor]) -> None:
         self.engine.receive_weights(weights)
 
+    def join_sync(
+        self, host: str, port: int, backend: str, timeout_s: float, rank: int, world: int
+    ) -> None:
+        """The worker joins the stage's weight-sync group (returns once the group is up)."""
+        self.engine.start_join(host, port, backend, timeout_s, rank, world)
+        self.engine.finish_sync()
+
+    def take_update(self, tensors: list[list[object]]) -> None:
+        """The worker receives one broadcast of the manifest's tensors (returns when done)."""
+        self.engine.start_update(tensors)
+        self.engine.finish_sync()
+
     def close(self) -> None:
         self.engine.close()
 
 
 class RayEngineMember:
-    """A ShardMember that forwards to one VLLMEngineActor."""
+    """A ShardMember (and BroadcastMember) that forwards to one VLLMEngineActor: the weights
+    of a shared broadcast go from the stage process straight to the actor's worker, not
+    through Ray's object store."""
 
     def __init__(self, ray: Any, actor: Any) -> None:
         self.ray, self.actor = ray, actor
+        self._pending: Any = None  # the actor's reply to the last start_join / start_update
 
     def generate(
         self, prompts: list[str], n: int, params: SamplingParams, seed: int, prompt_offset: int = 0
@@ -69,6 +84,18 @@ class RayEngineMember:
     def receive_weights(self, weights: Mapping[str, Tensor]) -> None:
         cpu = {name: value.detach().cpu() for name, value in weights.items()}
         self.ray.get(self.actor.receive_weights.remote(cpu))
+
+    def start_join(
+        self, host: str, port: int, backend: str, timeout_s: float, rank: int = 1, world: int = 2
+    ) -> None:
+        self._pending = self.actor.join_sync.remote(host, port, backend, timeout_s, rank, world)
+
+    def start_update(self, tensors: list[list[object]]) -> None:
+        self._pending = self.actor.take_update.remote(tensors)
+
+    def finish_sync(self) -> None:
+        pending, self._pending = self._pending, None
+        self.ray.get(pending)
 
     def close(self) -> None:
         try:

@@ -211,7 +211,8 @@ def _build_vllm(request: RolloutRequest, settings: VLLMSettings) -> RolloutEngin
         return VLLMRolloutEngine(**vllm_engine_options(request, settings))
     options = [vllm_engine_options(request, settings, i) for i in range(settings.engines)]
     members, after_close = VLLM_PLACEMENTS[settings.placement](options, settings)
-    return ShardedRolloutEngine(members, after_close)
+    shared = settings.sync_timeout_s if settings.weight_sync == "memory" else None
+    return ShardedRolloutEngine(members, after_close, broadcast_timeout_s=shared)
 
 
 ROLLOUT_ENGINES.add(

@@ -1,10 +1,15 @@
 """A rollout engine over several engines of one kind (engines.vllm.engines > 1): each sampling
 call's prompts are split into contiguous shards, one per engine, sampled at the same time,
 and the rows merged back in prompt order. Members seed each row by its prompt's place in the
-whole batch (`prompt_offset`), so the merged batch is the one a single engine samples."""
+whole batch (`prompt_offset`), so the merged batch is the one a single engine samples.
+
+Updated weights reach the members by one broadcast over a group that holds this process and
+every member's worker (engines.vllm.weight_sync = memory), else member by member."""
 
 from __future__ import annotations
 
+import logging
+import time
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -13,9 +18,11 @@ from typing import Protocol, TypeVar
 from torch import Tensor
 
 from grpo_core.contracts.rollout import RolloutBatch, SamplingParams
+from grpo_core.engines.weight_sync import WeightSender, backend_for, manifest, unique_tensors
 
 T = TypeVar("T")
 R = TypeVar("R")
+log = logging.getLogger(__name__)
 
 
 class ShardMember(Protocol):
@@ -31,6 +38,19 @@ class ShardMember(Protocol):
     def receive_weights(self, weights: Mapping[str, Tensor]) -> None: ...
 
     def close(self) -> None: ...
+
+
+class BroadcastMember(ShardMember, Protocol):
+    """A member whose worker can join a weight-sync group that other members share
+    (VLLMRolloutEngine's start_join / start_update / finish_sync)."""
+
+    def start_join(
+        self, host: str, port: int, backend: str, timeout_s: float, rank: int = 1, world: int = 2
+    ) -> None: ...
+
+    def start_update(self, tensors: list[list[object]]) -> None: ...
+
+    def finish_sync(self) -> None: ...
 
 
 def shard_bounds(n_prompts: int, n_shards: int) -> list[tuple[int, int]]:
@@ -75,12 +95,19 @@ class ShardedRolloutEngine:
     receive_weights go to every member; close closes them all."""
 
     def __init__(
-        self, members: Sequence[ShardMember], after_close: Callable[[], None] | None = None
+        self,
+        members: Sequence[ShardMember],
+        after_close: Callable[[], None] | None = None,
+        broadcast_timeout_s: float | None = None,
     ) -> None:
-        """after_close: run once every member is closed (e.g. stop the Ray they ran on)."""
+        """after_close: run once every member is closed (e.g. stop the Ray they ran on).
+        broadcast_timeout_s: give weights to BroadcastMembers by one shared broadcast, each
+        step waiting at most this long; None: member by member (their own weight sync)."""
         if not members:
             raise ValueError("a sharded rollout engine needs at least one member engine")
         self.members, self.after_close = list(members), after_close
+        self.broadcast_timeout_s = broadcast_timeout_s
+        self._sender: WeightSender | None = None
 
     def generate(
         self, prompts: list[str], n: int, params: SamplingParams, seed: int
@@ -98,10 +125,47 @@ class ShardedRolloutEngine:
         on_all(self.members, lambda member: member.load(checkpoint_dir))
 
     def receive_weights(self, weights: Mapping[str, Tensor]) -> None:
-        # One after another: each member's transfer is its own process group, and on one
-        # device the transfers share its bandwidth anyway.
-        for member in self.members:
-            member.receive_weights(weights)
+        if self.broadcast_timeout_s is None:
+            for member in self.members:  # each over its own sync (group, or disk reload)
+                member.receive_weights(weights)
+            return
+        tensors = unique_tensors(dict(weights))
+        if not tensors:
+            raise ValueError("receive_weights needs at least one tensor")
+        members: list[BroadcastMember] = self.members  # type: ignore[assignment]
+        if self._sender is None:
+            self._sender = self._join(members, backend_for(next(iter(tensors.values())).device))
+        start = time.perf_counter()
+        for member in members:
+            member.start_update(manifest(tensors))
+        sent = self._together(members, self._sender.send, tensors)
+        log.info(
+            "weight sync to %d engines in one broadcast: %.3f s, %.1f MB",
+            len(members), time.perf_counter() - start, sent / 1e6,
+        )  # fmt: skip
+
+    def _join(self, members: list[BroadcastMember], backend: str) -> WeightSender:
+        """The sync group of this process (rank 0) and every member's worker (1..N)."""
+        timeout = float(self.broadcast_timeout_s or 0.0)
+        sender = WeightSender(timeout, world_size=len(members) + 1)
+        for rank, member in enumerate(members, start=1):
+            member.start_join(sender.host, sender.port, backend, timeout, rank, len(members) + 1)
+        self._together(members, sender.connect, backend)
+        return sender
+
+    @staticmethod
+    def _together(members: list[BroadcastMember], collective: Callable[[T], R], arg: T) -> R:
+        """Our side of a collective, then every member's reply; when ours fails, a member's
+        error (each answers once its own timeout passes) is the likelier cause."""
+        try:
+            result = collective(arg)
+        except RuntimeError:
+            for member in members:
+                member.finish_sync()  # raises the first worker's error, if one had one
+            raise
+        for member in members:
+            member.finish_sync()
+        return result
 
     def close(self) -> None:
         errors: list[Exception] = []

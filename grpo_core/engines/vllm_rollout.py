@@ -234,20 +234,40 @@ class VLLMRolloutEngine:
         if self._sender is None:
             backend = backend_for(next(iter(weights.values())).device)
             sender = WeightSender(timeout_s)
-            self._send(
-                op="init_sync",
-                host=sender.host,
-                port=sender.port,
-                backend=backend,
-                timeout_s=timeout_s,
-            )
+            self.start_join(sender.host, sender.port, backend, timeout_s)
             self._joined(sender.connect, backend)
             self._sender = sender
         weights = unique_tensors(weights)
-        self._send(op="update", manifest=manifest(weights))
+        self.start_update(manifest(weights))
         sent: int = self._joined(self._sender.send, weights)
-        self._loaded = None  # no checkpoint holds these weights: the next load() reloads
         return sent
+
+    # The steps of a broadcast that several engines share (ShardedRolloutEngine): each engine
+    # is told to join or to receive, the trainer broadcasts once, then each engine's reply is
+    # read (finish_sync).
+
+    def start_join(
+        self, host: str, port: int, backend: str, timeout_s: float, rank: int = 1, world: int = 2
+    ) -> None:
+        """Tell the worker to join the trainer's sync group as `rank` of `world`."""
+        self._send(
+            op="init_sync",
+            host=host,
+            port=port,
+            backend=backend,
+            timeout_s=timeout_s,
+            rank=rank,
+            world_size=world,
+        )
+
+    def start_update(self, tensors: list[list[object]]) -> None:
+        """Tell the worker to receive the tensors of a manifest over the sync group."""
+        self._send(op="update", manifest=tensors)
+        self._loaded = None  # no checkpoint holds these weights: the next load() reloads
+
+    def finish_sync(self) -> None:
+        """The worker's reply to start_join or start_update (its error, if it had one)."""
+        self._reply()
 
     def _joined(self, collective: Callable[[Any], Any], arg: Any) -> Any:
         """Run our side of a collective, then read the worker's reply; if ours fails, the

@@ -17,8 +17,9 @@ Serve mode reads one JSON request per line on stdin and answers one JSON line on
   (the sampling log-prob of each token).
 - {"op": "reload", "model": DIR}: loads new weights of the same architecture in place and
   drops the prefix cache (its KV entries belong to the old weights).
-- {"op": "init_sync", "host", "port", "backend" (gloo/nccl), "timeout_s"}: joins the trainer's
-  two-rank process group (rank 1) for in-memory weight updates (grpo_core/engines/weight_sync.py).
+- {"op": "init_sync", "host", "port", "backend" (gloo/nccl), "timeout_s", optionally "rank"
+  and "world_size" (default 1 of 2; engines sharing one broadcast: 1..N of N + 1)}: joins the
+  trainer's process group for in-memory weight updates (grpo_core/engines/weight_sync.py).
 - {"op": "update", "manifest": [[name, dtype, shape], ...]}: receives those tensors, broadcast
   by the trainer in that order, loads them into the model in place and drops the prefix cache.
 - {"op": "shutdown"}.
@@ -184,8 +185,9 @@ def reload(llm: Any, model_dir: str) -> None:
 
 
 class SyncGroup:
-    """This worker's side (rank 1) of the trainer's weight-sync group (mirrors make_group in
-    grpo_core/engines/weight_sync.py, which this environment cannot import)."""
+    """This worker's side (rank 1, or its rank among engines sharing the broadcast) of the
+    trainer's weight-sync group (mirrors make_group in grpo_core/engines/weight_sync.py, which
+    this environment cannot import)."""
 
     def __init__(self, request: dict[str, Any]) -> None:
         import torch
@@ -194,16 +196,17 @@ class SyncGroup:
         self.backend = str(request["backend"])
         self.group: Any
         timeout = timedelta(seconds=float(request["timeout_s"]))
+        rank, world = int(request.get("rank", 1)), int(request.get("world_size", 2))
         store = dist.TCPStore(
-            str(request["host"]), int(request["port"]), 2, is_master=False, timeout=timeout
+            str(request["host"]), int(request["port"]), world, is_master=False, timeout=timeout
         )
         if self.backend == "gloo":
-            self.group = dist.ProcessGroupGloo(store, 1, 2, timeout)
+            self.group = dist.ProcessGroupGloo(store, rank, world, timeout)
             self.device = torch.device("cpu")
         elif self.backend == "nccl":
             options = dist.ProcessGroupNCCL.Options()
             options._timeout = timeout
-            self.group = dist.ProcessGroupNCCL(store, 1, 2, options)
+            self.group = dist.ProcessGroupNCCL(store, rank, world, options)
             self.device = torch.device("cuda", torch.cuda.current_device())
         else:
             raise ValueError(f"backend must be gloo or nccl (got {self.backend!r})")

@@ -1,6 +1,7 @@
-"""Trainer side of the in-memory weight sync to the vLLM worker: a two-rank process group
-(trainer rank 0, worker rank 1; gloo for CPU tensors, NCCL for CUDA ones) over which the
-policy's tensors are broadcast one by one, in the order of a manifest sent beforehand.
+"""Trainer side of the in-memory weight sync to vLLM workers: a process group (trainer rank 0,
+workers ranks 1..N; gloo for CPU tensors, NCCL for CUDA ones) over which the policy's tensors
+are broadcast one by one, in the order of a manifest sent beforehand: one broadcast reaches
+every engine of a group (engines.vllm.engines).
 
 The worker side (grpo_core/engines/vllm_worker.py) mirrors `make_group`: it runs in vLLM's
 environment and imports nothing of ours. The group is a standalone c10d object, not
@@ -25,15 +26,17 @@ def backend_for(device: torch.device) -> str:
     return "nccl" if device.type == "cuda" else "gloo"
 
 
-def make_group(store: dist.Store, rank: int, backend: str, timeout: timedelta) -> Any:
-    """A two-rank c10d backend on `store` (typed Any: torch's stubs lack its `broadcast`);
-    blocks until the other rank joins or `timeout` passes."""
+def make_group(
+    store: dist.Store, rank: int, backend: str, timeout: timedelta, world_size: int = WORLD_SIZE
+) -> Any:
+    """A c10d backend of world_size ranks on `store` (typed Any: torch's stubs lack its
+    `broadcast`); blocks until the other ranks join or `timeout` passes."""
     if backend == "gloo":
-        return dist.ProcessGroupGloo(store, rank, WORLD_SIZE, timeout)
+        return dist.ProcessGroupGloo(store, rank, world_size, timeout)
     if backend == "nccl":
         options = dist.ProcessGroupNCCL.Options()
         options._timeout = timeout
-        return dist.ProcessGroupNCCL(store, rank, WORLD_SIZE, options)
+        return dist.ProcessGroupNCCL(store, rank, world_size, options)
     raise ValueError(f"weight-sync backend must be gloo or nccl (got {backend!r})")
 
 
@@ -59,23 +62,27 @@ class WeightSender:
     """Rank 0 of the sync group: opens a TCP store on a free port, then `connect` joins the
     group once the worker has been told where it is; `send` broadcasts a manifest's tensors."""
 
-    def __init__(self, timeout_s: float, host: str = "127.0.0.1") -> None:
+    def __init__(
+        self, timeout_s: float, host: str = "127.0.0.1", world_size: int = WORLD_SIZE
+    ) -> None:
         self.timeout = timedelta(seconds=timeout_s)
-        self.host = host
+        self.host, self.world_size = host, world_size
         self.store = dist.TCPStore(
-            host, 0, WORLD_SIZE, is_master=True, timeout=self.timeout, wait_for_workers=False
+            host, 0, world_size, is_master=True, timeout=self.timeout, wait_for_workers=False
         )
         self.port: int = self.store.port
         self.group: Any = None
         self.backend = ""
 
     def connect(self, backend: str) -> None:
-        """Join the group (the worker joins as rank 1 at the same time)."""
+        """Join the group (the workers join as ranks 1.. at the same time)."""
         try:
-            self.group = make_group(self.store, TRAINER_RANK, backend, self.timeout)
+            self.group = make_group(
+                self.store, TRAINER_RANK, backend, self.timeout, self.world_size
+            )
         except RuntimeError as err:
             raise RuntimeError(
-                f"vLLM weight sync: the worker did not join the {backend} group on "
+                f"vLLM weight sync: the worker(s) did not join the {backend} group on "
                 f"{self.host}:{self.port} within {self.timeout.total_seconds():.0f} s "
                 f"({TIMEOUT_SETTING}); set engines.vllm.weight_sync: disk to reload "
                 f"checkpoints instead. Cause: {err}"

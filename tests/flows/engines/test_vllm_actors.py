@@ -1,6 +1,6 @@
 """engines.vllm.placement = ray: two vLLM engines, each started and owned by a Ray actor on a
-local Ray (127.0.0.1), sample what one engine samples, take an updated policy each, and stop
-with their Ray. Needs `make vllm-env` and ray; skipped otherwise."""
+local Ray (127.0.0.1), sample what one engine samples, take an updated policy by one shared
+broadcast, and stop with their Ray. Needs `make vllm-env` and ray; skipped otherwise."""
 
 from __future__ import annotations
 
@@ -49,7 +49,7 @@ def test_two_engines_on_ray_actors_sample_what_one_samples(tmp_path: Path) -> No
     }
     settings = VLLMSettings(engines=2, placement="ray", num_cpus_per_engine=0.5)
     members, after_close = VLLM_PLACEMENTS["ray"]([options, options], settings)
-    group = ShardedRolloutEngine(members, after_close)
+    group = ShardedRolloutEngine(members, after_close, broadcast_timeout_s=60)
     try:
         actors = [m.actor for m in members]
         pids = ray.get([actor.pid.remote() for actor in actors])
@@ -59,7 +59,8 @@ def test_two_engines_on_ray_actors_sample_what_one_samples(tmp_path: Path) -> No
             params = SamplingParams(16, 1.0, top_p=0.9)
             want = one.generate(prompts(tok), 3, params, seed=5)
         assert_same_rows(group.generate(prompts(tok), 3, params, seed=5), want)
-        group.receive_weights(dict(load_policy(policy_b)[0].state_dict()))  # through Ray
+        # one broadcast from this process to both actors' workers (not through Ray's store)
+        group.receive_weights(dict(load_policy(policy_b)[0].state_dict()))
         assert_greedy_identical(group, policy_b)
     finally:
         group.close()

@@ -7,16 +7,22 @@ test_vllm_rollout.py (needs `make vllm-env`)."""
 from __future__ import annotations
 
 import random
+import threading
 from collections.abc import Mapping
+from datetime import timedelta
 from pathlib import Path
+from typing import Any
 
 import pytest
+import torch
+import torch.distributed as dist
 from hypothesis import given
 from hypothesis import strategies as st
 from torch import Tensor
 
 from grpo_core.contracts.rollout import RolloutBatch, SamplingParams
 from grpo_core.engines.sharded_rollout import ShardedRolloutEngine, merge_shards, shard_bounds
+from grpo_core.engines.weight_sync import make_group
 
 PARAMS = SamplingParams(max_new_tokens=4, temperature=1.0)
 
@@ -120,3 +126,56 @@ def test_a_ray_engine_reserves_the_gpus_of_its_tensor_parallel_size() -> None:
         VLLMSettings(placement="ray", tensor_parallel_size=2, num_gpus_per_engine=1)
     assert VLLMSettings(placement="ray", tensor_parallel_size=2, num_gpus_per_engine=2)
     assert VLLMSettings(placement="ray", num_gpus_per_engine=0.5)  # a shared GPU, TP 1
+
+
+class GlooReceiver(PlaceSeededEngine):
+    """A member whose 'worker' is a thread joining the shared sync group over real gloo and
+    receiving each broadcast, as a vLLM worker does."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.group: Any = None
+        self.received: list[dict[str, Tensor]] = []
+        self.thread: threading.Thread | None = None
+
+    def start_join(
+        self, host: str, port: int, backend: str, timeout_s: float, rank: int = 1, world: int = 2
+    ) -> None:
+        def join() -> None:
+            store = dist.TCPStore(host, port, world, is_master=False, timeout=timedelta(seconds=30))
+            self.group = make_group(store, rank, backend, timedelta(seconds=30), world)
+
+        self.thread = threading.Thread(target=join)
+        self.thread.start()
+
+    def start_update(self, tensors: list[list[object]]) -> None:
+        def receive() -> None:
+            got = {}
+            for name, dtype, shape in tensors:
+                assert isinstance(shape, list)
+                out = torch.empty(shape, dtype=getattr(torch, str(dtype)))
+                self.group.broadcast(out, 0).wait()
+                got[str(name)] = out
+            self.received.append(got)
+
+        self.thread = threading.Thread(target=receive)
+        self.thread.start()
+
+    def finish_sync(self) -> None:
+        assert self.thread is not None
+        self.thread.join(timeout=60)
+
+
+def test_one_broadcast_reaches_every_member_over_one_group() -> None:
+    members = [GlooReceiver() for _ in range(3)]
+    group = ShardedRolloutEngine(members, broadcast_timeout_s=30)
+    tied = torch.arange(6.0).reshape(2, 3)
+    for step in range(2):  # the group is set up once, then reused
+        weights = {"embed": tied + step, "lm_head": tied + step, "norm": torch.ones(3) * step}
+        weights["lm_head"] = weights["embed"]  # tied: sent once
+        group.receive_weights(weights)
+    for member in members:
+        assert [sorted(r) for r in member.received] == [["embed", "norm"]] * 2
+        assert torch.equal(member.received[1]["embed"], tied + 1)
+        assert member.weights == []  # never their own sync
+    assert group._sender is not None and group._sender.world_size == 4

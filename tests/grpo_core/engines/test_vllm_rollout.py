@@ -236,14 +236,15 @@ def test_in_memory_sync_over_nccl_equals_a_fresh_load(checkpoints: tuple[Path, P
 
 @pytest.fixture(scope="module")
 def two_engines(checkpoints: tuple[Path, Path]) -> Iterator[ShardedRolloutEngine]:
-    """engines.vllm.engines = 2 with placement = process: two workers, started at once."""
+    """engines.vllm.engines = 2 with placement = process: two workers, started at once, that
+    take each policy by one broadcast over a group of this process and both workers."""
     members = on_all(
         [0, 1],
         lambda _: VLLMRolloutEngine(
             checkpoints[0], dtype="float32", llm_kwargs=LLM_KWARGS, env=WORKER_ENV
         ),
     )
-    group = ShardedRolloutEngine(members)
+    group = ShardedRolloutEngine(members, broadcast_timeout_s=60)
     yield group
     group.close()
 
@@ -272,8 +273,10 @@ def test_two_engines_take_each_updated_policy(
 ) -> None:
     model_b = load_policy(checkpoints[1])[0]
     try:
-        two_engines.receive_weights(dict(model_b.state_dict()))  # in memory, to each worker
+        two_engines.receive_weights(dict(model_b.state_dict()))  # one broadcast, both workers
         assert_greedy_identical(two_engines, checkpoints[1])
+        sender = two_engines._sender
+        assert sender is not None and sender.world_size == 3
     finally:
         two_engines.load(checkpoints[0])
     assert_greedy_identical(two_engines, checkpoints[0])
