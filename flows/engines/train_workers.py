@@ -177,20 +177,23 @@ def _in_torch_memory(model: nn.Module) -> nn.Module:
     return model
 
 
-def start_ray(ray_address: str | None, cpus_needed: float) -> tuple[Any, bool]:
+def start_ray(
+    ray_address: str | None, cpus_needed: float, who: str = "training ranks"
+) -> tuple[Any, bool]:
     """The `ray` module, initialised, and whether this call started it: an initialised Ray is
     used as it is, cluster.ray_address is joined, and without one a local Ray on 127.0.0.1
-    (no dashboard) with at least the CPUs the ranks reserve is started (the caller stops it)."""
+    (no dashboard) with at least the CPUs the actors reserve is started (the caller stops it).
+    who: the actors' name in the log lines."""
     import ray
 
     if ray.is_initialized():
         return ray, False
     if ray_address is not None:
-        log.info("training ranks: connecting to Ray at %s", ray_address)
+        log.info("%s: connecting to Ray at %s", who, ray_address)
         ray.init(address=ray_address)
         return ray, False
     cpus = max(float(os.cpu_count() or 1), cpus_needed)
-    log.info("training ranks: starting a local Ray on %s (%g CPUs)", LOOPBACK, cpus)
+    log.info("%s: starting a local Ray on %s (%g CPUs)", who, LOOPBACK, cpus)
     ray.init(
         address="local",
         _node_ip_address=LOOPBACK,

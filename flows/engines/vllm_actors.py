@@ -108,7 +108,7 @@ def _ray_actors(
     options: list[dict[str, Any]], settings: VLLMSettings
 ) -> tuple[list[Any], Callable[[], None] | None]:
     """One actor per engine, started at once; a local Ray is stopped after the last closes."""
-    ray, owns_ray = start_ray(None, len(options) * settings.num_cpus_per_engine)
+    ray, owns_ray = start_ray(None, len(options) * settings.num_cpus_per_engine, "vLLM engines")
     actor = ray.remote(VLLMEngineActor).options(
         num_cpus=settings.num_cpus_per_engine, num_gpus=settings.num_gpus_per_engine
     )
