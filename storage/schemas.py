@@ -139,6 +139,7 @@ TABLE_SCHEMAS: dict[str, pa.Schema] = {
         _req("metric", _S),
         _req("k", _I32),
         _req("value", _F64),
+        _opt("question", _S),  # the problem's text: its draws are one cluster (older: null)
     ),
     "metrics": _schema(
         _req("stage", _S),
@@ -171,6 +172,7 @@ TABLE_SCHEMAS: dict[str, pa.Schema] = {
         _req("problem_id", _S),
         _req("value", _F64),
         _req("arm_run_id", _S),
+        _opt("question", _S),  # as in eval_problems
     ),
     # The commit log: one file per committed stage attempt; its existence is the commit.
     "stages": _schema(

@@ -23,10 +23,11 @@ Pure functions of floats; no store, no torch.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Hashable, Mapping, Sequence
 from dataclasses import dataclass
 
 from flows.ablate.stats import Interval, t_quantile
+from grpo_core.model.evaluate import clustered_mean_se
 
 
 @dataclass(frozen=True)
@@ -50,22 +51,34 @@ class RandomEffects:
     seeds: tuple[SeedDifference, ...]
 
 
-def seed_difference(seed: int, a: Sequence[float], b: Sequence[float]) -> SeedDifference:
-    """Mean of the per-problem differences a_i - b_i and its standard error s_d / sqrt(n).
+def seed_difference(
+    seed: int,
+    a: Sequence[float],
+    b: Sequence[float],
+    questions: Sequence[Hashable] | None = None,
+) -> SeedDifference:
+    """Mean of the per-problem differences a_i - b_i and its standard error: s_d / sqrt(n), or
+    over questions when `questions` names each problem's (grpo_core.model.evaluate.
+    clustered_mean_se: a question drawn several times is one cluster, not several problems).
 
     A seed whose differences are all equal (often all 0: two arms answering every problem
     alike) would get a standard error of 0 and with it all the weight; its variance is floored
-    at that of one problem differing by 1, 1 / n^2, the least the data could not rule out."""
+    at that of one question differing by 1, 1 / C^2 (C questions; C = n without names), the
+    least the data could not rule out."""
     if len(a) != len(b) or not a:
         raise ValueError(
             f"seed {seed}: paired problems need the same problems on both sides "
             f"(got {len(a)} and {len(b)} values)"
         )
     n = len(a)
+    clusters = list(range(n)) if questions is None else list(questions)
+    if len(clusters) != n:
+        raise ValueError(f"seed {seed}: {len(clusters)} questions for {n} problems")
     diffs = [x - y for x, y in zip(a, b, strict=True)]
     mean = math.fsum(diffs) / n
-    var = math.fsum((d - mean) ** 2 for d in diffs) / (n - 1) if n > 1 else 0.0
-    return SeedDifference(seed, mean, math.sqrt(max(var / n, 1.0 / n**2)), n)
+    se = clustered_mean_se(diffs, clusters)[1] if n > 1 else 0.0
+    c = len(set(clusters))
+    return SeedDifference(seed, mean, math.sqrt(max(se**2, 1.0 / c**2)), n)
 
 
 def random_effects(seeds: Sequence[SeedDifference], confidence: float = 0.95) -> RandomEffects:
@@ -99,10 +112,15 @@ def paired_by_problem(
     a: Mapping[int, Sequence[float]],
     b: Mapping[int, Sequence[float]],
     confidence: float = 0.95,
+    questions: Mapping[int, Sequence[Hashable]] | None = None,
 ) -> RandomEffects:
     """`random_effects` of A - B from per-seed lists of per-problem values (same problems in
-    the same order on both sides of a seed), over the seeds both sides have."""
+    the same order on both sides of a seed), over the seeds both sides have; questions: per
+    seed, each problem's question (standard errors over questions), None: over problems."""
     common = sorted(set(a) & set(b))
     if not common:
         raise ValueError("paired_by_problem needs at least one seed on both sides")
-    return random_effects([seed_difference(s, a[s], b[s]) for s in common], confidence)
+    per_seed = [
+        seed_difference(s, a[s], b[s], None if questions is None else questions[s]) for s in common
+    ]
+    return random_effects(per_seed, confidence)

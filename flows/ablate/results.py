@@ -48,10 +48,12 @@ Key = tuple[str, int, str, int]  # (arm, policy_iteration, metric, k)
 @dataclass(frozen=True)
 class ProblemValues:
     """One seed's per-problem values of a metric, in problem order, with the problems' ids
-    (two arms pair on a seed only if they saw the same problems)."""
+    (two arms pair on a seed only if they saw the same problems) and questions (None where
+    stored before questions were: then the pairing counts problems, not questions)."""
 
     problem_ids: tuple[str, ...]
     values: tuple[float, ...]
+    questions: tuple[str | None, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -71,11 +73,12 @@ class Values:
         out: dict[Key, dict[int, float]] = defaultdict(dict)
         for r in rows:
             out[_key(r)][int(r["seed"])] = float(r["value"])
-        listed: dict[Key, dict[int, list[tuple[int, str, float]]]] = defaultdict(
+        listed: dict[Key, dict[int, list[tuple[int, str, float, str | None]]]] = defaultdict(
             lambda: defaultdict(list)
         )
         for r in problem_rows:
-            entry = (int(r["problem_index"]), str(r["problem_id"]), float(r["value"]))
+            question = r.get("question")
+            entry = (int(r["problem_index"]), str(r["problem_id"]), float(r["value"]), question)
             listed[_key(r)][int(r["seed"])].append(entry)
         problems = {
             key: {seed: _in_problem_order(found) for seed, found in by_seed.items()}
@@ -112,9 +115,11 @@ class Values:
         return mean_ci([found[s] for s in sorted(found)]) if found else None
 
 
-def _in_problem_order(found: list[tuple[int, str, float]]) -> ProblemValues:
-    ordered = sorted(found)  # (problem_index, problem_id, value)
-    return ProblemValues(tuple(pid for _, pid, _ in ordered), tuple(v for *_, v in ordered))
+def _in_problem_order(found: list[tuple[int, str, float, str | None]]) -> ProblemValues:
+    ordered = sorted(found, key=lambda e: e[:2])  # (problem_index, problem_id, value, question)
+    return ProblemValues(
+        tuple(e[1] for e in ordered), tuple(e[2] for e in ordered), tuple(e[3] for e in ordered)
+    )
 
 
 def _key(row: Mapping[str, Any]) -> Key:
@@ -262,7 +267,12 @@ def _by_problem(
     unpaired = [s for s in seeds if a[s].problem_ids != b[s].problem_ids]
     if unpaired:
         return None, f"the arms saw other problems at seed(s) {unpaired}"
-    return paired_by_problem({s: a[s].values for s in seeds}, {s: b[s].values for s in seeds}), ""
+    named = all(a[s].questions and None not in a[s].questions for s in seeds)
+    questions = {s: a[s].questions for s in seeds} if named else None  # same problems: same
+    pooled = paired_by_problem(
+        {s: a[s].values for s in seeds}, {s: b[s].values for s in seeds}, questions=questions
+    )
+    return pooled, ""
 
 
 def _link(

@@ -106,7 +106,7 @@ def ablation_problem_rows(
                 {"ablation_id": plan.ablation_id, "arm": r.arm, "seed": r.seed}
                 | {key: e[key] for key in ("policy_iteration", "metric", "k", "value")}
                 | {"problem_index": e["problem_index"], "problem_id": e["problem_id"]}
-                | {"arm_run_id": r.run_id}
+                | {"arm_run_id": r.run_id, "question": e["question"]}
             )
     return rows
 

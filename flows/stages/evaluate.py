@@ -54,7 +54,7 @@ def policy_eval_rows(
     return PolicyEvalRows(
         [{**at, **dataclasses.asdict(m)} for m in evaluation.metrics],
         [
-            {**at, "problem_index": p.index, "problem_id": p.problem_id}
+            {**at, "problem_index": p.index, "problem_id": p.problem_id, "question": p.question}
             | {"metric": p.metric, "k": p.k, "value": p.value}
             for p in evaluation.problems
         ],

@@ -33,13 +33,15 @@ class MetricRow:
 class ProblemScore:
     """One problem's value of a per-problem metric (the metric's row is their mean): the
     pairing unit when two policies are compared on the same problems. `index` is the problem's
-    position in the evaluated list (a list drawn with repeats may hold a question twice)."""
+    position in the evaluated list (a list drawn with repeats may hold a question twice), and
+    `question` its text: comparisons count a question's draws as one cluster."""
 
     index: int
     problem_id: str
     metric: str
     k: int
     value: float
+    question: str = ""
 
 
 @dataclass(frozen=True)
@@ -156,7 +158,7 @@ def evaluate_policy(
     def add_per_problem(metric: str, k: int, values: Sequence[float]) -> None:
         add(metric, k, values)
         scores.extend(
-            ProblemScore(i, p.problem_id, metric, k, float(v))
+            ProblemScore(i, p.problem_id, metric, k, float(v), p.question)
             for i, (p, v) in enumerate(zip(problems, values, strict=True))
         )
 

@@ -160,6 +160,15 @@ def test_eval_rows_cover_each_policy_and_rm_drift_of_each_iteration(
     assert len(aurocs) == 12
     assert {a["split"] for a in aurocs} == {"train", "test"}
     assert all(0.0 <= a["value"] <= 1.0 for a in aurocs), aurocs
+    # Each evaluated problem names its question (the clusters of comparisons between policies):
+    # one question per problem_index, the same at every policy.
+    (named,) = sql(
+        store,
+        "SELECT count(*) FILTER (WHERE question IS NULL OR question = '') AS unnamed, "
+        "count(DISTINCT (problem_index, question)) AS pairs, "
+        f"count(DISTINCT problem_index) AS problems FROM eval_problems WHERE run_id = '{run_id}'",
+    )
+    assert named["unnamed"] == 0 and named["pairs"] == named["problems"] > 0
 
 
 def test_each_guard_metric_agrees_with_the_numbers_it_judged(

@@ -188,3 +188,48 @@ def test_arms_that_saw_other_problems_are_not_paired() -> None:
     assert "the arms saw other problems at seed(s) [0, 1]" in "\n".join(link.lines())
     # Without per-problem rows (an ablation stored before them) the seed verdict alone.
     assert claims(Values.from_rows(rows))[1].links[0].by_problem is None
+
+
+def test_seed_difference_over_questions_by_hand() -> None:
+    # Problems of questions q, q, r, s; differences 1, 1, 0, -1 (mean 1/4). Residuals summed
+    # per question: q 3/2, r -1/4, s -5/4; se^2 = 3/2 * (9/4 + 1/16 + 25/16) / 16 = 93/256.
+    d = seed_difference(0, [1, 1, 0, 0], [0, 0, 0, 1], questions=["q", "q", "r", "s"])
+    assert d.mean == pytest.approx(0.25) and d.se == pytest.approx(math.sqrt(93 / 256))
+    # Each problem its own question: the usual s_d / sqrt(n).
+    named = seed_difference(7, [1, 1, 0, 0], [0, 1, 1, 0], questions="abcd")
+    assert named.se == pytest.approx(seed_difference(7, [1, 1, 0, 0], [0, 1, 1, 0]).se)
+    # Identical arms: the floor is one question differing by 1, 1 / C with C = 2 questions.
+    assert seed_difference(0, [1, 0, 1, 0], [1, 0, 1, 0], questions="xxyy").se == 0.5
+    with pytest.raises(ValueError, match="seed 2: 3 questions for 4 problems"):
+        seed_difference(2, [1, 0, 1, 0], [1, 0, 1, 1], questions="xyz")
+
+
+@pytest.mark.parametrize("copies", [2, 5])
+def test_a_question_evaluated_k_times_counts_once_in_the_pairing(copies: int) -> None:
+    # The same per-problem values with every question drawn `copies` times (an evaluation
+    # with repeats): named questions give the interval of one draw each; unnamed, the draws
+    # pass for more problems and the interval narrows.
+    rng = random.Random(copies)
+    a = {s: [float(rng.random() < 0.6) for _ in range(12)] for s in range(3)}
+    b = {s: [float(rng.random() < 0.4) for _ in range(12)] for s in range(3)}
+    once = paired_by_problem(a, b, questions={s: list(range(12)) for s in a})
+    repeated_a = {s: v * copies for s, v in a.items()}
+    repeated_b = {s: v * copies for s, v in b.items()}
+    names = {s: list(range(12)) * copies for s in a}
+    named = paired_by_problem(repeated_a, repeated_b, questions=names)
+    unnamed = paired_by_problem(repeated_a, repeated_b)
+    assert [d.se for d in named.seeds] == pytest.approx([d.se for d in once.seeds])
+    assert all(u.se < n.se for u, n in zip(unnamed.seeds, named.seeds, strict=True))
+
+
+def test_stored_questions_reach_the_pairing_and_old_rows_pair_by_problem() -> None:
+    a, b = {0: [1.0, 1.0, 0.0, 1.0], 1: [1.0, 0.0, 0.0, 1.0]}, {0: [0.0] * 4, 1: [0.0] * 4}
+    rows = [*_seed_means("grpo_os", 1, a), *_seed_means("grpo_os_rm_once", 1, b)]
+    plain = [*_problem_rows("grpo_os", 1, a), *_problem_rows("grpo_os_rm_once", 1, b)]
+    asked = [r | {"question": "xxyy"[r["problem_index"]]} for r in plain]
+    by_problem = claims(Values.from_rows(rows, plain))[1].links[0].by_problem
+    by_question = claims(Values.from_rows(rows, asked))[1].links[0].by_problem
+    assert by_problem is not None and by_question is not None
+    want = [seed_difference(s, a[s], b[s], questions="xxyy").se for s in (0, 1)]
+    assert [d.se for d in by_question.seeds] == pytest.approx(want)
+    assert [d.se for d in by_problem.seeds] == [seed_difference(s, a[s], b[s]).se for s in (0, 1)]
