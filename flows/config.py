@@ -440,7 +440,7 @@ class ItergrpoConfig(_Section):
             raise ValueError(
                 "engines.rollout = vllm with cluster.ray_address set: the Ray shards sample "
                 "with the HF engine, so vLLM would serve the GRPO stage only. Use one: unset "
-                "cluster.ray_address (scale vLLM with engines.vllm.llm_kwargs, e.g. "
+                "cluster.ray_address (scale vLLM with engines.vllm.engines, placement and "
                 "tensor_parallel_size), or set engines.rollout: hf"
             )
         if self.engines.rollout == "hf_generate" and self.cluster.ray_address is not None:
