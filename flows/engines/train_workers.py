@@ -20,6 +20,7 @@ import torch
 from torch import Tensor, nn
 
 from flows.config import EnginesSection, GRPOStageSection
+from flows.engines.ray_runtime import start_ray
 from flows.engines.train_engines import grpo_total_steps
 from flows.progress import log
 from grpo_core.algo.config import GRPOConfig
@@ -29,7 +30,6 @@ from grpo_core.contracts.registry import Registry
 from grpo_core.contracts.training import OptimizerSettings, TrainEngine
 from grpo_core.engines.config import TrainWorkersConfig
 
-LOOPBACK = "127.0.0.1"
 START_TIMEOUT_SETTING = "engines.workers.start_timeout_s"
 
 # engines.train -> the engine one rank of the group runs, built on the rank's model once the
@@ -175,33 +175,6 @@ def _in_torch_memory(model: nn.Module) -> nn.Module:
         for param in model.parameters():  # a tied weight is one Parameter: copied once
             param.data = param.data.clone()
     return model
-
-
-def start_ray(
-    ray_address: str | None, cpus_needed: float, who: str = "training ranks"
-) -> tuple[Any, bool]:
-    """The `ray` module, initialised, and whether this call started it: an initialised Ray is
-    used as it is, cluster.ray_address is joined, and without one a local Ray on 127.0.0.1
-    (no dashboard) with at least the CPUs the actors reserve is started (the caller stops it).
-    who: the actors' name in the log lines."""
-    import ray
-
-    if ray.is_initialized():
-        return ray, False
-    if ray_address is not None:
-        log.info("%s: connecting to Ray at %s", who, ray_address)
-        ray.init(address=ray_address)
-        return ray, False
-    cpus = max(float(os.cpu_count() or 1), cpus_needed)
-    log.info("%s: starting a local Ray on %s (%g CPUs)", who, LOOPBACK, cpus)
-    ray.init(
-        address="local",
-        _node_ip_address=LOOPBACK,
-        include_dashboard=False,
-        num_cpus=int(-(-cpus // 1)),
-        log_to_driver=True,
-    )
-    return ray, True
 
 
 class RayWorkersUpdater:

@@ -16,7 +16,7 @@ from typing import Any
 
 from torch import Tensor
 
-from flows.engines.train_workers import start_ray
+from flows.engines.ray_runtime import start_ray
 from grpo_core.contracts.rollout import RolloutBatch, SamplingParams
 from grpo_core.engines.config import VLLMSettings
 from grpo_core.engines.registry import VLLM_PLACEMENTS

@@ -17,7 +17,7 @@ import pytest
 from torch import Tensor
 
 from flows.engines import train_workers
-from flows.engines.train_workers import LOOPBACK
+from flows.engines.ray_runtime import LOOPBACK
 from flows.loop import execute_run
 from flows.names import POLICY
 from grpo_core.contracts.policy_batch import PolicyBatch
