@@ -227,16 +227,15 @@ def best_of_n_accuracy(scores: ArrayLike, correct: ArrayLike) -> float:
 
     Tied top scores count as a uniform random pick among them (expected accuracy).
     """
+    return float(_best_of_n_per_prompt(scores, correct).mean())
+
+
+def _best_of_n_per_prompt(scores: ArrayLike, correct: ArrayLike) -> npt.NDArray[np.float64]:
+    """Each prompt's expected correctness of its top-scored sample (ties: a uniform pick)."""
     s = _as_array(scores, "scores")
     c = _binary_labels(correct)
     if s.ndim != 2 or s.shape != c.shape:
         raise ValueError(f"scores {s.shape} and correct {c.shape} must both be (P, N)")
-    return float(_best_of_n_per_prompt(s, c).mean())
-
-
-def _best_of_n_per_prompt(
-    s: npt.NDArray[np.float64], c: npt.NDArray[np.float64]
-) -> npt.NDArray[np.float64]:
     top = s == s.max(axis=1, keepdims=True)
     return np.asarray((top * c).sum(axis=1) / top.sum(axis=1), dtype=np.float64)
 
@@ -306,9 +305,7 @@ def best_of_n_rows(
         raise ValueError(f"correct must be (P, N) (got shape {c.shape})")
     n_prompts, n = c.shape
     owners = _named(questions, n_prompts, "prompts")
-    best = best_of_n_accuracy(scores, c)
-    per_prompt = _best_of_n_per_prompt(_as_array(scores, "scores"), c)
-    _, best_err = clustered_mean_se(per_prompt.tolist(), owners)
+    best, best_err = clustered_mean_se(_best_of_n_per_prompt(scores, c).tolist(), owners)
     sample_owners = [owner for owner in owners for _ in range(n)]
     _, sample_err = clustered_mean_se(c.reshape(-1).tolist(), sample_owners)
     return [

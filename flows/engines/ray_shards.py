@@ -4,9 +4,8 @@ rows equal an unsharded run's, and why plain `ray.remote`: docs/ray_shards.md.""
 
 from __future__ import annotations
 
-import dataclasses
 import os
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -20,6 +19,8 @@ from flows.progress import log
 from flows.runtime import apply_threads, resolve_device
 from grpo_core.contracts.rollout import RolloutBatch, SamplingParams
 from grpo_core.engines.hf_rollout import HFRolloutEngine
+from grpo_core.engines.sharded_rollout import merge_batches
+from grpo_core.engines.sharded_rollout import shard_bounds as contiguous_shards
 from grpo_core.model.policy import load_policy
 
 __all__ = [
@@ -65,22 +66,10 @@ def shard_bounds(total_rows: int, batch_size: int, shards: int) -> list[tuple[in
     if batch_size < 1 or shards < 1:
         raise ValueError(f"batch_size and shards must be >= 1 (got {batch_size}, {shards})")
     batches = -(-total_rows // batch_size)
-    count = min(shards, batches)
-    bounds, first = [], 0
-    for i in range(count):
-        size = batches // count + (i < batches % count)
-        bounds.append((first * batch_size, min((first + size) * batch_size, total_rows)))
-        first += size
-    return bounds
-
-
-def merge_batches(parts: Sequence[RolloutBatch]) -> RolloutBatch:
-    """The shards' batches concatenated in order (every field is a per-row list)."""
-    merged = {
-        f.name: [row for part in parts for row in getattr(part, f.name)]
-        for f in dataclasses.fields(RolloutBatch)
-    }
-    return RolloutBatch(**merged)
+    return [
+        (first * batch_size, min(end * batch_size, total_rows))
+        for first, end in contiguous_shards(batches, shards)
+    ]
 
 
 # Worker side: the last policy loaded, keyed by its directory's identity, reused by the next

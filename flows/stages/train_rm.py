@@ -307,6 +307,7 @@ def _split_rows(
     for the PRM, against the task's exact step labels."""
     owners = [problems[i] for i in sampled.prompt_index]
     questions = [p.question for p in owners]  # uncertainty is over questions, drawn with repeats
+    prompt_questions = [p.question for p in problems]
     row_prompts = [prompts[i] for i in sampled.prompt_index]
     correct = [float(task.is_correct(p, t)) for p, t in zip(owners, sampled.texts, strict=True)]
     shape = (len(problems), rm_cfg.eval_samples)
@@ -326,7 +327,7 @@ def _split_rows(
                     probs.reshape(shape).numpy(),
                     torch.tensor(correct).reshape(shape).numpy(),
                     split,
-                    [p.question for p in problems],
+                    prompt_questions,
                 )
         if rm_cfg.use_prm:
             prm = rm(PRM, rm_iteration)

@@ -8,6 +8,7 @@ every member's worker (engines.vllm.weight_sync = memory), else member by member
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -68,18 +69,23 @@ def shard_bounds(n_prompts: int, n_shards: int) -> list[tuple[int, int]]:
     return bounds
 
 
+def merge_batches(parts: Sequence[RolloutBatch]) -> RolloutBatch:
+    """The parts' batches concatenated in order (every field is a per-row list)."""
+    merged = {
+        f.name: [row for part in parts for row in getattr(part, f.name)]
+        for f in dataclasses.fields(RolloutBatch)
+    }
+    return RolloutBatch(**merged)
+
+
 def merge_shards(parts: Sequence[tuple[int, RolloutBatch]]) -> RolloutBatch:
     """One batch from (prompt offset, batch) parts in prompt order; each part's prompt_index is
     local to its shard and moves by its offset."""
-    merged = RolloutBatch([], [], [], [], [], [])
-    for offset, part in sorted(parts, key=lambda p: p[0]):
-        merged.prompt_index += [offset + i for i in part.prompt_index]
-        merged.prompt_ids += part.prompt_ids
-        merged.completion_ids += part.completion_ids
-        merged.texts += part.texts
-        merged.finish_reasons += part.finish_reasons
-        merged.logprobs += part.logprobs
-    return merged
+    shifted = [
+        dataclasses.replace(part, prompt_index=[offset + i for i in part.prompt_index])
+        for offset, part in sorted(parts, key=lambda p: p[0])
+    ]
+    return merge_batches(shifted)
 
 
 def on_all(members: Sequence[T], call: Callable[[T], R]) -> list[R]:
@@ -136,8 +142,9 @@ class ShardedRolloutEngine:
         if self._sender is None:
             self._sender = self._join(members, backend_for(next(iter(tensors.values())).device))
         start = time.perf_counter()
+        listed = manifest(tensors)
         for member in members:
-            member.start_update(manifest(tensors))
+            member.start_update(listed)
         sent = self._together(members, self._sender.send, tensors)
         log.info(
             "weight sync to %d engines in one broadcast: %.3f s, %.1f MB",
