@@ -286,7 +286,10 @@ class ClusterSection(_Section):
 
     ray_address: str | None = Field(
         None,
-        description="Ray cluster for the sampling shards. Empty: no Ray, all in this process. "
+        description="Ray cluster for the sampling shards (vLLM: for its engines with "
+        "engines.vllm.placement = ray, instead of shards), and for the training ranks of "
+        "engines.train_workers = ray. Empty: sampling in this process (training ranks and "
+        "vLLM actors start a local Ray). "
         "'local': a Ray on this machine (or the one this process already started); 'auto': "
         "the cluster this machine joined with `ray start`; or 'host:6379' / 'ray://host:10001'. "
         "Shards load the policy from the store's checkpoint directories: workers must see the "
@@ -436,13 +439,6 @@ class ItergrpoConfig(_Section):
 
     @model_validator(mode="after")
     def _engines_fit_together(self) -> ItergrpoConfig:
-        if self.engines.rollout == "vllm" and self.cluster.ray_address is not None:
-            raise ValueError(
-                "engines.rollout = vllm with cluster.ray_address set: the Ray shards sample "
-                "with the HF engine, so vLLM would serve the GRPO stage only. Use one: unset "
-                "cluster.ray_address (scale vLLM with engines.vllm.engines, placement and "
-                "tensor_parallel_size), or set engines.rollout: hf"
-            )
         if self.engines.rollout == "hf_generate" and self.cluster.ray_address is not None:
             raise ValueError(
                 "engines.rollout = hf_generate with cluster.ray_address set: the Ray shards "

@@ -44,6 +44,7 @@ class RunContext:
             seed=self.cfg.run.seed,
             log_dir=self.store.run_dir(self.run_id) / "logs",
             scratch_dir=self.store.checkpoints_dir / self.run_id / "rollout-engine-sync",
+            ray_address=self.cfg.cluster.ray_address,
         )
 
     @property
@@ -110,25 +111,29 @@ class RunContext:
     ) -> Sampler:
         """What a stage samples policy_{policy_iteration} with (`model` is the stage's copy of
         it): Ray shards when cluster.ray_address is set (labelled `shard_label`, default
-        `purpose`), else the run's rollout engine (engines.rollout)."""
+        `purpose`), else the run's rollout engine (engines.rollout). An engine that keeps its
+        own processes (vLLM) is never sharded that way: it spreads itself (engines.vllm.engines
+        and placement: on the cluster with placement ray)."""
         from flows.engines.ray_shards import sharded_engine
+        from grpo_core.engines.registry import ROLLOUT_ENGINES
 
         checkpoint = self.checkpoint(POLICY, policy_iteration)
-        sharded = sharded_engine(
-            self.cfg.cluster,
-            self.cfg.run.device,
-            self.cfg.policy.dtype,
-            self.threads,
-            checkpoint,
-            policy_iteration,
-            model,
-            batch_size,
-            shard_label or purpose,
-        )
+        name, cluster = self.cfg.engines.rollout, self.cfg.cluster
         where = f"the {shard_label or purpose} sampling of policy_{policy_iteration}"
-        if sharded is not None:
-            return FiniteSampler(sharded, where)
-        name = self.cfg.engines.rollout
+        if not ROLLOUT_ENGINES[name].keeps_process:
+            sharded = sharded_engine(
+                cluster,
+                self.cfg.run.device,
+                self.cfg.policy.dtype,
+                self.threads,
+                checkpoint,
+                policy_iteration,
+                model,
+                batch_size,
+                shard_label or purpose,
+            )
+            if sharded is not None:
+                return FiniteSampler(sharded, where)
         engine = self.engines.engine(name, purpose, checkpoint, model, tokenizer, batch_size)
         return FiniteSampler(engine, where)
 

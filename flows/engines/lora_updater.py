@@ -12,6 +12,7 @@ from torch import Tensor
 
 from flows.engines.policy_updaters import PolicyUpdater
 from grpo_core.contracts.policy_batch import PolicyBatch
+from grpo_core.contracts.rollout import RolloutEngine
 from grpo_core.model.lora import LoRAAdapters
 
 ADAPTERS_DIR = "adapters"  # the adapters (PEFT format) inside a GRPO progress checkpoint
@@ -28,6 +29,10 @@ class LoRAUpdater:
         self, batch: PolicyBatch, advantages: Tensor, old_logprobs: Tensor | None, seed: int
     ) -> dict[str, float]:
         return self.inner.update(batch, advantages, old_logprobs, seed)
+
+    def hand_on(self, follower: RolloutEngine | None) -> None:
+        if follower is not None:  # else the stage's (adapted) model was trained in place
+            follower.receive_weights(self.adapters.merged_state_dict())
 
     def weights(self) -> dict[str, Tensor] | None:
         """The merged weights, under the base model's keys: what a sampling engine that does

@@ -23,6 +23,7 @@ from flows.progress import log
 from grpo_core.algo.config import GRPOConfig
 from grpo_core.algo.update import grpo_update
 from grpo_core.contracts.policy_batch import PolicyBatch
+from grpo_core.contracts.rollout import RolloutEngine
 from grpo_core.contracts.training import TrainEngine
 from grpo_core.engines.config import DeepSpeedConfig
 from grpo_core.engines.registry import require_deepspeed
@@ -40,6 +41,11 @@ class PolicyUpdater(Protocol):
         self, batch: PolicyBatch, advantages: Tensor, old_logprobs: Tensor | None, seed: int
     ) -> dict[str, float]:
         """grpo_update on CPU tensors (B, L); afterwards the stage's model holds the result."""
+        ...
+
+    def hand_on(self, follower: RolloutEngine | None) -> None:
+        """The policy of the last update to the engine that samples it: `follower` (one that
+        does not sample the stage's model, e.g. vLLM), or, with None, the stage's model."""
         ...
 
     def weights(self) -> dict[str, Tensor] | None:
@@ -93,6 +99,10 @@ class InProcessUpdater:
             old_logprobs=old,
             generator=torch.Generator().manual_seed(seed),
         )
+
+    def hand_on(self, follower: RolloutEngine | None) -> None:
+        if follower is not None:  # else the stage's model was trained in place
+            follower.receive_weights(self.engine.full_state_dict())
 
     def weights(self) -> dict[str, Tensor] | None:
         return self.engine.full_state_dict()
@@ -211,6 +221,10 @@ class LaunchedUpdater:
         self.last_step_dir = step_dir
         self.current_dir, self.state_dir = out / POLICY_DIR, out / STATE_DIR
         return metrics
+
+    def hand_on(self, follower: RolloutEngine | None) -> None:
+        if follower is not None:  # else the stage's model has the last job's weights already
+            follower.receive_weights(self.model.state_dict())
 
     def weights(self) -> dict[str, Tensor] | None:
         return None  # the model in memory holds the last job's weights

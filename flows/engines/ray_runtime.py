@@ -7,8 +7,9 @@ import os
 from typing import Any
 
 from flows.progress import log
+from grpo_core.engines.weight_sync import LOOPBACK
 
-LOOPBACK = "127.0.0.1"
+__all__ = ["LOOPBACK", "start_ray"]
 
 
 def start_ray(

@@ -13,6 +13,7 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from flows.config import EnginesSection
 from flows.engines import vllm_actors  # noqa: F401  (registers engines.vllm.placement = ray)
+from flows.engines.ray_runtime import start_ray
 from grpo_core.contracts.numerics import DIVERGED, require_finite
 from grpo_core.contracts.rollout import RolloutBatch, RolloutEngine, Sampler, SamplingParams
 from grpo_core.engines.registry import ROLLOUT_ENGINES, RolloutRequest
@@ -34,9 +35,13 @@ class RolloutEngines:
         seed: int,
         log_dir: Path,
         scratch_dir: Path,
+        ray_address: str | None = None,
     ) -> None:
+        """ray_address: cluster.ray_address, where engines placed on Ray actors start (joined
+        before they start, so they do not start a local Ray)."""
         self.section, self.policy_dtype, self.seed = section, policy_dtype, seed
         self.log_dir, self.scratch_dir = log_dir, scratch_dir
+        self.ray_address = ray_address
         self._kept: RolloutEngine | None = None
         self._kept_key: tuple[str, bool] | None = None
 
@@ -75,6 +80,8 @@ class RolloutEngines:
             self.close()
         if self._kept is None:
             log.info("starting the %s rollout engine on %s", name, checkpoint_dir)
+            if self.ray_address is not None and getattr(settings, "placement", "") == "ray":
+                start_ray(self.ray_address, 0, f"{name} engines")
             self._kept, self._kept_key = spec.build(request, settings), key
         else:
             self._kept.load(checkpoint_dir)

@@ -2,8 +2,10 @@
 live for the whole GRPO stage, each one rank of a torch.distributed group (gloo on CPU,
 NCCL on GPU) running DeepSpeedEngine (engines.train = deepspeed) or the torch engine under
 DDP (engines.train = torch). Each step's batch and advantages go to the ranks once through
-Ray's object store; rank 0's updated weights come back for the stage's sampling model, and
-the ranks write and read the optimizer state of the stage's progress checkpoints themselves.
+Ray's object store. Rank 0 keeps its updated weights: it broadcasts them itself to the vLLM
+engines' workers (one gloo/NCCL group, `RankWeights`), and sends them back to the stage only
+when the stage's model needs them (it samples with that model, or saves a checkpoint). The
+ranks write and read the optimizer state of the stage's progress checkpoints themselves.
 Why actors and not launcher jobs, and how it runs on a cluster: docs/train_workers.md.
 """
 
@@ -27,8 +29,11 @@ from grpo_core.algo.config import GRPOConfig
 from grpo_core.contracts.errors import SettingError
 from grpo_core.contracts.policy_batch import PolicyBatch, update_inputs, update_tensors
 from grpo_core.contracts.registry import Registry
+from grpo_core.contracts.rollout import RolloutEngine
 from grpo_core.contracts.training import OptimizerSettings, TrainEngine
 from grpo_core.engines.config import TrainWorkersConfig
+from grpo_core.engines.sharded_rollout import TakesBroadcast
+from grpo_core.engines.weight_sync import WeightSender, manifest, unique_tensors
 
 START_TIMEOUT_SETTING = "engines.workers.start_timeout_s"
 
@@ -73,6 +78,8 @@ class PolicyRank:
         self.model: nn.Module | None = None
         self.reference: nn.Module | None = None
         self.algo = GRPOConfig()
+        self.weights: dict[str, Tensor] | None = None  # rank 0: the policy after the last update
+        self.sender: WeightSender | None = None  # rank 0: its sync group with vLLM workers
 
     def pid(self) -> int:
         """This rank's process id (a test checks that no step starts a process)."""
@@ -131,9 +138,9 @@ class PolicyRank:
             reference = _in_torch_memory(load_policy(policy_dir, ref_dtype)[0])
             self.reference = reference.to(self.engine.device).eval().requires_grad_(False)
 
-    def update(self, inputs: dict[str, Tensor], seed: int) -> tuple[dict[str, float], Any]:
-        """grpo_update on this rank's share of the batch; rank 0 returns the metrics and the
-        whole updated weights (collective to gather under ZeRO-3), the others (metrics, None)."""
+    def update(self, inputs: dict[str, Tensor], seed: int) -> dict[str, float]:
+        """grpo_update on this rank's share of the batch; its metrics. Rank 0 keeps the whole
+        updated weights (collective to gather under ZeRO-3: every rank takes part)."""
         from grpo_core.algo.update import grpo_update
 
         engine = self._engine()
@@ -147,10 +154,46 @@ class PolicyRank:
             old_logprobs=old_logprobs,
             generator=torch.Generator().manual_seed(seed),
         )
-        weights = engine.full_state_dict()
-        if self.rank != 0:
-            return metrics, None
-        return metrics, {name: value.detach().cpu() for name, value in weights.items()}
+        self.gather()
+        return metrics
+
+    def gather(self) -> None:
+        """Rank 0 keeps the whole weights of the engine (every rank calls this at once)."""
+        weights = self._engine().full_state_dict()
+        if self.rank == 0:
+            self.weights = {name: value.detach().cpu() for name, value in weights.items()}
+
+    def current_weights(self) -> dict[str, Tensor]:
+        """Rank 0: the weights of the last update or load (for the stage's model)."""
+        if self.weights is None:
+            raise RuntimeError("training rank 0 asked for weights before any update or gather")
+        return self.weights
+
+    def open_sync(self, world_size: int, timeout_s: float) -> tuple[str, int, str]:
+        """Rank 0: a store on this node for the weight-sync group with world_size - 1 vLLM
+        workers; (host, port, backend): NCCL when this rank trains on a GPU, else gloo."""
+        import ray
+
+        host = ray.util.get_node_ip_address()
+        self.sender = WeightSender(timeout_s, host=host, world_size=world_size)
+        return host, self.sender.port, "nccl" if self.cuda else "gloo"
+
+    def connect_sync(self, backend: str) -> None:
+        """Rank 0 joins the sync group (the workers join at the same time)."""
+        self._sender().connect(backend)
+
+    def sync_manifest(self) -> list[list[object]]:
+        """What broadcast_weights sends, in order (tied tensors once)."""
+        return manifest(unique_tensors(self.current_weights()))
+
+    def broadcast_weights(self) -> int:
+        """Rank 0 broadcasts its weights over the sync group; the bytes sent."""
+        return self._sender().send(unique_tensors(self.current_weights()))
+
+    def _sender(self) -> WeightSender:
+        if self.sender is None:
+            raise RuntimeError("training rank 0 has no weight-sync group: call open_sync first")
+        return self.sender
 
     def save_state(self, directory: str) -> dict[str, Any] | None:
         """Every rank writes its part of the optimizer state into directory (DeepSpeed's
@@ -167,6 +210,32 @@ class PolicyRank:
         return self.engine
 
 
+class RankWeights:
+    """The WeightSource of training rank 0 (an actor), as the stage's rollout engine sees it:
+    the vLLM workers join rank 0's group and receive its broadcast, while the stage process
+    only passes the calls on."""
+
+    def __init__(self, updater: RayWorkersUpdater) -> None:
+        self.updater = updater
+        self.backend = ""
+
+    def open_sync(self, world_size: int, timeout_s: float) -> tuple[str, int, str]:
+        host, port, self.backend = self.updater.on_rank0("open_sync", world_size, timeout_s)
+        return host, port, self.backend
+
+    def connect(self) -> None:
+        self.updater.on_rank0("connect_sync", self.backend)
+
+    def manifest(self) -> list[list[object]]:
+        self.updater.gather_once()
+        listed: list[list[object]] = self.updater.on_rank0("sync_manifest")
+        return listed
+
+    def send(self) -> int:
+        sent: int = self.updater.on_rank0("broadcast_weights")
+        return sent
+
+
 def _in_torch_memory(model: nn.Module) -> nn.Module:
     """The weights copied out of the checkpoint's memory map into torch memory: CPU matmuls
     round with the weights' alignment (docs/ray_shards.md), and a resumed rank loads from a
@@ -179,8 +248,8 @@ def _in_torch_memory(model: nn.Module) -> nn.Module:
 
 class RayWorkersUpdater:
     """The PolicyUpdater of engines.train_workers = ray: engines.workers.ranks PolicyRank
-    actors for the whole stage. The stage's model is its sampling copy: it gets rank 0's
-    weights after every update, and holds no optimizer, gradients or reference."""
+    actors for the whole stage. The stage's model holds no optimizer, gradients or reference;
+    it gets rank 0's weights only when it samples or is saved (hand_on(None), weights())."""
 
     def __init__(
         self,
@@ -206,6 +275,9 @@ class RayWorkersUpdater:
         self.pids: list[int] = []
         self.nodes: list[str] = []
         self.loaded = False
+        self.model_stale = False  # rank 0 holds weights the stage's model lacks
+        self.rank0_holds_weights = False  # rank 0 kept the ranks' weights (update or gather)
+        self.source = RankWeights(self)
         try:
             self._start(workers, threads)
         except BaseException:
@@ -263,13 +335,38 @@ class RayWorkersUpdater:
         self._load(self.policy_dir)
         inputs = self.ray.put(update_tensors(batch, advantages, old_logprobs))  # stored once
         results = self.ray.get([rank.update.remote(inputs, seed) for rank in self.ranks])
-        metrics, weights = results[0]
-        with torch.no_grad():
-            self.model.load_state_dict(weights, strict=False)  # tied weights come once
-        return dict(metrics)
+        self.model_stale = self.rank0_holds_weights = True
+        return dict(results[0])
+
+    def hand_on(self, follower: RolloutEngine | None) -> None:
+        """Rank 0 broadcasts the policy to a follower that takes it (vLLM, weight_sync =
+        memory); any other gets it from the stage's model, which gets it from rank 0."""
+        if isinstance(follower, TakesBroadcast) and follower.receive_broadcast(self.source):
+            return
+        self._sync_model()
+        if follower is not None:
+            follower.receive_weights(self.model.state_dict())
 
     def weights(self) -> dict[str, Tensor] | None:
+        self._sync_model()
         return None  # the stage's model holds rank 0's last weights
+
+    def on_rank0(self, method: str, *args: Any) -> Any:
+        """Call one of rank 0's methods and wait for its result."""
+        return self._get(getattr(self.ranks[0], method).remote(*args))
+
+    def gather_once(self) -> None:
+        """Rank 0 keeps the ranks' weights unless an update already left them there."""
+        if not self.rank0_holds_weights:
+            self._load(self.policy_dir)
+            self._all(lambda r: r.gather.remote())
+            self.rank0_holds_weights = True
+
+    def _sync_model(self) -> None:
+        if self.model_stale:
+            with torch.no_grad():  # tied weights come once
+                self.model.load_state_dict(self.on_rank0("current_weights"), strict=False)
+            self.model_stale = False
 
     def save_state(self, directory: Path) -> dict[str, Any] | None:
         self._load(self.policy_dir)
@@ -279,6 +376,7 @@ class RayWorkersUpdater:
 
     def load_state(self, directory: Path, state: dict[str, Any] | None) -> None:
         self._load(directory)  # the ranks start from the checkpoint's weights
+        self.rank0_holds_weights = False
         where = str(directory / self.state_dir)
         self._all(lambda r: r.load_state.remote(where, state))
 

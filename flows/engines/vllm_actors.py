@@ -10,16 +10,16 @@ grpo_core.engines.registry.VLLM_PLACEMENTS when this module is imported (flows/e
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 from torch import Tensor
 
-from flows.engines.ray_runtime import start_ray
+from flows.engines.ray_runtime import LOOPBACK, start_ray
 from grpo_core.contracts.rollout import RolloutBatch, SamplingParams
 from grpo_core.engines.config import VLLMSettings
-from grpo_core.engines.registry import VLLM_PLACEMENTS
+from grpo_core.engines.registry import VLLM_PLACEMENTS, PlacedEngines
 
 
 class VLLMEngineActor:
@@ -33,6 +33,12 @@ class VLLMEngineActor:
     def pid(self) -> int:
         """This actor's process id (tests check where the engines run)."""
         return os.getpid()
+
+    def node(self) -> str:
+        """The Ray node this engine runs on (tests check the placement)."""
+        import ray
+
+        return str(ray.get_runtime_context().get_node_id())
 
     def generate(
         self, prompts: list[str], n: int, params: SamplingParams, seed: int, prompt_offset: int
@@ -104,10 +110,10 @@ class RayEngineMember:
             self.ray.kill(self.actor)
 
 
-def _ray_actors(
-    options: list[dict[str, Any]], settings: VLLMSettings
-) -> tuple[list[Any], Callable[[], None] | None]:
-    """One actor per engine, started at once; a local Ray is stopped after the last closes."""
+def _ray_actors(options: list[dict[str, Any]], settings: VLLMSettings) -> PlacedEngines:
+    """One actor per engine, started at once, on the Ray this process uses (the cluster of
+    cluster.ray_address, joined by the run) or a local one, stopped after the last closes.
+    The workers reach this process for the weight broadcast at its node's address."""
     ray, owns_ray = start_ray(None, len(options) * settings.num_cpus_per_engine, "vLLM engines")
     actor = ray.remote(VLLMEngineActor).options(
         num_cpus=settings.num_cpus_per_engine, num_gpus=settings.num_gpus_per_engine
@@ -122,7 +128,8 @@ def _ray_actors(
         if owns_ray:
             ray.shutdown()
         raise
-    return members, (ray.shutdown if owns_ray else None)
+    host = LOOPBACK if owns_ray else ray.util.get_node_ip_address()
+    return PlacedEngines(members, ray.shutdown if owns_ray else None, host)
 
 
 VLLM_PLACEMENTS.add("ray", _ray_actors)

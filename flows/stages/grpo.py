@@ -223,6 +223,10 @@ def _train_policy(
     reward_models = _load_reward_models(ctx, k)
     progress_dir = ctx.checkpoint(GRPO_PROGRESS, k)
     resumed = _resume_weights(progress_dir, model, adapters)
+    pool = ctx.task.problems(TRAIN_SPLIT, g.steps * g.prompts_per_step, seed=ctx.seed(GRPO, k))
+    # The sampling engine first: vLLM engines on Ray actors that start a local Ray own it for
+    # the run; started after the training ranks, they would stop with the ranks' Ray.
+    sampler, follower = _training_data(ctx, k, model, tokenizer, pool)
     jobs_dir = ctx.checkpoint(LAUNCH_JOBS, k)
     updater = build_policy_updater(
         cfg.engines,
@@ -246,9 +250,7 @@ def _train_policy(
             progress_dir, updater, g.prompts_per_step
         )
     critic = open_critic(ctx, k, model, reference, progress_dir, resumed)
-    pool = ctx.task.problems(TRAIN_SPLIT, g.steps * g.prompts_per_step, seed=ctx.seed(GRPO, k))
     cursor = PromptCursor(pool, next_prompt)
-    sampler, follower = _training_data(ctx, k, model, tokenizer, pool)
     prompter = ctx.prompter(tokenizer)
     updated = resumed  # the policy differs from what the sampling engine was given
     try:
@@ -262,8 +264,8 @@ def _train_policy(
         )
         for step in range(start, g.steps):
             started = time.perf_counter()
-            if updated and follower is not None:  # the engine samples the updated policy
-                follower.receive_weights(updater.weights() or model.state_dict())
+            if updated:  # the sampling engine (or the stage's model) gets the updated policy
+                updater.hand_on(follower)
             drawn = cursor.take(g.prompts_per_step)
             prompts = [prompter(p.question) for p in drawn]
             more_prompts = functools.partial(_extra_round, cursor, drawn, prompter, rewarder)

@@ -16,7 +16,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from importlib.util import find_spec
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from grpo_core.contracts.errors import SettingError
 from grpo_core.contracts.registry import Registry
@@ -170,17 +170,22 @@ def vllm_engine_options(
     }
 
 
-# engines.vllm.placement -> the group's member engines, started from each one's options, and
-# what to run once they are closed (a local Ray to stop), or None.
-VLLMPlacement = Callable[
-    [list[dict[str, Any]], "VLLMSettings"], tuple[list[Any], Callable[[], None] | None]
-]
+class PlacedEngines(NamedTuple):
+    """The member engines of a placement, started from each one's options; what to run once
+    they are closed (a local Ray to stop), or None; and the address of this process that their
+    workers reach for the shared weight broadcast (loopback unless they may run elsewhere)."""
+
+    members: list[Any]
+    after_close: Callable[[], None] | None
+    sync_host: str = "127.0.0.1"  # weight_sync.LOOPBACK (this module imports no torch)
+
+
+# engines.vllm.placement -> how the group's engines are started, and where.
+VLLMPlacement = Callable[[list[dict[str, Any]], "VLLMSettings"], PlacedEngines]
 VLLM_PLACEMENTS: Registry[VLLMPlacement] = Registry("vLLM engine placement")
 
 
-def _vllm_processes(
-    options: list[dict[str, Any]], settings: VLLMSettings
-) -> tuple[list[Any], Callable[[], None] | None]:
+def _vllm_processes(options: list[dict[str, Any]], settings: VLLMSettings) -> PlacedEngines:
     """Worker processes of this process, started at once (each waits for its own)."""
     from grpo_core.engines.sharded_rollout import on_all
     from grpo_core.engines.vllm_rollout import VLLMRolloutEngine
@@ -193,7 +198,7 @@ def _vllm_processes(
         return engine
 
     try:
-        return on_all(options, start), None
+        return PlacedEngines(on_all(options, start), None)
     except BaseException:
         for engine in started:  # none left running by a failed start
             engine.close()
@@ -210,9 +215,11 @@ def _build_vllm(request: RolloutRequest, settings: VLLMSettings) -> RolloutEngin
     if settings.engines == 1 and settings.placement == "process":
         return VLLMRolloutEngine(**vllm_engine_options(request, settings))
     options = [vllm_engine_options(request, settings, i) for i in range(settings.engines)]
-    members, after_close = VLLM_PLACEMENTS[settings.placement](options, settings)
+    placed = VLLM_PLACEMENTS[settings.placement](options, settings)
     shared = settings.sync_timeout_s if settings.weight_sync == "memory" else None
-    return ShardedRolloutEngine(members, after_close, broadcast_timeout_s=shared)
+    return ShardedRolloutEngine(
+        placed.members, placed.after_close, broadcast_timeout_s=shared, sync_host=placed.sync_host
+    )
 
 
 ROLLOUT_ENGINES.add(

@@ -4,7 +4,9 @@ and the rows merged back in prompt order. Members seed each row by its prompt's 
 whole batch (`prompt_offset`), so the merged batch is the one a single engine samples.
 
 Updated weights reach the members by one broadcast over a group that holds this process and
-every member's worker (engines.vllm.weight_sync = memory), else member by member."""
+every member's worker (engines.vllm.weight_sync = memory), else member by member; or, from a
+`WeightSource` outside this process (a long-lived training rank 0 that holds the policy), by
+one broadcast from that rank straight to the workers (`receive_broadcast`)."""
 
 from __future__ import annotations
 
@@ -14,12 +16,18 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Protocol, TypeVar
+from typing import Protocol, TypeVar, runtime_checkable
 
 from torch import Tensor
 
 from grpo_core.contracts.rollout import RolloutBatch, SamplingParams
-from grpo_core.engines.weight_sync import WeightSender, backend_for, manifest, unique_tensors
+from grpo_core.engines.weight_sync import (
+    LOOPBACK,
+    WeightSender,
+    backend_for,
+    manifest,
+    unique_tensors,
+)
 
 T = TypeVar("T")
 R = TypeVar("R")
@@ -52,6 +60,74 @@ class BroadcastMember(ShardMember, Protocol):
     def start_update(self, tensors: list[list[object]]) -> None: ...
 
     def finish_sync(self) -> None: ...
+
+
+class WeightSource(Protocol):
+    """Rank 0 of a weight-sync group in another process (a long-lived training rank): it opens
+    the group's store, joins, and broadcasts the policy weights it holds."""
+
+    def open_sync(self, world_size: int, timeout_s: float) -> tuple[str, int, str]:
+        """A store for a group of world_size ranks: its (host, port) and backend."""
+        ...
+
+    def connect(self) -> None:
+        """Join as rank 0 (returns once every receiver has joined)."""
+        ...
+
+    def manifest(self) -> list[list[object]]:
+        """[name, dtype, shape] of the tensors `send` broadcasts, in order."""
+        ...
+
+    def send(self) -> int:
+        """Broadcast the weights; the bytes sent."""
+        ...
+
+
+@runtime_checkable
+class TakesBroadcast(Protocol):
+    """A rollout engine whose workers can take weights broadcast by a WeightSource."""
+
+    def receive_broadcast(self, source: WeightSource) -> bool: ...
+
+
+def together(members: Sequence[BroadcastMember], collective: Callable[[], R]) -> R:
+    """Our side of a collective, then every member's reply; when ours fails, a member's error
+    (each answers once its own timeout passes) is the likelier cause."""
+    try:
+        result = collective()
+    except RuntimeError:
+        for member in members:
+            member.finish_sync()  # raises the first worker's error, if one had one
+        raise
+    for member in members:
+        member.finish_sync()
+    return result
+
+
+class RemoteBroadcast:
+    """The members' workers in the sync group of a WeightSource: joined at the first push from
+    a source (again when another source pushes, e.g. the next GRPO stage's ranks), then one
+    broadcast per push."""
+
+    def __init__(self, members: Sequence[BroadcastMember], timeout_s: float) -> None:
+        self.members, self.timeout_s = list(members), timeout_s
+        self.joined: WeightSource | None = None  # whose group the workers are in
+
+    def push(self, source: WeightSource) -> int:
+        """The source's weights into every member's worker; the bytes sent."""
+        members, timeout = self.members, self.timeout_s
+        if self.joined is not source:
+            self.joined = None
+            world = len(members) + 1
+            host, port, backend = source.open_sync(world, timeout)
+            for rank, member in enumerate(members, start=1):
+                member.start_join(host, port, backend, timeout, rank, world)
+            together(members, source.connect)
+            self.joined = source
+        listed = source.manifest()
+        for member in members:
+            member.start_update(listed)
+        return together(members, source.send)
 
 
 def shard_bounds(n_prompts: int, n_shards: int) -> list[tuple[int, int]]:
@@ -105,15 +181,19 @@ class ShardedRolloutEngine:
         members: Sequence[ShardMember],
         after_close: Callable[[], None] | None = None,
         broadcast_timeout_s: float | None = None,
+        sync_host: str = LOOPBACK,
     ) -> None:
         """after_close: run once every member is closed (e.g. stop the Ray they ran on).
         broadcast_timeout_s: give weights to BroadcastMembers by one shared broadcast, each
-        step waiting at most this long; None: member by member (their own weight sync)."""
+        step waiting at most this long; None: member by member (their own weight sync).
+        sync_host: this process's address that the members' workers reach for that broadcast
+        (a node address when they run on other nodes)."""
         if not members:
             raise ValueError("a sharded rollout engine needs at least one member engine")
         self.members, self.after_close = list(members), after_close
-        self.broadcast_timeout_s = broadcast_timeout_s
-        self._sender: WeightSender | None = None
+        self.broadcast_timeout_s, self.sync_host = broadcast_timeout_s, sync_host
+        self._sender: WeightSender | None = None  # this process's group with the workers
+        self._remote: RemoteBroadcast | None = None  # or a WeightSource's (receive_broadcast)
 
     def generate(
         self, prompts: list[str], n: int, params: SamplingParams, seed: int
@@ -138,41 +218,51 @@ class ShardedRolloutEngine:
         tensors = unique_tensors(dict(weights))
         if not tensors:
             raise ValueError("receive_weights needs at least one tensor")
-        members: list[BroadcastMember] = self.members  # type: ignore[assignment]
+        members = self._broadcast_members()
+        if self._remote is not None and self._remote.joined is not None:
+            self._sender = None  # the workers are in a WeightSource's group: join ours again
+            self._remote.joined = None
         if self._sender is None:
             self._sender = self._join(members, backend_for(next(iter(tensors.values())).device))
         start = time.perf_counter()
         listed = manifest(tensors)
         for member in members:
             member.start_update(listed)
-        sent = self._together(members, self._sender.send, tensors)
+        sender = self._sender
+        sent = together(members, lambda: sender.send(tensors))
         log.info(
             "weight sync to %d engines in one broadcast: %.3f s, %.1f MB",
             len(members), time.perf_counter() - start, sent / 1e6,
         )  # fmt: skip
 
+    def receive_broadcast(self, source: WeightSource) -> bool:
+        """The weights `source` holds, broadcast by it to every member's worker at once; False
+        (nothing done) when the members sync member by member (weight_sync = disk)."""
+        if self.broadcast_timeout_s is None:
+            return False
+        if self._remote is None:
+            self._remote = RemoteBroadcast(self._broadcast_members(), self.broadcast_timeout_s)
+        self._sender = None  # the workers leave this process's group for the source's
+        start = time.perf_counter()
+        sent = self._remote.push(source)
+        log.info(
+            "weight sync to %d engines broadcast by the training rank: %.3f s, %.1f MB",
+            len(self.members), time.perf_counter() - start, sent / 1e6,
+        )  # fmt: skip
+        return True
+
+    def _broadcast_members(self) -> list[BroadcastMember]:
+        # broadcast_timeout_s is set only for members that are BroadcastMembers
+        return self.members  # type: ignore[return-value]
+
     def _join(self, members: list[BroadcastMember], backend: str) -> WeightSender:
         """The sync group of this process (rank 0) and every member's worker (1..N)."""
         timeout = float(self.broadcast_timeout_s or 0.0)
-        sender = WeightSender(timeout, world_size=len(members) + 1)
+        sender = WeightSender(timeout, host=self.sync_host, world_size=len(members) + 1)
         for rank, member in enumerate(members, start=1):
             member.start_join(sender.host, sender.port, backend, timeout, rank, len(members) + 1)
-        self._together(members, sender.connect, backend)
+        together(members, lambda: sender.connect(backend))
         return sender
-
-    @staticmethod
-    def _together(members: list[BroadcastMember], collective: Callable[[T], R], arg: T) -> R:
-        """Our side of a collective, then every member's reply; when ours fails, a member's
-        error (each answers once its own timeout passes) is the likelier cause."""
-        try:
-            result = collective(arg)
-        except RuntimeError:
-            for member in members:
-                member.finish_sync()  # raises the first worker's error, if one had one
-            raise
-        for member in members:
-            member.finish_sync()
-        return result
 
     def close(self) -> None:
         errors: list[Exception] = []

@@ -26,6 +26,7 @@ from transformers import AutoConfig, AutoTokenizer, GenerationConfig
 
 from grpo_core.contracts.rollout import FinishReason, RolloutBatch, SamplingParams
 from grpo_core.engines.hf_rollout import completion_texts, stop_token_ids
+from grpo_core.engines.sharded_rollout import RemoteBroadcast, WeightSource
 from grpo_core.engines.vllm_env import find_vllm_python
 from grpo_core.engines.weight_sync import (
     WeightSender,
@@ -127,7 +128,8 @@ class VLLMRolloutEngine:
         except BaseException:
             self.close()
             raise
-        self._sender: WeightSender | None = None
+        self._sender: WeightSender | None = None  # this process's sync group with the worker
+        self._remote: RemoteBroadcast | None = None  # or a WeightSource's (receive_broadcast)
         self.start_seconds: float = ready["seconds"]
         self.vllm_version: str = ready["vllm"]
         log.info("vLLM %s worker ready in %.1f s", self.vllm_version, self.start_seconds)
@@ -231,6 +233,9 @@ class VLLMRolloutEngine:
         broadcasts the tensors into vLLM's weight loader. Returns the bytes sent."""
         if not weights:
             raise ValueError("update_weights needs at least one tensor")
+        if self._remote is not None and self._remote.joined is not None:
+            self._sender = None  # the worker is in a WeightSource's group: join ours again
+            self._remote.joined = None
         if self._sender is None:
             backend = backend_for(next(iter(weights.values())).device)
             sender = WeightSender(timeout_s)
@@ -241,6 +246,23 @@ class VLLMRolloutEngine:
         self.start_update(manifest(weights))
         sent: int = self._joined(self._sender.send, weights)
         return sent
+
+    def receive_broadcast(self, source: WeightSource) -> bool:
+        """The weights `source` (a training rank) holds, broadcast by it straight to the worker;
+        False (nothing done) with weight_sync = disk."""
+        if self.weight_sync != "memory":
+            return False
+        if self._remote is None:
+            self._remote = RemoteBroadcast([self], self.sync_timeout_s)
+        self._sender = None  # the worker leaves this process's group for the source's
+        start = time.perf_counter()
+        sent = self._remote.push(source)
+        log.info(
+            "vLLM weight sync broadcast by the training rank: %.3f s, %.1f MB",
+            time.perf_counter() - start,
+            sent / 1e6,
+        )
+        return True
 
     # The steps of a broadcast that several engines share (ShardedRolloutEngine): each engine
     # is told to join or to receive, the trainer broadcasts once, then each engine's reply is

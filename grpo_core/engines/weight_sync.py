@@ -18,6 +18,7 @@ import torch.distributed as dist
 from torch import Tensor
 
 TRAINER_RANK, WORKER_RANK, WORLD_SIZE = 0, 1, 2
+LOOPBACK = "127.0.0.1"  # where the group meets when every rank runs on this machine
 TIMEOUT_SETTING = "engines.vllm.sync_timeout_s"
 
 
@@ -63,7 +64,7 @@ class WeightSender:
     group once the worker has been told where it is; `send` broadcasts a manifest's tensors."""
 
     def __init__(
-        self, timeout_s: float, host: str = "127.0.0.1", world_size: int = WORLD_SIZE
+        self, timeout_s: float, host: str = LOOPBACK, world_size: int = WORLD_SIZE
     ) -> None:
         self.timeout = timedelta(seconds=timeout_s)
         self.host, self.world_size = host, world_size

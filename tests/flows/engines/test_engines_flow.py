@@ -89,8 +89,9 @@ def test_engine_names_are_validated_with_the_field_named() -> None:
         "engines.deepspeed.processes_per_node=2",
     )
     assert launched.engines.launched
-    with pytest.raises(ConfigError, match=r"Ray shards sample with the HF engine"):
-        micro_config(Path("/tmp/unused"), "x", "engines.rollout=vllm", "cluster.ray_address=local")
+    # vLLM engines on a cluster (placement ray) sample every stage there, not the Ray shards
+    on_cluster = ("engines.rollout=vllm", "engines.vllm.placement=ray", "cluster.ray_address=local")
+    assert micro_config(Path("/tmp/unused"), "x", *on_cluster).cluster.ray_address == "local"
     with pytest.raises(ConfigError, match=r"decode with the hf engine's own loop"):
         micro_config(
             Path("/tmp/unused"), "x", "engines.rollout=hf_generate", "cluster.ray_address=local"

@@ -24,15 +24,19 @@ import torch
 from flows.config import EnginesSection, GRPOStageSection, ItergrpoConfig
 from flows.engines.policy_updaters import InProcessUpdater, build_policy_updater
 from flows.engines.train_engines import build_policy_engine
+from flows.engines.train_workers import RayWorkersUpdater
 from grpo_core.contracts.errors import SettingError
 from grpo_core.contracts.policy_batch import PolicyBatch, build_policy_batch
+from grpo_core.engines.sharded_rollout import ShardedRolloutEngine
 from grpo_core.model.config import PolicyConfig
 from grpo_core.model.policy import build_char_tokenizer, create_tiny_policy, load_policy
+from tests.rollout_members import GlooReceiver
 
 needs_ray = pytest.mark.skipif(find_spec("ray") is None, reason="ray is not installed")
 needs_deepspeed = pytest.mark.skipif(find_spec("deepspeed") is None, reason="no deepspeed")
 
 TOL = 2e-6
+EMBED = "model.embed_tokens.weight"
 # 8 rows, 2 mini-batches of 4 per epoch, 2 epochs: 4 optimizer steps, each rank 2 rows of
 # each mini-batch; clipping below the measured norms; KL against a reference.
 GRPO = {
@@ -166,6 +170,41 @@ def test_two_ray_ranks_update_as_one_process_in_the_same_processes(
     finally:
         updater.close()
     assert local_ray.is_initialized()  # a Ray the updater did not start stays up
+
+
+@pytest.mark.slow
+def test_rank_0_broadcasts_each_update_to_the_engines_without_the_stage_holding_it(
+    tmp_path: Path, local_ray: Any
+) -> None:
+    """With a follower that takes a broadcast (vLLM's workers, here threads on real gloo),
+    rank 0 broadcasts its updated weights to them itself: the stage's model keeps its old
+    weights until it is saved or samples (hand_on(None))."""
+    policy_dir = saved_policy(tmp_path / "policy_0")
+    vocab = len(build_char_tokenizer())
+    grpo = GRPOStageSection.model_validate(GRPO)
+    model = load_policy(policy_dir)[0]
+    start = {n: t.clone() for n, t in model.state_dict().items()}
+    members = [GlooReceiver(), GlooReceiver()]
+    engines = ShardedRolloutEngine(members, broadcast_timeout_s=60)
+    updater = build_policy_updater(
+        engines_section("torch"), grpo, 1, model, None, policy_dir, tmp_path / "jobs", "float32"
+    )
+    try:
+        for seed in range(2):
+            updater.update(*ragged_batch(8, vocab), None, seed=seed)
+            updater.hand_on(engines)
+            assert all(torch.equal(t, start[n]) for n, t in model.state_dict().items())
+        assert updater.weights() is None  # now the stage's model holds rank 0's weights
+        trained = model.state_dict()
+        for member in members:
+            first, last = member.received
+            assert set(last) <= set(trained) and EMBED in last
+            assert all(torch.equal(last[n], trained[n]) for n in last)
+            assert not torch.equal(first[EMBED], start[EMBED])  # the first update's weights
+            assert not torch.equal(first[EMBED], last[EMBED])
+        assert isinstance(updater, RayWorkersUpdater) and updater.source.backend == "gloo"
+    finally:
+        updater.close()
 
 
 def test_train_workers_settings_name_the_field() -> None:

@@ -6,64 +6,25 @@ test_vllm_rollout.py (needs `make vllm-env`)."""
 
 from __future__ import annotations
 
-import random
-import threading
-from collections.abc import Mapping
-from datetime import timedelta
 from pathlib import Path
-from typing import Any
 
 import pytest
 import torch
-import torch.distributed as dist
 from hypothesis import given
 from hypothesis import strategies as st
 from torch import Tensor
 
 from grpo_core.contracts.rollout import RolloutBatch, SamplingParams
-from grpo_core.engines.sharded_rollout import ShardedRolloutEngine, merge_shards, shard_bounds
-from grpo_core.engines.weight_sync import make_group
+from grpo_core.engines.sharded_rollout import (
+    ShardedRolloutEngine,
+    TakesBroadcast,
+    merge_shards,
+    shard_bounds,
+)
+from grpo_core.engines.weight_sync import WeightSender, manifest, unique_tensors
+from tests.rollout_members import GlooReceiver, PlaceSeededEngine
 
 PARAMS = SamplingParams(max_new_tokens=4, temperature=1.0)
-
-
-class PlaceSeededEngine:
-    """Samples row (p, j) of a call from random.Random((seed, offset + p, j)): what a vLLM
-    worker's per-row seeds give, here without vLLM."""
-
-    def __init__(self, fail_close: bool = False) -> None:
-        self.calls: list[tuple[int, int]] = []  # (prompt_offset, prompts) per generate
-        self.loaded: list[Path] = []
-        self.weights: list[Mapping[str, Tensor]] = []
-        self.closed, self.fail_close = False, fail_close
-
-    def generate(
-        self, prompts: list[str], n: int, params: SamplingParams, seed: int, prompt_offset: int = 0
-    ) -> RolloutBatch:
-        self.calls.append((prompt_offset, len(prompts)))
-        batch = RolloutBatch([], [], [], [], [], [])
-        for p, prompt in enumerate(prompts):
-            for j in range(n):
-                rng = random.Random(f"{seed}/{prompt_offset + p}/{j}")
-                ids = [rng.randrange(100) for _ in range(params.max_new_tokens)]
-                batch.prompt_index.append(p)
-                batch.prompt_ids.append([ord(c) for c in prompt])
-                batch.completion_ids.append(ids)
-                batch.texts.append(f"{prompt}:{ids}")
-                batch.finish_reasons.append("length")
-                batch.logprobs.append([-rng.random() for _ in ids])
-        return batch
-
-    def load(self, checkpoint_dir: Path) -> None:
-        self.loaded.append(checkpoint_dir)
-
-    def receive_weights(self, weights: Mapping[str, Tensor]) -> None:
-        self.weights.append(weights)
-
-    def close(self) -> None:
-        self.closed = True
-        if self.fail_close:
-            raise RuntimeError("worker gone")
 
 
 def test_shard_bounds_by_hand() -> None:
@@ -128,44 +89,6 @@ def test_a_ray_engine_reserves_the_gpus_of_its_tensor_parallel_size() -> None:
     assert VLLMSettings(placement="ray", num_gpus_per_engine=0.5)  # a shared GPU, TP 1
 
 
-class GlooReceiver(PlaceSeededEngine):
-    """A member whose 'worker' is a thread joining the shared sync group over real gloo and
-    receiving each broadcast, as a vLLM worker does."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.group: Any = None
-        self.received: list[dict[str, Tensor]] = []
-        self.thread: threading.Thread | None = None
-
-    def start_join(
-        self, host: str, port: int, backend: str, timeout_s: float, rank: int = 1, world: int = 2
-    ) -> None:
-        def join() -> None:
-            store = dist.TCPStore(host, port, world, is_master=False, timeout=timedelta(seconds=30))
-            self.group = make_group(store, rank, backend, timedelta(seconds=30), world)
-
-        self.thread = threading.Thread(target=join)
-        self.thread.start()
-
-    def start_update(self, tensors: list[list[object]]) -> None:
-        def receive() -> None:
-            got = {}
-            for name, dtype, shape in tensors:
-                assert isinstance(shape, list)
-                out = torch.empty(shape, dtype=getattr(torch, str(dtype)))
-                self.group.broadcast(out, 0).wait()
-                got[str(name)] = out
-            self.received.append(got)
-
-        self.thread = threading.Thread(target=receive)
-        self.thread.start()
-
-    def finish_sync(self) -> None:
-        assert self.thread is not None
-        self.thread.join(timeout=60)
-
-
 def test_one_broadcast_reaches_every_member_over_one_group() -> None:
     members = [GlooReceiver() for _ in range(3)]
     group = ShardedRolloutEngine(members, broadcast_timeout_s=30)
@@ -179,3 +102,45 @@ def test_one_broadcast_reaches_every_member_over_one_group() -> None:
         assert torch.equal(member.received[1]["embed"], tied + 1)
         assert member.weights == []  # never their own sync
     assert group._sender is not None and group._sender.world_size == 4
+
+
+class LocalSource:
+    """A WeightSource in this process (a training rank 0 stands here): its own sender."""
+
+    def __init__(self, weights: dict[str, Tensor]) -> None:
+        self.weights, self.opened = weights, 0
+        self.sender: WeightSender | None = None
+
+    def open_sync(self, world_size: int, timeout_s: float) -> tuple[str, int, str]:
+        self.opened += 1
+        self.sender = WeightSender(timeout_s, world_size=world_size)
+        return self.sender.host, self.sender.port, "gloo"
+
+    def connect(self) -> None:
+        assert self.sender is not None
+        self.sender.connect("gloo")
+
+    def manifest(self) -> list[list[object]]:
+        return manifest(unique_tensors(self.weights))
+
+    def send(self) -> int:
+        assert self.sender is not None
+        return self.sender.send(unique_tensors(self.weights))
+
+
+def test_a_weight_source_broadcasts_to_every_member_joining_each_source_once() -> None:
+    members = [GlooReceiver() for _ in range(2)]
+    group = ShardedRolloutEngine(members, broadcast_timeout_s=30)
+    assert isinstance(group, TakesBroadcast)
+    rank_a = LocalSource({"w": torch.full((2, 2), 1.0), "b": torch.arange(3.0)})
+    rank_b = LocalSource({"w": torch.full((2, 2), 2.0), "b": torch.arange(3.0) * 2})
+    assert group.receive_broadcast(rank_a) and group.receive_broadcast(rank_a)
+    assert group.receive_broadcast(rank_b)  # the next stage's ranks: the workers join anew
+    group.receive_weights({"w": torch.full((2, 2), 3.0), "b": torch.zeros(3)})  # ours again
+    assert group.receive_broadcast(rank_b)  # and back to the source's group
+    assert (rank_a.opened, rank_b.opened) == (1, 2)
+    for member in members:
+        got = [float(r["w"][0, 0]) for r in member.received]
+        assert got == [1.0, 1.0, 2.0, 3.0, 2.0]
+        assert torch.equal(member.received[2]["b"], torch.arange(3.0) * 2)
+    assert not ShardedRolloutEngine(members).receive_broadcast(rank_a)  # members sync alone
