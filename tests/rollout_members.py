@@ -62,6 +62,8 @@ class GlooReceiver(PlaceSeededEngine):
     """A member whose 'worker' is a thread joining the shared sync group over real gloo and
     receiving each broadcast, as a vLLM worker does."""
 
+    sync_ranks = 1
+
     def __init__(self) -> None:
         super().__init__()
         self.group: Any = None

@@ -72,8 +72,9 @@ class RayEngineMember:
     of a shared broadcast go from the stage process straight to the actor's worker, not
     through Ray's object store."""
 
-    def __init__(self, ray: Any, actor: Any) -> None:
-        self.ray, self.actor = ray, actor
+    def __init__(self, ray: Any, actor: Any, sync_ranks: int = 1) -> None:
+        """sync_ranks: the engine's tensor-parallel size (its ranks in a weight-sync group)."""
+        self.ray, self.actor, self.sync_ranks = ray, actor, sync_ranks
         self._pending: Any = None  # the actor's reply to the last start_join / start_update
 
     def generate(
@@ -119,7 +120,7 @@ def _ray_actors(options: list[dict[str, Any]], settings: VLLMSettings) -> Placed
         num_cpus=settings.num_cpus_per_engine, num_gpus=settings.num_gpus_per_engine
     )
     handles = [actor.remote(kwargs) for kwargs in options]
-    members = [RayEngineMember(ray, handle) for handle in handles]
+    members = [RayEngineMember(ray, handle, settings.tensor_parallel_size) for handle in handles]
     try:
         ray.get([handle.pid.remote() for handle in handles])  # every engine up, or its error
     except BaseException:

@@ -128,7 +128,8 @@ class VLLMSettings(BaseModel):
         1,
         ge=1,
         le=64,
-        description="GPUs each engine shards its model over (vLLM tensor parallelism), 1 to 64.",
+        description="Ranks each engine shards its model over (vLLM tensor parallelism: a "
+        "process per rank, each on its own GPU; on CPU, processes sharing the cores), 1 to 64.",
     )
     placement: Literal["process", "ray"] = Field(
         "process",

@@ -51,7 +51,10 @@ class ShardMember(Protocol):
 
 class BroadcastMember(ShardMember, Protocol):
     """A member whose worker can join a weight-sync group that other members share
-    (VLLMRolloutEngine's start_join / start_update / finish_sync)."""
+    (VLLMRolloutEngine's start_join / start_update / finish_sync), taking `sync_ranks`
+    consecutive ranks of it (one per tensor-parallel rank) from the one start_join names."""
+
+    sync_ranks: int
 
     def start_join(
         self, host: str, port: int, backend: str, timeout_s: float, rank: int = 1, world: int = 2
@@ -90,6 +93,15 @@ class TakesBroadcast(Protocol):
     def receive_broadcast(self, source: WeightSource) -> bool: ...
 
 
+def sync_ranks(members: Sequence[BroadcastMember]) -> list[int]:
+    """The first rank of each member in a group whose rank 0 is the sender, then the group's
+    size: members take consecutive ranges of their sync_ranks."""
+    firsts = [1]
+    for member in members:
+        firsts.append(firsts[-1] + member.sync_ranks)
+    return firsts
+
+
 def together(members: Sequence[BroadcastMember], collective: Callable[[], R]) -> R:
     """Our side of a collective, then every member's reply; when ours fails, a member's error
     (each answers once its own timeout passes) is the likelier cause."""
@@ -118,9 +130,10 @@ class RemoteBroadcast:
         members, timeout = self.members, self.timeout_s
         if self.joined is not source:
             self.joined = None
-            world = len(members) + 1
+            ranks = sync_ranks(members)
+            world = ranks[-1]
             host, port, backend = source.open_sync(world, timeout)
-            for rank, member in enumerate(members, start=1):
+            for member, rank in zip(members, ranks, strict=False):
                 member.start_join(host, port, backend, timeout, rank, world)
             together(members, source.connect)
             self.joined = source
@@ -258,9 +271,10 @@ class ShardedRolloutEngine:
     def _join(self, members: list[BroadcastMember], backend: str) -> WeightSender:
         """The sync group of this process (rank 0) and every member's worker (1..N)."""
         timeout = float(self.broadcast_timeout_s or 0.0)
-        sender = WeightSender(timeout, host=self.sync_host, world_size=len(members) + 1)
-        for rank, member in enumerate(members, start=1):
-            member.start_join(sender.host, sender.port, backend, timeout, rank, len(members) + 1)
+        ranks = sync_ranks(members)
+        sender = WeightSender(timeout, host=self.sync_host, world_size=ranks[-1])
+        for member, rank in zip(members, ranks, strict=False):
+            member.start_join(sender.host, sender.port, backend, timeout, rank, ranks[-1])
         together(members, lambda: sender.connect(backend))
         return sender
 

@@ -97,6 +97,8 @@ class VLLMRolloutEngine:
     ) -> None:
         self.checkpoint_dir = Path(checkpoint_dir)
         self.weight_sync, self.sync_timeout_s = weight_sync, sync_timeout_s
+        # ranks of a weight-sync group this engine's model workers take (one per TP rank)
+        self.sync_ranks = int((llm_kwargs or {}).get("tensor_parallel_size", 1))
         self._loaded: tuple[str, int, int] | None = _dir_identity(self.checkpoint_dir)
         self.tokenizer = AutoTokenizer.from_pretrained(self.checkpoint_dir, local_files_only=True)
         ensure_pad_token(self.tokenizer)
@@ -238,8 +240,9 @@ class VLLMRolloutEngine:
             self._remote.joined = None
         if self._sender is None:
             backend = backend_for(next(iter(weights.values())).device)
-            sender = WeightSender(timeout_s)
-            self.start_join(sender.host, sender.port, backend, timeout_s)
+            world = 1 + self.sync_ranks
+            sender = WeightSender(timeout_s, world_size=world)
+            self.start_join(sender.host, sender.port, backend, timeout_s, 1, world)
             self._joined(sender.connect, backend)
             self._sender = sender
         weights = unique_tensors(weights)
@@ -271,7 +274,8 @@ class VLLMRolloutEngine:
     def start_join(
         self, host: str, port: int, backend: str, timeout_s: float, rank: int = 1, world: int = 2
     ) -> None:
-        """Tell the worker to join the trainer's sync group as `rank` of `world`."""
+        """Tell the worker to join the trainer's sync group as ranks rank .. rank +
+        sync_ranks - 1 of `world`."""
         self._send(
             op="init_sync",
             host=host,

@@ -18,8 +18,9 @@ Serve mode reads one JSON request per line on stdin and answers one JSON line on
 - {"op": "reload", "model": DIR}: loads new weights of the same architecture in place and
   drops the prefix cache (its KV entries belong to the old weights).
 - {"op": "init_sync", "host", "port", "backend" (gloo/nccl), "timeout_s", optionally "rank"
-  and "world_size" (default 1 of 2; engines sharing one broadcast: 1..N of N + 1)}: joins the
-  trainer's process group for in-memory weight updates (grpo_core/engines/weight_sync.py).
+  and "world_size" (default 1 of 2)}: every model worker (each tensor-parallel rank t) joins
+  the trainer's process group as rank + t, for in-memory weight updates
+  (grpo_core/engines/weight_sync.py); engines sharing one broadcast take consecutive ranks.
 - {"op": "update", "manifest": [[name, dtype, shape], ...]}: receives those tensors, broadcast
   by the trainer in that order, loads them into the model in place and drops the prefix cache.
 - {"op": "shutdown"}.
@@ -46,8 +47,8 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
-# Set before vLLM is imported: no hub access, and the engine core in this process so that
-# `apply_model` runs our function directly instead of pickling it to another process.
+# Set before vLLM is imported: no hub access, and the engine core in this process (with
+# tensor_parallel_size 1 the model worker too; with more, one process per rank: on_models).
 WORKER_ENV = {
     "HF_HUB_OFFLINE": "1",
     "TRANSFORMERS_OFFLINE": "1",
@@ -87,6 +88,14 @@ def write_rows(rows: list[dict[str, Any]], path: Path) -> None:
     os.replace(tmp, path)
 
 
+def on_models(llm: Any, fn: Any) -> list[Any]:
+    """fn(model) in every model worker (each tensor-parallel rank: its own process when
+    tensor_parallel_size > 1), results in rank order. vLLM sends a callable by value
+    (cloudpickle) but its arguments by reference (pickle), which rejects this script's local
+    functions: so fn travels inside the callable, never as an argument (`apply_model`)."""
+    return list(llm.collective_rpc(lambda worker: fn(worker.get_model())))
+
+
 def set_logit_scale(llm: Any, scale: float) -> None:
     """Multiply the model's output logits by `scale` (on top of the model's own logit_scale)."""
 
@@ -102,7 +111,7 @@ def set_logit_scale(llm: Any, scale: float) -> None:
                 found += 1
         return found
 
-    if not all(llm.apply_model(apply)):
+    if not all(on_models(llm, apply)):
         raise RuntimeError("model has no vLLM LogitsProcessor: cannot apply the temperature")
 
 
@@ -180,23 +189,25 @@ def refresh_tied_lm_head(model: Any) -> int:
 def reload(llm: Any, model_dir: str) -> None:
     """New weights (same architecture) in place, then forget the KV prefix cache."""
     llm.collective_rpc("reload_weights", kwargs={"weights_path": model_dir})
-    llm.apply_model(refresh_tied_lm_head)
+    on_models(llm, refresh_tied_lm_head)
     llm.reset_prefix_cache()
 
 
 class SyncGroup:
-    """This worker's side (rank 1, or its rank among engines sharing the broadcast) of the
-    trainer's weight-sync group (mirrors make_group in grpo_core/engines/weight_sync.py, which
-    this environment cannot import)."""
+    """One model worker's side of the trainer's weight-sync group (mirrors make_group in
+    grpo_core/engines/weight_sync.py, which this environment cannot import). Every
+    tensor-parallel rank of the engine is a member: rank = the engine's first rank + its own
+    (1.. for one engine; engines sharing a broadcast take consecutive ranges)."""
 
-    def __init__(self, request: dict[str, Any]) -> None:
+    def __init__(self, request: dict[str, Any], tp_rank: int) -> None:
         import torch
         import torch.distributed as dist
 
         self.backend = str(request["backend"])
         self.group: Any
         timeout = timedelta(seconds=float(request["timeout_s"]))
-        rank, world = int(request.get("rank", 1)), int(request.get("world_size", 2))
+        rank = int(request.get("rank", 1)) + tp_rank
+        world = int(request.get("world_size", 2))
         store = dist.TCPStore(
             str(request["host"]), int(request["port"]), world, is_master=False, timeout=timeout
         )
@@ -221,20 +232,38 @@ class SyncGroup:
             yield str(name), tensor
 
 
-def update(llm: Any, group: SyncGroup, manifest: list[list[Any]]) -> None:
-    """Weights received over the sync group into the model in place (as `reload` does from
-    disk: vLLM's load path, a tied lm_head re-processed), then forget the KV prefix cache."""
-    received = group.receive(manifest)
-    try:
-        llm.collective_rpc("reload_weights", kwargs={"weights_iterator": received})
-    finally:
-        for _ in received:  # a failed load still takes every tensor: the trainer never hangs
-            pass
-    llm.apply_model(refresh_tied_lm_head)
+SYNC_ATTR = "itergrpo_sync"  # the model worker's attribute holding its SyncGroup
+
+
+def init_sync(llm: Any, request: dict[str, Any]) -> None:
+    """Every model worker joins the trainer's group (its SyncGroup kept on the worker object:
+    functions reach a tensor-parallel worker's process by value, their globals copied)."""
+
+    def join(worker: Any) -> None:
+        setattr(worker, SYNC_ATTR, SyncGroup(request, int(worker.rank)))
+
+    llm.collective_rpc(join)
+
+
+def update(llm: Any, manifest: list[list[Any]]) -> None:
+    """Weights received over the sync group into every model worker in place (each takes the
+    whole tensors and loads its shard, as `reload` does from disk: vLLM's load path, a tied
+    lm_head re-processed), then forget the KV prefix cache."""
+
+    def receive(worker: Any) -> None:
+        group = getattr(worker, SYNC_ATTR, None)
+        if group is None:
+            raise RuntimeError("update before init_sync: no weight-sync group")
+        received = group.receive(manifest)
+        try:
+            worker.reload_weights(weights_iterator=received)
+        finally:
+            for _ in received:  # a failed load still takes every tensor: the trainer never hangs
+                pass
+        refresh_tied_lm_head(worker.get_model())
+
+    llm.collective_rpc(receive)
     llm.reset_prefix_cache()
-
-
-SYNC: dict[str, SyncGroup] = {}  # "group": the one set up by init_sync
 
 
 def handle(llm: Any, request: dict[str, Any], show_progress: bool) -> dict[str, Any]:
@@ -246,11 +275,9 @@ def handle(llm: Any, request: dict[str, Any], show_progress: bool) -> dict[str, 
     elif op == "reload":
         reload(llm, request["model"])
     elif op == "init_sync":
-        SYNC["group"] = SyncGroup(request)
+        init_sync(llm, request)
     elif op == "update":
-        if "group" not in SYNC:
-            raise RuntimeError("update before init_sync: no weight-sync group")
-        update(llm, SYNC["group"], request["manifest"])
+        update(llm, request["manifest"])
     elif op != "shutdown":
         raise ValueError(
             f"unknown op {op!r}: expected generate, reload, init_sync, update or shutdown"

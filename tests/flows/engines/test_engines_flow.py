@@ -327,6 +327,20 @@ def test_micro_run_with_vllm_samples_every_stage_from_one_worker(
 
 @needs_vllm
 @pytest.mark.slow
+def test_a_tensor_parallel_engine_stores_the_rows_of_one_rank(tmp_path: Path) -> None:
+    """engines.vllm.tensor_parallel_size = 2 on vLLM's CPU backend (a process per rank, each
+    joining the GRPO stage's weight broadcast): the micro run's rows equal the one-rank run's."""
+    stores = {tp: tmp_path / f"tp{tp}" for tp in (1, 2)}
+    for tp, store in stores.items():
+        sets = (*VLLM_SETS, "run.iterations=1", f"engines.vllm.tensor_parallel_size={tp}")
+        execute_run(micro_config(store, "tp", *sets))
+    one, two = (snapshot(RunStore(store), "tp") for store in stores.values())
+    for table in ("rollouts", "orm_labels", "policy_samples", "eval"):
+        assert two[table] == one[table], table
+
+
+@needs_vllm
+@pytest.mark.slow
 def test_worker_reloads_tied_policies_and_samples_many_seeded_prompts(tmp_path: Path) -> None:
     """The tiny policy ties lm_head to the embeddings; vLLM's reload skips the tied head, so
     the worker must refresh it (on CPU its pre-packed GEMM would keep the old weights). And a

@@ -20,6 +20,7 @@ from grpo_core.engines.sharded_rollout import (
     TakesBroadcast,
     merge_shards,
     shard_bounds,
+    sync_ranks,
 )
 from grpo_core.engines.weight_sync import WeightSender, manifest, unique_tensors
 from tests.rollout_members import GlooReceiver, PlaceSeededEngine
@@ -144,3 +145,11 @@ def test_a_weight_source_broadcasts_to_every_member_joining_each_source_once() -
         assert got == [1.0, 1.0, 2.0, 3.0, 2.0]
         assert torch.equal(member.received[2]["b"], torch.arange(3.0) * 2)
     assert not ShardedRolloutEngine(members).receive_broadcast(rank_a)  # members sync alone
+
+
+def test_members_take_consecutive_ranks_one_per_tensor_parallel_rank() -> None:
+    members = [GlooReceiver() for _ in range(3)]
+    for member, tp in zip(members, (2, 1, 4), strict=True):
+        member.sync_ranks = tp
+    assert sync_ranks(members) == [1, 3, 4, 8]  # first ranks, then the group's size
+    assert sync_ranks([]) == [1]  # the sender alone

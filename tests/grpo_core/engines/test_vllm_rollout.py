@@ -280,3 +280,24 @@ def test_two_engines_take_each_updated_policy(
     finally:
         two_engines.load(checkpoints[0])
     assert_greedy_identical(two_engines, checkpoints[0])
+
+
+def test_a_tensor_parallel_engine_samples_and_takes_policies_as_one_rank_does(
+    engine: VLLMRolloutEngine, checkpoints: tuple[Path, Path]
+) -> None:
+    """tensor_parallel_size = 2 (vLLM's CPU backend: a process per rank): the rows of the
+    one-rank engine; an in-memory update reaches both ranks (each joins the sync group and
+    loads its shard), and a reload from disk too."""
+    tok = engine.tokenizer
+    kwargs = {**LLM_KWARGS, "tensor_parallel_size": 2}
+    with VLLMRolloutEngine(
+        checkpoints[0], dtype="float32", llm_kwargs=kwargs, env=WORKER_ENV
+    ) as sharded:
+        params = SamplingParams(16, 1.0, top_p=0.9)
+        want = engine.generate(prompts(tok), 3, params, seed=5)
+        assert_same_rows(sharded.generate(prompts(tok), 3, params, seed=5), want)
+        sharded.update_weights(dict(load_policy(checkpoints[1])[0].state_dict()))
+        assert sharded._sender is not None and sharded._sender.world_size == 3  # 1 + 2 ranks
+        assert_greedy_identical(sharded, checkpoints[1])
+        sharded.load(checkpoints[0])
+        assert_greedy_identical(sharded, checkpoints[0])
