@@ -224,10 +224,11 @@ class EnginesSection(_Section):
         "none",
         description="Where the GRPO update runs: none (in the stage's process, or one "
         "deepspeed launcher job per step with deepspeed.processes_per_node > 1 or a hostfile) "
-        "or ray (engines.workers.ranks Ray actors kept for the whole GRPO stage, each one rank "
-        "of a gloo/NCCL group running engines.train: deepspeed, or torch with DDP; fed each "
-        "step's batch through Ray's object store). Ray: cluster.ray_address, else a local Ray "
-        "on 127.0.0.1 started and stopped by the stage (the ray extra).",
+        "or ray (engines.workers.ranks Ray actors kept for the run or each GRPO stage "
+        "(engines.workers.lifetime), each one rank of a gloo/NCCL group running "
+        "engines.train: deepspeed, or torch with DDP; fed each step's batch through Ray's "
+        "object store). Ray: cluster.ray_address, else a local Ray on 127.0.0.1 started with "
+        "the ranks and stopped with them (the ray extra).",
     )
     workers: TrainWorkersConfig = Field(
         default_factory=TrainWorkersConfig,

@@ -23,6 +23,7 @@ if TYPE_CHECKING:
     import torch
     from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
+    from flows.engines.train_workers import RankGroup
     from grpo_core.contracts.rollout import Sampler
     from grpo_core.data.tasks.base import Task
     from grpo_core.model.prompts import Prompter
@@ -36,6 +37,7 @@ class RunContext:
     store: RunStore
     run: RunWriter  # the run's open writer: stage attempts, status
     engines: RolloutEngines = field(init=False)
+    _training_ranks: RankGroup | None = field(init=False, default=None)
 
     def __post_init__(self) -> None:
         self.engines = RolloutEngines(
@@ -115,12 +117,11 @@ class RunContext:
         own processes (vLLM) is never sharded that way: it spreads itself (engines.vllm.engines
         and placement: on the cluster with placement ray)."""
         from flows.engines.ray_shards import sharded_engine
-        from grpo_core.engines.registry import ROLLOUT_ENGINES
 
         checkpoint = self.checkpoint(POLICY, policy_iteration)
         name, cluster = self.cfg.engines.rollout, self.cfg.cluster
         where = f"the {shard_label or purpose} sampling of policy_{policy_iteration}"
-        if not ROLLOUT_ENGINES[name].keeps_process:
+        if self.ray_shards_sample:
             sharded = sharded_engine(
                 cluster,
                 self.cfg.run.device,
@@ -137,6 +138,36 @@ class RunContext:
         engine = self.engines.engine(name, purpose, checkpoint, model, tokenizer, batch_size)
         return FiniteSampler(engine, where)
 
+    @property
+    def ray_shards_sample(self) -> bool:
+        """Whether the sampling stages run as Ray shards (cluster.ray_address set): not with
+        an engine that keeps its own processes (vLLM), which spreads itself."""
+        from grpo_core.engines.registry import ROLLOUT_ENGINES
+
+        keeps_process = ROLLOUT_ENGINES[self.cfg.engines.rollout].keeps_process
+        return self.cfg.cluster.ray_address is not None and not keeps_process
+
+    def training_ranks(self) -> RankGroup | None:
+        """The run's long-lived training ranks (engines.train_workers = ray), started at the
+        first GRPO stage that asks and kept until the run ends; None when they live for one
+        stage (engines.workers.lifetime), or when the GRPO update does not run on them."""
+        from flows.engines.train_workers import RankGroup, ranks_live_for_run
+
+        engines, cluster = self.cfg.engines, self.cfg.cluster
+        if engines.train_workers != "ray":
+            return None
+        if not ranks_live_for_run(engines.workers.lifetime, self.ray_shards_sample):
+            return None
+        if self._training_ranks is None or not self._training_ranks.ranks:  # none, or died
+            self._training_ranks = RankGroup(engines.workers, self.threads, cluster.ray_address)
+        return self._training_ranks
+
     def close(self) -> None:
-        """Release what the run kept between stages (a rollout engine's worker process)."""
-        self.engines.close()
+        """Release what the run kept between stages: the training ranks, then the rollout
+        engine's worker processes (whose local Ray, if they started it, the ranks share)."""
+        try:
+            if self._training_ranks is not None:
+                self._training_ranks.close()
+                self._training_ranks = None
+        finally:
+            self.engines.close()

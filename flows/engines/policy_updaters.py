@@ -10,7 +10,7 @@ import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
 from safetensors.torch import load_file
@@ -28,6 +28,9 @@ from grpo_core.contracts.training import TrainEngine
 from grpo_core.engines.config import DeepSpeedConfig
 from grpo_core.engines.registry import require_deepspeed
 from storage.errors import MissingCheckpointError
+
+if TYPE_CHECKING:
+    from flows.engines.train_workers import RankGroup
 
 # Checkpoint roles (checkpoints/<run_id>/<role>/iter-<k>/) and directories of the updaters.
 LAUNCH_JOBS = "grpo-launch"  # deepspeed launcher jobs of the GRPO stage (one per step)
@@ -261,16 +264,20 @@ def build_policy_updater(
     jobs_dir: Path,
     policy_dtype: str,
     ray_address: str | None = None,
+    ranks: RankGroup | None = None,
 ) -> PolicyUpdater:
     """The GRPO stage's update path for engines.train and engines.deepspeed: in this process,
     through the deepspeed launcher (jobs under `jobs_dir`, ranks loading the policy in
-    `policy_dtype`) when engines.launched, or on long-lived Ray actors (at `ray_address`,
-    else a local Ray) when engines.train_workers = ray (flows/engines/train_workers.py)."""
+    `policy_dtype`) when engines.launched, or on long-lived Ray actors when engines.train_workers
+    = ray (flows/engines/train_workers.py): `ranks`, the run's, or a group started for the
+    stage (at `ray_address`, else a local Ray) and closed with it."""
     if engines.train_workers == "ray":
-        from flows.engines.train_workers import RayWorkersUpdater
+        from flows.engines.train_workers import RankGroup, RayWorkersUpdater
 
+        owns = ranks is None
+        group = RankGroup(engines.workers, threads, ray_address) if ranks is None else ranks
         return RayWorkersUpdater(
-            engines, grpo, threads, model, policy_dir, policy_dtype, ray_address, DEEPSPEED_STATE
+            group, engines, grpo, model, policy_dir, policy_dtype, DEEPSPEED_STATE, owns
         )
     if engines.launched:
         deepspeed = engines.deepspeed

@@ -238,6 +238,7 @@ def _train_policy(
         jobs_dir,
         cfg.policy.dtype,
         ray_address=cfg.cluster.ray_address,
+        ranks=ctx.training_ranks(),
     )
     if adapters is not None:
         updater = LoRAUpdater(updater, adapters)

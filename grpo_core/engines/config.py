@@ -199,6 +199,14 @@ class TrainWorkersConfig(BaseModel):
         description="GPUs Ray reserves for each rank: 0 (CPU ranks, gloo) or 1 (one GPU per "
         "rank, NCCL; needs run.device auto or cuda).",
     )
+    lifetime: Literal["auto", "run", "stage"] = Field(
+        default="auto",
+        description="How long the ranks live: run (started at the first GRPO stage, each "
+        "later stage loads policy_k into them), stage (started and stopped by each GRPO "
+        "stage), or auto: run, unless the sampling runs as Ray shards on the same Ray "
+        "(cluster.ray_address without vLLM), whose tasks would wait for the CPUs/GPUs the "
+        "kept ranks reserve.",
+    )
     start_timeout_s: float = Field(
         default=600.0,
         gt=0.0,

@@ -24,7 +24,7 @@ import torch
 from flows.config import EnginesSection, GRPOStageSection, ItergrpoConfig
 from flows.engines.policy_updaters import InProcessUpdater, build_policy_updater
 from flows.engines.train_engines import build_policy_engine
-from flows.engines.train_workers import RayWorkersUpdater
+from flows.engines.train_workers import RankGroup, RayWorkersUpdater, ranks_live_for_run
 from grpo_core.contracts.errors import SettingError
 from grpo_core.contracts.policy_batch import PolicyBatch, build_policy_batch
 from grpo_core.engines.sharded_rollout import ShardedRolloutEngine
@@ -170,6 +170,44 @@ def test_two_ray_ranks_update_as_one_process_in_the_same_processes(
     finally:
         updater.close()
     assert local_ray.is_initialized()  # a Ray the updater did not start stays up
+
+
+@pytest.mark.slow
+def test_ranks_kept_for_the_run_start_each_stage_afresh(tmp_path: Path, local_ray: Any) -> None:
+    """engines.workers.lifetime = run: one group serves two GRPO stages; the second loads the
+    policy again with a new optimizer, so the same steps from the same policy give the same
+    metrics and weights as the first, in the same two processes."""
+    policy_dir = saved_policy(tmp_path / "policy_0")
+    vocab = len(build_char_tokenizer())
+    grpo = GRPOStageSection.model_validate(GRPO)
+    steps = [ragged_batch(8, vocab), ragged_batch(8, vocab)]
+    engines = engines_section("torch")
+    group = RankGroup(engines.workers, 1, None)
+    try:
+        stages = []
+        for _ in range(2):
+            model = load_policy(policy_dir)[0]
+            updater = build_policy_updater(
+                engines, grpo, 1, model, None, policy_dir, tmp_path / "jobs", "float32", None, group
+            )
+            metrics = [updater.update(b, a, None, seed=s) for s, (b, a) in enumerate(steps)]
+            updater.weights()
+            updater.close()  # the stage's end: the ranks stay
+            stages.append((model.state_dict(), metrics, list(group.pids)))
+            assert len(group.ranks) == 2
+        (w1, m1, pids1), (w2, m2, pids2) = stages
+        assert m2 == m1 and all(torch.equal(w2[n], w1[n]) for n in w1)
+        assert pids1 == pids2 and len(set(pids1)) == 2
+    finally:
+        group.close()
+    assert local_ray.is_initialized()  # a Ray the group did not start stays up
+
+
+def test_ranks_live_for_the_run_unless_ray_shards_need_their_reservations() -> None:
+    assert ranks_live_for_run("auto", shards_sample=False)
+    assert not ranks_live_for_run("auto", shards_sample=True)
+    assert ranks_live_for_run("run", shards_sample=True)
+    assert not ranks_live_for_run("stage", shards_sample=False)
 
 
 @pytest.mark.slow
