@@ -123,10 +123,11 @@ class RankGroup:
         return list(self.get([call(rank) for rank in self.ranks]))
 
     def close(self) -> None:
-        for rank in self.ranks:
-            self.ray.kill(rank)
+        if self.ray.is_initialized():  # else the ranks went with the Ray that stopped
+            for rank in self.ranks:
+                self.ray.kill(rank)
         self.ranks = []
-        if self.owns_ray:
+        if self.owns_ray and self.ray.is_initialized():
             self.ray.shutdown()
             log.info("training ranks: local Ray stopped")
 

@@ -105,6 +105,8 @@ class RayEngineMember:
         self.ray.get(pending)
 
     def close(self) -> None:
+        if not self.ray.is_initialized():  # the actor (and its worker) went with its Ray
+            return
         try:
             self.ray.get(self.actor.close.remote())
         finally:
