@@ -440,6 +440,11 @@ class ItergrpoConfig(_Section):
 
     @model_validator(mode="after")
     def _engines_fit_together(self) -> ItergrpoConfig:
+        if self.engines.vllm.sleep_while_training and self.run.device == "cpu":
+            raise ValueError(
+                "engines.vllm.sleep_while_training needs a GPU (vLLM's CPU backend has no sleep "
+                "mode): set run.device: cuda, or sleep_while_training: false"
+            )
         if self.engines.rollout == "hf_generate" and self.cluster.ray_address is not None:
             raise ValueError(
                 "engines.rollout = hf_generate with cluster.ray_address set: the Ray shards "

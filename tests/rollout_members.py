@@ -28,6 +28,7 @@ class PlaceSeededEngine:
         self.loaded: list[Path] = []
         self.weights: list[Mapping[str, Tensor]] = []
         self.closed, self.fail_close = False, fail_close
+        self.slept = 0
 
     def generate(
         self, prompts: list[str], n: int, params: SamplingParams, seed: int, prompt_offset: int = 0
@@ -51,6 +52,9 @@ class PlaceSeededEngine:
 
     def receive_weights(self, weights: Mapping[str, Tensor]) -> None:
         self.weights.append(weights)
+
+    def sleep(self) -> None:
+        self.slept += 1
 
     def close(self) -> None:
         self.closed = True

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import logging
 from pathlib import Path
-from typing import Literal
+from typing import Literal, Protocol, runtime_checkable
 
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
@@ -92,6 +92,33 @@ class RolloutEngines:
         if self._kept is not None:
             self._kept.close()
         self._kept = self._kept_key = None
+
+
+@runtime_checkable
+class SleepingEngine(Protocol):
+    """A rollout engine that can free its device memory until its next request."""
+
+    def generate(
+        self, prompts: list[str], n: int, params: SamplingParams, seed: int
+    ) -> RolloutBatch: ...
+
+    def sleep(self) -> None: ...
+
+
+class SleepsAfterSampling:
+    """A GRPO step's sampler whose engine sleeps once the step's outputs are sampled
+    (engines.vllm.sleep_while_training): the update that follows on the same GPU gets the
+    engine's memory, and the engine's next request (the new weights) wakes it."""
+
+    def __init__(self, engine: SleepingEngine) -> None:
+        self.engine = engine
+
+    def generate(
+        self, prompts: list[str], n: int, params: SamplingParams, seed: int
+    ) -> RolloutBatch:
+        batch = self.engine.generate(prompts, n, params, seed=seed)
+        self.engine.sleep()
+        return batch
 
 
 class FiniteSampler:

@@ -51,6 +51,9 @@ class VLLMEngineActor:
     def receive_weights(self, weights: dict[str, Tensor]) -> None:
         self.engine.receive_weights(weights)
 
+    def sleep(self) -> None:
+        self.engine.sleep()
+
     def join_sync(
         self, host: str, port: int, backend: str, timeout_s: float, rank: int, world: int
     ) -> None:
@@ -92,6 +95,9 @@ class RayEngineMember:
         cpu = {name: value.detach().cpu() for name, value in weights.items()}
         self.ray.get(self.actor.receive_weights.remote(cpu))
 
+    def sleep(self) -> None:
+        self.ray.get(self.actor.sleep.remote())
+
     def start_join(
         self, host: str, port: int, backend: str, timeout_s: float, rank: int = 1, world: int = 2
     ) -> None:
@@ -122,7 +128,10 @@ def _ray_actors(options: list[dict[str, Any]], settings: VLLMSettings) -> Placed
         num_cpus=settings.num_cpus_per_engine, num_gpus=settings.num_gpus_per_engine
     )
     handles = [actor.remote(kwargs) for kwargs in options]
-    members = [RayEngineMember(ray, handle, settings.tensor_parallel_size) for handle in handles]
+    members = [
+        RayEngineMember(ray, handle, int(kwargs["llm_kwargs"].get("tensor_parallel_size", 1)))
+        for handle, kwargs in zip(handles, options, strict=True)
+    ]
     try:
         ray.get([handle.pid.remote() for handle in handles])  # every engine up, or its error
     except BaseException:

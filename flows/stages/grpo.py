@@ -22,6 +22,7 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 from flows.context import RunContext
 from flows.engines.lora_updater import ADAPTERS_DIR, LoRAUpdater
 from flows.engines.policy_updaters import LAUNCH_JOBS, PolicyUpdater, build_policy_updater
+from flows.engines.sampling import SleepingEngine, SleepsAfterSampling
 from flows.guards import GuardChecks
 from flows.interrupts import INTERRUPT
 from flows.model_io import save_model
@@ -227,6 +228,9 @@ def _train_policy(
     # The sampling engine first: vLLM engines on Ray actors that start a local Ray own it for
     # the run; started after the training ranks, they would stop with the ranks' Ray.
     sampler, follower = _training_data(ctx, k, model, tokenizer, pool)
+    settings = cfg.engines.settings_of(cfg.engines.grpo_rollout)
+    if getattr(settings, "sleep_while_training", False) and isinstance(follower, SleepingEngine):
+        sampler = SleepsAfterSampling(follower)
     jobs_dir = ctx.checkpoint(LAUNCH_JOBS, k)
     updater = build_policy_updater(
         cfg.engines,

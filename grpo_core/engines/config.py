@@ -79,6 +79,13 @@ class VLLMSettings(BaseModel):
         "into vLLM's weight loader; no disk) or disk (save a scratch checkpoint, the worker "
         "reloads it). Both give the same weights; see the README for their cost.",
     )
+    sleep_while_training: bool = Field(
+        False,
+        description="Colocation on one GPU: after each GRPO step's sampling the engines sleep "
+        "(vLLM sleep mode, level 1: weights offloaded to CPU memory, KV cache freed) while the "
+        "update trains beside them, and wake before the next weights or sampling. GPU only: "
+        "vLLM's CPU backend has no sleep mode.",
+    )
     sync_timeout_s: float = Field(
         120.0,
         gt=0.0,

@@ -147,6 +147,8 @@ def vllm_engine_options(
         llm_kwargs["max_model_len"] = settings.max_model_len
     if settings.tensor_parallel_size > 1:
         llm_kwargs["tensor_parallel_size"] = settings.tensor_parallel_size
+    if settings.sleep_while_training:
+        llm_kwargs["enable_sleep_mode"] = True
     llm_kwargs.update(settings.llm_kwargs)
     suffix = "" if index is None else f"-{index}"
     log_path = None

@@ -46,6 +46,8 @@ class ShardMember(Protocol):
 
     def receive_weights(self, weights: Mapping[str, Tensor]) -> None: ...
 
+    def sleep(self) -> None: ...
+
     def close(self) -> None: ...
 
 
@@ -222,6 +224,10 @@ class ShardedRolloutEngine:
 
     def load(self, checkpoint_dir: Path) -> None:
         on_all(self.members, lambda member: member.load(checkpoint_dir))
+
+    def sleep(self) -> None:
+        """Every member sleeps until its next request (engines.vllm.sleep_while_training)."""
+        on_all(self.members, lambda member: member.sleep())
 
     def receive_weights(self, weights: Mapping[str, Tensor]) -> None:
         if self.broadcast_timeout_s is None:

@@ -132,6 +132,7 @@ class VLLMRolloutEngine:
             raise
         self._sender: WeightSender | None = None  # this process's sync group with the worker
         self._remote: RemoteBroadcast | None = None  # or a WeightSource's (receive_broadcast)
+        self._asleep = False  # sleep(): every later request wakes the worker first
         self.start_seconds: float = ready["seconds"]
         self.vllm_version: str = ready["vllm"]
         log.info("vLLM %s worker ready in %.1f s", self.vllm_version, self.start_seconds)
@@ -173,6 +174,13 @@ class VLLMRolloutEngine:
             finish_reasons=reasons,
             logprobs=[r["logprobs"] for r in rows],
         )
+
+    def sleep(self) -> None:
+        """Free the worker's GPU memory until its next request (vLLM sleep mode, level 1: the
+        weights wait in CPU memory, the KV cache is dropped); needs enable_sleep_mode."""
+        if not self._asleep:
+            self._call(op="sleep")
+            self._asleep = True
 
     def load(self, checkpoint_dir: Path) -> None:
         """Sample the policy at `checkpoint_dir` from now on: reloaded into the running worker
@@ -332,6 +340,9 @@ class VLLMRolloutEngine:
         return self._reply()
 
     def _send(self, **request: Any) -> None:
+        if self._asleep and request["op"] != "shutdown":
+            self._asleep = False
+            self._call(op="wake")
         stdin = self._process.stdin
         if stdin is None or self._process.poll() is not None:
             raise RuntimeError(f"vLLM worker is not running (exit code {self._process.poll()})")

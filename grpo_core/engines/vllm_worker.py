@@ -23,6 +23,8 @@ Serve mode reads one JSON request per line on stdin and answers one JSON line on
   (grpo_core/engines/weight_sync.py); engines sharing one broadcast take consecutive ranks.
 - {"op": "update", "manifest": [[name, dtype, shape], ...]}: receives those tensors, broadcast
   by the trainer in that order, loads them into the model in place and drops the prefix cache.
+- {"op": "sleep"} / {"op": "wake"}: vLLM sleep mode level 1 (needs enable_sleep_mode, GPU
+  only): the weights wait in CPU memory and the KV cache is freed until "wake".
 - {"op": "shutdown"}.
 
 Log-probs follow grpo_core.contracts.rollout.RolloutBatch: log softmax(logits / T) of each
@@ -278,9 +280,14 @@ def handle(llm: Any, request: dict[str, Any], show_progress: bool) -> dict[str, 
         init_sync(llm, request)
     elif op == "update":
         update(llm, request["manifest"])
+    elif op == "sleep":
+        llm.sleep(level=1)  # weights to CPU memory, KV cache dropped
+    elif op == "wake":
+        llm.wake_up()
     elif op != "shutdown":
         raise ValueError(
-            f"unknown op {op!r}: expected generate, reload, init_sync, update or shutdown"
+            f"unknown op {op!r}: expected generate, reload, init_sync, update, sleep, wake or "
+            "shutdown"
         )
     reply["seconds"] = round(time.perf_counter() - start, 3)
     return reply
