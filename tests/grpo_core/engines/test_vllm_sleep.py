@@ -16,21 +16,13 @@ from grpo_core.contracts.rollout import SamplingParams
 from grpo_core.engines import vllm_rollout
 from grpo_core.engines.registry import vllm_engine_options
 from grpo_core.engines.sharded_rollout import ShardedRolloutEngine
-from grpo_core.model.config import PolicyConfig
-from grpo_core.model.policy import build_char_tokenizer, create_tiny_policy
+from grpo_core.model.policy import build_char_tokenizer
 from tests.flow_helpers import micro_config
+from tests.flows.engines.test_train_workers import saved_policy
 from tests.rollout_members import PlaceSeededEngine
 
 FAKE_WORKER = Path(__file__).parents[2] / "fake_vllm_worker.py"
 PARAMS = SamplingParams(max_new_tokens=1, temperature=1.0)
-
-
-def saved_policy(path: Path) -> Path:
-    tokenizer = build_char_tokenizer()
-    policy = create_tiny_policy(PolicyConfig(hidden_size=32, intermediate_size=64), tokenizer)
-    policy.save_pretrained(path)
-    tokenizer.save_pretrained(path)
-    return path
 
 
 def test_a_sleeping_worker_is_woken_by_its_next_request_only(
