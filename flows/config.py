@@ -440,6 +440,11 @@ class ItergrpoConfig(_Section):
 
     @model_validator(mode="after")
     def _engines_fit_together(self) -> ItergrpoConfig:
+        if self.engines.vllm.sync_backend == "nccl" and self.run.device == "cpu":
+            raise ValueError(
+                "engines.vllm.sync_backend = nccl needs CUDA tensors (run.device: cuda); on CPU "
+                "set it to auto or gloo"
+            )
         if self.engines.vllm.sleep_while_training and self.run.device == "cpu":
             raise ValueError(
                 "engines.vllm.sleep_while_training needs a GPU (vLLM's CPU backend has no sleep "

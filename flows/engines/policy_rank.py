@@ -23,7 +23,7 @@ from grpo_core.algo.config import GRPOConfig
 from grpo_core.contracts.policy_batch import update_inputs
 from grpo_core.contracts.registry import Registry
 from grpo_core.contracts.training import OptimizerSettings, TrainEngine
-from grpo_core.engines.weight_sync import WeightSender, manifest, unique_tensors
+from grpo_core.engines.weight_sync import WeightSender, manifest, sync_backend, unique_tensors
 
 # engines.train -> the engine one rank of the group runs, built on the rank's model once the
 # default process group is up: (model, optimizer settings, engines section) -> TrainEngine.
@@ -160,14 +160,16 @@ class PolicyRank:
             raise RuntimeError("training rank 0 asked for weights before any update or gather")
         return self.weights
 
-    def open_sync(self, world_size: int, timeout_s: float) -> tuple[str, int, str]:
+    def open_sync(self, world_size: int, timeout_s: float, backend: str) -> tuple[str, int, str]:
         """Rank 0: a store on this node for the weight-sync group with world_size - 1 vLLM
-        workers; (host, port, backend): NCCL when this rank trains on a GPU, else gloo."""
+        workers; (host, port, backend): `backend`, the engines' setting, with auto NCCL when
+        this rank trains on a GPU of its own (Ray reserved it), else gloo."""
         import ray
 
         host = ray.util.get_node_ip_address()
         self.sender = WeightSender(timeout_s, host=host, world_size=world_size)
-        return host, self.sender.port, "nccl" if self.cuda else "gloo"
+        device = torch.device("cuda" if self.cuda else "cpu")
+        return host, self.sender.port, sync_backend(backend, device, sender_owns_gpu=self.cuda)
 
     def connect_sync(self, backend: str) -> None:
         """Rank 0 joins the sync group (the workers join at the same time)."""

@@ -43,8 +43,9 @@ class RankWeights:
         self.updater = updater
         self.backend = ""
 
-    def open_sync(self, world_size: int, timeout_s: float) -> tuple[str, int, str]:
-        host, port, self.backend = self.updater.on_rank0("open_sync", world_size, timeout_s)
+    def open_sync(self, world_size: int, timeout_s: float, backend: str) -> tuple[str, int, str]:
+        args = (world_size, timeout_s, backend)
+        host, port, self.backend = self.updater.on_rank0("open_sync", *args)
         return host, port, self.backend
 
     def connect(self) -> None:

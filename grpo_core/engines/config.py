@@ -75,9 +75,16 @@ class VLLMSettings(BaseModel):
     weight_sync: Literal["memory", "disk"] = Field(
         "memory",
         description="How the GRPO stage gives the worker each updated policy: memory (the "
-        "tensors broadcast over a trainer-worker process group, gloo on CPU and NCCL on GPU, "
+        "tensors broadcast over a trainer-worker process group, engines.vllm.sync_backend, "
         "into vLLM's weight loader; no disk) or disk (save a scratch checkpoint, the worker "
         "reloads it). Both give the same weights; see the README for their cost.",
+    )
+    sync_backend: Literal["auto", "gloo", "nccl"] = Field(
+        "auto",
+        description="The weight broadcast's backend: gloo (through host memory; always works), "
+        "nccl (GPU to GPU; only when no two ranks of the group share a GPU), or auto: nccl "
+        "from a Ray training rank on its own GPU to Ray-placed engines with whole GPUs "
+        "(num_gpus_per_engine >= 1), gloo otherwise (NCCL refuses two ranks on one GPU).",
     )
     sleep_while_training: bool = Field(
         False,

@@ -133,6 +133,16 @@ def _require_vllm(settings: VLLMSettings) -> None:
     find_vllm_python(settings.python)
 
 
+def engines_sync_backend(settings: VLLMSettings) -> str:
+    """engines.vllm.sync_backend as the engines take it: `auto` stays auto (NCCL when the
+    sender has a GPU of its own) only for engines on GPUs of their own (Ray-placed, whole
+    GPUs); engines that may share a GPU with the sender sync over gloo."""
+    own_gpus = settings.placement == "ray" and settings.num_gpus_per_engine >= 1
+    if settings.sync_backend == "auto" and not own_gpus:
+        return "gloo"
+    return settings.sync_backend
+
+
 def vllm_engine_options(
     request: RolloutRequest, settings: VLLMSettings, index: int | None = None
 ) -> dict[str, Any]:
@@ -167,6 +177,7 @@ def vllm_engine_options(
         "env": {"VLLM_CPU_KVCACHE_SPACE": str(settings.cpu_kv_cache_gib), **settings.env},
         "log_path": log_path,
         "weight_sync": settings.weight_sync,
+        "sync_backend": engines_sync_backend(settings),
         "sync_timeout_s": settings.sync_timeout_s,
         "scratch_dir": scratch,
     }
@@ -220,7 +231,11 @@ def _build_vllm(request: RolloutRequest, settings: VLLMSettings) -> RolloutEngin
     placed = VLLM_PLACEMENTS[settings.placement](options, settings)
     shared = settings.sync_timeout_s if settings.weight_sync == "memory" else None
     return ShardedRolloutEngine(
-        placed.members, placed.after_close, broadcast_timeout_s=shared, sync_host=placed.sync_host
+        placed.members,
+        placed.after_close,
+        broadcast_timeout_s=shared,
+        sync_host=placed.sync_host,
+        sync_backend=engines_sync_backend(settings),
     )
 
 

@@ -24,8 +24,8 @@ from grpo_core.contracts.rollout import RolloutBatch, SamplingParams
 from grpo_core.engines.weight_sync import (
     LOOPBACK,
     WeightSender,
-    backend_for,
     manifest,
+    sync_backend,
     unique_tensors,
 )
 
@@ -71,8 +71,9 @@ class WeightSource(Protocol):
     """Rank 0 of a weight-sync group in another process (a long-lived training rank): it opens
     the group's store, joins, and broadcasts the policy weights it holds."""
 
-    def open_sync(self, world_size: int, timeout_s: float) -> tuple[str, int, str]:
-        """A store for a group of world_size ranks: its (host, port) and backend."""
+    def open_sync(self, world_size: int, timeout_s: float, backend: str) -> tuple[str, int, str]:
+        """A store for a group of world_size ranks: its (host, port) and the backend that
+        `backend` (the engines' sync_backend setting) comes to for this source."""
         ...
 
     def connect(self) -> None:
@@ -123,8 +124,11 @@ class RemoteBroadcast:
     a source (again when another source pushes, e.g. the next GRPO stage's ranks), then one
     broadcast per push."""
 
-    def __init__(self, members: Sequence[BroadcastMember], timeout_s: float) -> None:
-        self.members, self.timeout_s = list(members), timeout_s
+    def __init__(
+        self, members: Sequence[BroadcastMember], timeout_s: float, backend: str = "gloo"
+    ) -> None:
+        """backend: the engines' sync_backend setting (the source resolves auto)."""
+        self.members, self.timeout_s, self.backend = list(members), timeout_s, backend
         self.joined: WeightSource | None = None  # whose group the workers are in
 
     def push(self, source: WeightSource) -> int:
@@ -134,7 +138,7 @@ class RemoteBroadcast:
             self.joined = None
             ranks = sync_ranks(members)
             world = ranks[-1]
-            host, port, backend = source.open_sync(world, timeout)
+            host, port, backend = source.open_sync(world, timeout, self.backend)
             for member, rank in zip(members, ranks, strict=False):
                 member.start_join(host, port, backend, timeout, rank, world)
             together(members, source.connect)
@@ -197,16 +201,19 @@ class ShardedRolloutEngine:
         after_close: Callable[[], None] | None = None,
         broadcast_timeout_s: float | None = None,
         sync_host: str = LOOPBACK,
+        sync_backend: str = "gloo",
     ) -> None:
         """after_close: run once every member is closed (e.g. stop the Ray they ran on).
         broadcast_timeout_s: give weights to BroadcastMembers by one shared broadcast, each
         step waiting at most this long; None: member by member (their own weight sync).
         sync_host: this process's address that the members' workers reach for that broadcast
-        (a node address when they run on other nodes)."""
+        (a node address when they run on other nodes). sync_backend: engines.vllm.sync_backend
+        as the engines take it (weight_sync.sync_backend)."""
         if not members:
             raise ValueError("a sharded rollout engine needs at least one member engine")
         self.members, self.after_close = list(members), after_close
         self.broadcast_timeout_s, self.sync_host = broadcast_timeout_s, sync_host
+        self.sync_backend = sync_backend
         self._sender: WeightSender | None = None  # this process's group with the workers
         self._remote: RemoteBroadcast | None = None  # or a WeightSource's (receive_broadcast)
 
@@ -242,7 +249,9 @@ class ShardedRolloutEngine:
             self._sender = None  # the workers are in a WeightSource's group: join ours again
             self._remote.joined = None
         if self._sender is None:
-            self._sender = self._join(members, backend_for(next(iter(tensors.values())).device))
+            device = next(iter(tensors.values())).device
+            backend = sync_backend(self.sync_backend, device, sender_owns_gpu=False)
+            self._sender = self._join(members, backend)
         start = time.perf_counter()
         listed = manifest(tensors)
         for member in members:
@@ -260,7 +269,8 @@ class ShardedRolloutEngine:
         if self.broadcast_timeout_s is None:
             return False
         if self._remote is None:
-            self._remote = RemoteBroadcast(self._broadcast_members(), self.broadcast_timeout_s)
+            members, timeout = self._broadcast_members(), self.broadcast_timeout_s
+            self._remote = RemoteBroadcast(members, timeout, self.sync_backend)
         self._sender = None  # the workers leave this process's group for the source's
         start = time.perf_counter()
         sent = self._remote.push(source)

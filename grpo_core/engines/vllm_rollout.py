@@ -30,8 +30,8 @@ from grpo_core.engines.sharded_rollout import RemoteBroadcast, WeightSource
 from grpo_core.engines.vllm_env import find_vllm_python
 from grpo_core.engines.weight_sync import (
     WeightSender,
-    backend_for,
     manifest,
+    sync_backend,
     unique_tensors,
 )
 from grpo_core.model.policy import encode_prompt, ensure_pad_token
@@ -92,11 +92,13 @@ class VLLMRolloutEngine:
         log_path: str | Path | None = None,
         show_progress: bool = False,
         weight_sync: WeightSync = "memory",
+        sync_backend: str = "gloo",
         sync_timeout_s: float = 120.0,
         scratch_dir: str | Path | None = None,
     ) -> None:
         self.checkpoint_dir = Path(checkpoint_dir)
         self.weight_sync, self.sync_timeout_s = weight_sync, sync_timeout_s
+        self.sync_backend = sync_backend  # engines.vllm.sync_backend, as the engines take it
         # ranks of a weight-sync group this engine's model workers take (one per TP rank)
         self.sync_ranks = int((llm_kwargs or {}).get("tensor_parallel_size", 1))
         self._loaded: tuple[str, int, int] | None = _dir_identity(self.checkpoint_dir)
@@ -239,7 +241,7 @@ class VLLMRolloutEngine:
 
     def update_weights(self, weights: dict[str, Tensor], timeout_s: float = 120.0) -> int:
         """Push new policy weights (HF state_dict names) into the worker over a process group,
-        no disk: the first call sets the group up (gloo, or NCCL for CUDA tensors), each call
+        no disk: the first call sets the group up (sync_backend: gloo unless told nccl), each call
         broadcasts the tensors into vLLM's weight loader. Returns the bytes sent."""
         if not weights:
             raise ValueError("update_weights needs at least one tensor")
@@ -247,7 +249,8 @@ class VLLMRolloutEngine:
             self._sender = None  # the worker is in a WeightSource's group: join ours again
             self._remote.joined = None
         if self._sender is None:
-            backend = backend_for(next(iter(weights.values())).device)
+            device = next(iter(weights.values())).device
+            backend = sync_backend(self.sync_backend, device, sender_owns_gpu=False)
             world = 1 + self.sync_ranks
             sender = WeightSender(timeout_s, world_size=world)
             self.start_join(sender.host, sender.port, backend, timeout_s, 1, world)
@@ -264,7 +267,7 @@ class VLLMRolloutEngine:
         if self.weight_sync != "memory":
             return False
         if self._remote is None:
-            self._remote = RemoteBroadcast([self], self.sync_timeout_s)
+            self._remote = RemoteBroadcast([self], self.sync_timeout_s, self.sync_backend)
         self._sender = None  # the worker leaves this process's group for the source's
         start = time.perf_counter()
         sent = self._remote.push(source)

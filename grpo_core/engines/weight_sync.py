@@ -1,7 +1,7 @@
 """Trainer side of the in-memory weight sync to vLLM workers: a process group (trainer rank 0,
-workers ranks 1..N; gloo for CPU tensors, NCCL for CUDA ones) over which the policy's tensors
-are broadcast one by one, in the order of a manifest sent beforehand: one broadcast reaches
-every engine of a group (engines.vllm.engines).
+workers ranks 1..N; gloo, or NCCL where no two ranks share a GPU: `sync_backend`) over which
+the policy's tensors are broadcast one by one, in the order of a manifest sent beforehand:
+one broadcast reaches every engine of a group (engines.vllm.engines).
 
 The worker side (grpo_core/engines/vllm_worker.py) mirrors `make_group`: it runs in vLLM's
 environment and imports nothing of ours. The group is a standalone c10d object, not
@@ -22,9 +22,18 @@ LOOPBACK = "127.0.0.1"  # where the group meets when every rank runs on this mac
 TIMEOUT_SETTING = "engines.vllm.sync_timeout_s"
 
 
-def backend_for(device: torch.device) -> str:
-    """The collective backend of tensors on `device`: NCCL for CUDA, gloo otherwise."""
-    return "nccl" if device.type == "cuda" else "gloo"
+def sync_backend(setting: str, device: torch.device, sender_owns_gpu: bool) -> str:
+    """The weight-sync group's backend for tensors on `device`. NCCL refuses two ranks on one
+    GPU ("Duplicate GPU detected"), and the engines' workers may share the sender's GPU: so
+    `auto` is NCCL only for CUDA tensors of a sender on a GPU of its own (a Ray-placed
+    training rank) towards engines on GPUs of their own (the engines' setting stays `auto`
+    only then: registry.vllm_engine_options), and gloo otherwise (CUDA tensors then go
+    through host memory). `gloo` and `nccl` are taken as given."""
+    if setting in ("gloo", "nccl"):
+        return setting
+    if setting != "auto":
+        raise ValueError(f"weight-sync backend must be auto, gloo or nccl (got {setting!r})")
+    return "nccl" if device.type == "cuda" and sender_owns_gpu else "gloo"
 
 
 def make_group(

@@ -112,7 +112,8 @@ class LocalSource:
         self.weights, self.opened = weights, 0
         self.sender: WeightSender | None = None
 
-    def open_sync(self, world_size: int, timeout_s: float) -> tuple[str, int, str]:
+    def open_sync(self, world_size: int, timeout_s: float, backend: str) -> tuple[str, int, str]:
+        assert backend == "gloo"  # the group's setting reaches the source
         self.opened += 1
         self.sender = WeightSender(timeout_s, world_size=world_size)
         return self.sender.host, self.sender.port, "gloo"

@@ -2,12 +2,19 @@
 
 import threading
 from datetime import timedelta
+from pathlib import Path
 
 import pytest
 import torch
 import torch.distributed as dist
 
-from grpo_core.engines.weight_sync import WeightSender, make_group, manifest, unique_tensors
+from grpo_core.engines.weight_sync import (
+    WeightSender,
+    make_group,
+    manifest,
+    sync_backend,
+    unique_tensors,
+)
 
 
 def test_broadcast_delivers_every_tensor_in_manifest_order() -> None:
@@ -43,3 +50,35 @@ def test_a_tied_lm_head_is_sent_once() -> None:
     embed = torch.randn(8, 4)
     weights = {"model.embed_tokens.weight": embed, "lm_head.weight": embed, "b": torch.ones(2)}
     assert list(unique_tensors(weights)) == ["model.embed_tokens.weight", "b"]
+
+
+def test_nccl_only_where_no_two_ranks_can_share_a_gpu() -> None:
+    cuda, cpu = torch.device("cuda"), torch.device("cpu")
+    # the engines' setting auto (engines on GPUs of their own): NCCL from a sender on its own
+    assert sync_backend("auto", cuda, sender_owns_gpu=True) == "nccl"
+    assert sync_backend("auto", cuda, sender_owns_gpu=False) == "gloo"  # the stage process
+    assert sync_backend("auto", cpu, sender_owns_gpu=True) == "gloo"
+    assert sync_backend("nccl", cuda, sender_owns_gpu=False) == "nccl"  # as given
+    assert sync_backend("gloo", cuda, sender_owns_gpu=True) == "gloo"
+    with pytest.raises(ValueError, match="auto, gloo or nccl"):
+        sync_backend("mpi", cpu, sender_owns_gpu=False)
+
+
+def test_engines_that_may_share_a_gpu_take_gloo_for_auto() -> None:
+    from grpo_core.engines.config import VLLMSettings
+    from grpo_core.engines.registry import engines_sync_backend
+
+    assert engines_sync_backend(VLLMSettings()) == "gloo"  # worker processes beside the stage
+    shared = VLLMSettings(placement="ray", num_gpus_per_engine=0.5)
+    assert engines_sync_backend(shared) == "gloo"
+    own = VLLMSettings(placement="ray", num_gpus_per_engine=1)
+    assert engines_sync_backend(own) == "auto"
+    assert engines_sync_backend(VLLMSettings(sync_backend="nccl")) == "nccl"
+
+
+def test_nccl_sync_is_refused_on_cpu(tmp_path: Path) -> None:
+    from flows.errors import ConfigError
+    from tests.flow_helpers import micro_config
+
+    with pytest.raises(ConfigError, match=r"sync_backend = nccl needs CUDA tensors"):
+        micro_config(tmp_path, "n", "engines.rollout=vllm", "engines.vllm.sync_backend=nccl")
