@@ -220,13 +220,17 @@ def test_in_memory_sync_equals_a_fresh_load(
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
-def test_in_memory_sync_over_nccl_equals_a_fresh_load(checkpoints: tuple[Path, Path]) -> None:
-    """CUDA tensors take the NCCL group (its own worker: a group's backend is set once)."""
+def test_in_memory_sync_of_cuda_tensors_equals_a_fresh_load(
+    checkpoints: tuple[Path, Path],
+) -> None:
+    """CUDA tensors of a process on the worker's GPU go over gloo: NCCL refuses two ranks on
+    one GPU (its own worker: a group's backend is set once)."""
     model_b, tok = load_policy(checkpoints[1])
     weights = {n: t.cuda() for n, t in model_b.state_dict().items()}
     params = SamplingParams(24, 0.0)
     with VLLMRolloutEngine(checkpoints[0], dtype="float32", llm_kwargs=LLM_KWARGS) as gpu_engine:
         gpu_engine.update_weights(weights, timeout_s=120)
+        assert gpu_engine._sender is not None and gpu_engine._sender.backend == "gloo"
         memory = gpu_engine.generate(prompts(tok), 1, params, seed=0)
         gpu_engine.reload(checkpoints[1])
         disk = gpu_engine.generate(prompts(tok), 1, params, seed=0)
