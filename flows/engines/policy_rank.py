@@ -68,6 +68,7 @@ class PolicyRank:
         self.algo = GRPOConfig()
         self.weights: dict[str, Tensor] | None = None  # rank 0: the policy after the last update
         self.sender: WeightSender | None = None  # rank 0: its sync group with vLLM workers
+        self.collective_gather = False  # ZeRO-3: every rank takes part in gathering the weights
 
     def pid(self) -> int:
         """This rank's process id (a test checks that no step starts a process)."""
@@ -118,6 +119,7 @@ class PolicyRank:
 
         self.release()
         self.algo = algo
+        self.collective_gather = engines.train == "deepspeed" and engines.deepspeed.zero_stage == 3
         device = torch.device("cuda" if self.cuda else "cpu")
         model = _in_torch_memory(load_policy(start_dir, dtype)[0]).to(device)
         self.model = model
@@ -149,7 +151,10 @@ class PolicyRank:
         return metrics
 
     def gather(self) -> None:
-        """Rank 0 keeps the whole weights of the engine (every rank calls this at once)."""
+        """Rank 0 keeps the whole weights of the engine (every rank calls this at once; only
+        under ZeRO-3 do the others have a part to give, else they return at once)."""
+        if self.rank != 0 and not self.collective_gather:
+            return
         weights = self._engine().full_state_dict()
         if self.rank == 0:
             self.weights = {name: value.detach().cpu() for name, value in weights.items()}

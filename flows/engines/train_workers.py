@@ -158,12 +158,27 @@ class RayWorkersUpdater:
         self.engines, self.algo, self.model = engines, grpo.algo, model
         self.total_steps = grpo_total_steps(grpo)
         self.policy_dir, self.dtype = policy_dir, policy_dtype
-        self.ray, self.ranks = group.ray, group.ranks
-        self.pids, self.nodes = group.pids, group.nodes
         self.loaded = False
         self.model_stale = False  # rank 0 holds weights the stage's model lacks
         self.rank0_holds_weights = False  # rank 0 kept the ranks' weights (update or gather)
         self.source = RankWeights(self)
+
+    @property
+    def ray(self) -> Any:
+        return self.group.ray
+
+    @property
+    def ranks(self) -> list[Any]:
+        """The group's actors, rank 0 first."""
+        return self.group.ranks
+
+    @property
+    def pids(self) -> list[int]:
+        return self.group.pids
+
+    @property
+    def nodes(self) -> list[str]:
+        return self.group.nodes
 
     def _load(self, start_dir: Path) -> None:
         if self.loaded:

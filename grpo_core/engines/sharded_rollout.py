@@ -6,7 +6,8 @@ whole batch (`prompt_offset`), so the merged batch is the one a single engine sa
 Updated weights reach the members by one broadcast over a group that holds this process and
 every member's worker (engines.vllm.weight_sync = memory), else member by member; or, from a
 `WeightSource` outside this process (a long-lived training rank 0 that holds the policy), by
-one broadcast from that rank straight to the workers (`receive_broadcast`)."""
+one broadcast from that rank straight to the workers (`receive_broadcast`): `BroadcastGroup`,
+which a single VLLMRolloutEngine uses too (a group of itself)."""
 
 from __future__ import annotations
 
@@ -96,7 +97,7 @@ class TakesBroadcast(Protocol):
     def receive_broadcast(self, source: WeightSource) -> bool: ...
 
 
-def sync_ranks(members: Sequence[BroadcastMember]) -> list[int]:
+def group_ranks(members: Sequence[BroadcastMember]) -> list[int]:
     """The first rank of each member in a group whose rank 0 is the sender, then the group's
     size: members take consecutive ranges of their sync_ranks."""
     firsts = [1]
@@ -119,34 +120,61 @@ def together(members: Sequence[BroadcastMember], collective: Callable[[], R]) ->
     return result
 
 
-class RemoteBroadcast:
-    """The members' workers in the sync group of a WeightSource: joined at the first push from
-    a source (again when another source pushes, e.g. the next GRPO stage's ranks), then one
-    broadcast per push."""
+class BroadcastGroup:
+    """The members' workers in one weight-sync group at a time: this process's (`send`: it
+    broadcasts tensors it holds) or a WeightSource's (`push`: a training rank broadcasts its
+    own). Each group is joined once and kept until the other kind, or another source, is
+    needed (e.g. the next GRPO stage's ranks)."""
 
     def __init__(
-        self, members: Sequence[BroadcastMember], timeout_s: float, backend: str = "gloo"
+        self,
+        members: Sequence[BroadcastMember],
+        timeout_s: float,
+        backend: str = "gloo",
+        host: str = LOOPBACK,
     ) -> None:
-        """backend: the engines' sync_backend setting (the source resolves auto)."""
+        """backend: engines.vllm.sync_backend as the engines take it (weight_sync.sync_backend);
+        host: this process's address that the workers reach for its own group."""
         self.members, self.timeout_s, self.backend = list(members), timeout_s, backend
-        self.joined: WeightSource | None = None  # whose group the workers are in
+        self.host = host
+        self.sender: WeightSender | None = None  # this process's group, when the workers are in it
+        self.source: WeightSource | None = None  # or the source whose group they are in
+
+    def send(self, weights: Mapping[str, Tensor]) -> int:
+        """Broadcast `weights` (tied tensors once) from this process; the bytes sent."""
+        tensors = unique_tensors(dict(weights))
+        if not tensors:
+            raise ValueError("a weight broadcast needs at least one tensor")
+        if self.sender is None:
+            device = next(iter(tensors.values())).device
+            backend = sync_backend(self.backend, device, sender_owns_gpu=False)
+            ranks = group_ranks(self.members)
+            sender = WeightSender(self.timeout_s, host=self.host, world_size=ranks[-1])
+            self._join(sender.host, sender.port, backend, lambda: sender.connect(backend))
+            self.sender, self.source = sender, None
+        sender = self.sender
+        return self._broadcast(manifest(tensors), lambda: sender.send(tensors))
 
     def push(self, source: WeightSource) -> int:
-        """The source's weights into every member's worker; the bytes sent."""
-        members, timeout = self.members, self.timeout_s
-        if self.joined is not source:
-            self.joined = None
-            ranks = sync_ranks(members)
-            world = ranks[-1]
-            host, port, backend = source.open_sync(world, timeout, self.backend)
-            for member, rank in zip(members, ranks, strict=False):
-                member.start_join(host, port, backend, timeout, rank, world)
-            together(members, source.connect)
-            self.joined = source
-        listed = source.manifest()
-        for member in members:
+        """The source's weights, broadcast by it into every member's worker; the bytes sent."""
+        if self.source is not source:
+            self.sender = self.source = None
+            world = group_ranks(self.members)[-1]
+            host, port, backend = source.open_sync(world, self.timeout_s, self.backend)
+            self._join(host, port, backend, source.connect)
+            self.source = source
+        return self._broadcast(source.manifest(), source.send)
+
+    def _join(self, host: str, port: int, backend: str, connect: Callable[[], None]) -> None:
+        ranks, timeout = group_ranks(self.members), self.timeout_s
+        for member, rank in zip(self.members, ranks, strict=False):
+            member.start_join(host, port, backend, timeout, rank, ranks[-1])
+        together(self.members, connect)
+
+    def _broadcast(self, listed: list[list[object]], send: Callable[[], int]) -> int:
+        for member in self.members:
             member.start_update(listed)
-        return together(members, source.send)
+        return together(self.members, send)
 
 
 def shard_bounds(n_prompts: int, n_shards: int) -> list[tuple[int, int]]:
@@ -212,10 +240,10 @@ class ShardedRolloutEngine:
         if not members:
             raise ValueError("a sharded rollout engine needs at least one member engine")
         self.members, self.after_close = list(members), after_close
-        self.broadcast_timeout_s, self.sync_host = broadcast_timeout_s, sync_host
-        self.sync_backend = sync_backend
-        self._sender: WeightSender | None = None  # this process's group with the workers
-        self._remote: RemoteBroadcast | None = None  # or a WeightSource's (receive_broadcast)
+        self._group: BroadcastGroup | None = None
+        if broadcast_timeout_s is not None:  # then the caller's members are BroadcastMembers
+            takers: list[BroadcastMember] = self.members  # type: ignore[assignment]
+            self._group = BroadcastGroup(takers, broadcast_timeout_s, sync_backend, sync_host)
 
     def generate(
         self, prompts: list[str], n: int, params: SamplingParams, seed: int
@@ -237,62 +265,35 @@ class ShardedRolloutEngine:
         on_all(self.members, lambda member: member.sleep())
 
     def receive_weights(self, weights: Mapping[str, Tensor]) -> None:
-        if self.broadcast_timeout_s is None:
+        if self._group is None:
             for member in self.members:  # each over its own sync (group, or disk reload)
                 member.receive_weights(weights)
             return
-        tensors = unique_tensors(dict(weights))
-        if not tensors:
-            raise ValueError("receive_weights needs at least one tensor")
-        members = self._broadcast_members()
-        if self._remote is not None and self._remote.joined is not None:
-            self._sender = None  # the workers are in a WeightSource's group: join ours again
-            self._remote.joined = None
-        if self._sender is None:
-            device = next(iter(tensors.values())).device
-            backend = sync_backend(self.sync_backend, device, sender_owns_gpu=False)
-            self._sender = self._join(members, backend)
-        start = time.perf_counter()
-        listed = manifest(tensors)
-        for member in members:
-            member.start_update(listed)
-        sender = self._sender
-        sent = together(members, lambda: sender.send(tensors))
-        log.info(
-            "weight sync to %d engines in one broadcast: %.3f s, %.1f MB",
-            len(members), time.perf_counter() - start, sent / 1e6,
-        )  # fmt: skip
+        group = self._group
+        self._timed("in one broadcast", lambda: group.send(weights))
 
     def receive_broadcast(self, source: WeightSource) -> bool:
         """The weights `source` holds, broadcast by it to every member's worker at once; False
         (nothing done) when the members sync member by member (weight_sync = disk)."""
-        if self.broadcast_timeout_s is None:
+        if self._group is None:
             return False
-        if self._remote is None:
-            members, timeout = self._broadcast_members(), self.broadcast_timeout_s
-            self._remote = RemoteBroadcast(members, timeout, self.sync_backend)
-        self._sender = None  # the workers leave this process's group for the source's
-        start = time.perf_counter()
-        sent = self._remote.push(source)
-        log.info(
-            "weight sync to %d engines broadcast by the training rank: %.3f s, %.1f MB",
-            len(self.members), time.perf_counter() - start, sent / 1e6,
-        )  # fmt: skip
+        group = self._group
+        self._timed("broadcast by the training rank", lambda: group.push(source))
         return True
 
-    def _broadcast_members(self) -> list[BroadcastMember]:
-        # broadcast_timeout_s is set only for members that are BroadcastMembers
-        return self.members  # type: ignore[return-value]
+    def _timed(self, how: str, sync: Callable[[], int]) -> None:
+        """Run a weight sync and log its seconds and megabytes."""
+        start = time.perf_counter()
+        sent = sync()
+        log.info(
+            "weight sync to %d engines %s: %.3f s, %.1f MB",
+            len(self.members), how, time.perf_counter() - start, sent / 1e6,
+        )  # fmt: skip
 
-    def _join(self, members: list[BroadcastMember], backend: str) -> WeightSender:
-        """The sync group of this process (rank 0) and every member's worker (1..N)."""
-        timeout = float(self.broadcast_timeout_s or 0.0)
-        ranks = sync_ranks(members)
-        sender = WeightSender(timeout, host=self.sync_host, world_size=ranks[-1])
-        for member, rank in zip(members, ranks, strict=False):
-            member.start_join(sender.host, sender.port, backend, timeout, rank, ranks[-1])
-        together(members, lambda: sender.connect(backend))
-        return sender
+    @property
+    def _sender(self) -> WeightSender | None:
+        """This process's sync group with the workers, when they are in it."""
+        return None if self._group is None else self._group.sender
 
     def close(self) -> None:
         errors: list[Exception] = []

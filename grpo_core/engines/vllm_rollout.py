@@ -17,7 +17,7 @@ import subprocess
 import tempfile
 import time
 import weakref
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from pathlib import Path
 from typing import IO, Any, Literal
 
@@ -26,12 +26,10 @@ from transformers import AutoConfig, AutoTokenizer, GenerationConfig
 
 from grpo_core.contracts.rollout import FinishReason, RolloutBatch, SamplingParams
 from grpo_core.engines.hf_rollout import completion_texts, stop_token_ids
-from grpo_core.engines.sharded_rollout import RemoteBroadcast, WeightSource
+from grpo_core.engines.sharded_rollout import BroadcastGroup, WeightSource
 from grpo_core.engines.vllm_env import find_vllm_python
 from grpo_core.engines.weight_sync import (
     WeightSender,
-    manifest,
-    sync_backend,
     unique_tensors,
 )
 from grpo_core.model.policy import encode_prompt, ensure_pad_token
@@ -97,8 +95,7 @@ class VLLMRolloutEngine:
         scratch_dir: str | Path | None = None,
     ) -> None:
         self.checkpoint_dir = Path(checkpoint_dir)
-        self.weight_sync, self.sync_timeout_s = weight_sync, sync_timeout_s
-        self.sync_backend = sync_backend  # engines.vllm.sync_backend, as the engines take it
+        self.weight_sync = weight_sync
         # ranks of a weight-sync group this engine's model workers take (one per TP rank)
         self.sync_ranks = int((llm_kwargs or {}).get("tensor_parallel_size", 1))
         self._loaded: tuple[str, int, int] | None = _dir_identity(self.checkpoint_dir)
@@ -132,8 +129,7 @@ class VLLMRolloutEngine:
         except BaseException:
             self.close()
             raise
-        self._sender: WeightSender | None = None  # this process's sync group with the worker
-        self._remote: RemoteBroadcast | None = None  # or a WeightSource's (receive_broadcast)
+        self._group = BroadcastGroup([self], sync_timeout_s, sync_backend)  # in-memory syncs
         self._asleep = False  # sleep(): every later request wakes the worker first
         self.start_seconds: float = ready["seconds"]
         self.vllm_version: str = ready["vllm"]
@@ -195,7 +191,7 @@ class VLLMRolloutEngine:
         saved to the scratch directory for the worker to reload (disk)."""
         start = time.perf_counter()
         if self.weight_sync == "memory":
-            sent = self.update_weights(dict(weights), self.sync_timeout_s)
+            sent = self.update_weights(dict(weights))
             log.info(
                 "vLLM weight sync in memory: %.3f s, %.1f MB",
                 time.perf_counter() - start,
@@ -239,44 +235,33 @@ class VLLMRolloutEngine:
         log.info("vLLM worker reloaded %s in %.3f s", checkpoint_dir, seconds)
         return seconds
 
-    def update_weights(self, weights: dict[str, Tensor], timeout_s: float = 120.0) -> int:
+    def update_weights(self, weights: dict[str, Tensor], timeout_s: float | None = None) -> int:
         """Push new policy weights (HF state_dict names) into the worker over a process group,
         no disk: the first call sets the group up (sync_backend: gloo unless told nccl), each call
-        broadcasts the tensors into vLLM's weight loader. Returns the bytes sent."""
-        if not weights:
-            raise ValueError("update_weights needs at least one tensor")
-        if self._remote is not None and self._remote.joined is not None:
-            self._sender = None  # the worker is in a WeightSource's group: join ours again
-            self._remote.joined = None
-        if self._sender is None:
-            device = next(iter(weights.values())).device
-            backend = sync_backend(self.sync_backend, device, sender_owns_gpu=False)
-            world = 1 + self.sync_ranks
-            sender = WeightSender(timeout_s, world_size=world)
-            self.start_join(sender.host, sender.port, backend, timeout_s, 1, world)
-            self._joined(sender.connect, backend)
-            self._sender = sender
-        weights = unique_tensors(weights)
-        self.start_update(manifest(weights))
-        sent: int = self._joined(self._sender.send, weights)
-        return sent
+        broadcasts the tensors into vLLM's weight loader. Returns the bytes sent. timeout_s:
+        the wait for the group and each broadcast (default: sync_timeout_s)."""
+        if timeout_s is not None:
+            self._group.timeout_s = timeout_s
+        return self._group.send(weights)
 
     def receive_broadcast(self, source: WeightSource) -> bool:
         """The weights `source` (a training rank) holds, broadcast by it straight to the worker;
         False (nothing done) with weight_sync = disk."""
         if self.weight_sync != "memory":
             return False
-        if self._remote is None:
-            self._remote = RemoteBroadcast([self], self.sync_timeout_s, self.sync_backend)
-        self._sender = None  # the worker leaves this process's group for the source's
         start = time.perf_counter()
-        sent = self._remote.push(source)
+        sent = self._group.push(source)
         log.info(
             "vLLM weight sync broadcast by the training rank: %.3f s, %.1f MB",
             time.perf_counter() - start,
             sent / 1e6,
         )
         return True
+
+    @property
+    def _sender(self) -> WeightSender | None:
+        """This process's sync group with the worker, when the worker is in it."""
+        return self._group.sender
 
     # The steps of a broadcast that several engines share (ShardedRolloutEngine): each engine
     # is told to join or to receive, the trainer broadcasts once, then each engine's reply is
@@ -305,17 +290,6 @@ class VLLMRolloutEngine:
     def finish_sync(self) -> None:
         """The worker's reply to start_join or start_update (its error, if it had one)."""
         self._reply()
-
-    def _joined(self, collective: Callable[[Any], Any], arg: Any) -> Any:
-        """Run our side of a collective, then read the worker's reply; if ours fails, the
-        worker's error (it answers once its own timeout passes) is the likelier cause."""
-        try:
-            result = collective(arg)
-        except RuntimeError as err:
-            self._reply()  # raises the worker's error, if it had one
-            raise err
-        self._reply()
-        return result
 
     def close(self) -> None:
         """Stop the worker (politely, then by force after 60 s)."""

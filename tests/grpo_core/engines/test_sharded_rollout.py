@@ -18,9 +18,9 @@ from grpo_core.contracts.rollout import RolloutBatch, SamplingParams
 from grpo_core.engines.sharded_rollout import (
     ShardedRolloutEngine,
     TakesBroadcast,
+    group_ranks,
     merge_shards,
     shard_bounds,
-    sync_ranks,
 )
 from grpo_core.engines.weight_sync import WeightSender, manifest, unique_tensors
 from tests.rollout_members import GlooReceiver, PlaceSeededEngine
@@ -152,5 +152,5 @@ def test_members_take_consecutive_ranks_one_per_tensor_parallel_rank() -> None:
     members = [GlooReceiver() for _ in range(3)]
     for member, tp in zip(members, (2, 1, 4), strict=True):
         member.sync_ranks = tp
-    assert sync_ranks(members) == [1, 3, 4, 8]  # first ranks, then the group's size
-    assert sync_ranks([]) == [1]  # the sender alone
+    assert group_ranks(members) == [1, 3, 4, 8]  # first ranks, then the group's size
+    assert group_ranks([]) == [1]  # the sender alone
