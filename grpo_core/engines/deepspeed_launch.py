@@ -184,7 +184,15 @@ def main(argv: list[str] | None = None) -> None:
     if engine.data_parallel_rank == 0:
         engine.engine.module.save_pretrained(output / POLICY_DIR, state_dict=weights)
         metrics["data_parallel_size"] = float(engine.data_parallel_size)
-        (output / METRICS_FILE).write_text(json.dumps(metrics, indent=2, sort_keys=True))
+        partial_metrics = output / f"{METRICS_FILE}.partial"
+        partial_metrics.write_text(json.dumps(metrics, indent=2, sort_keys=True))
+        partial_metrics.replace(output / METRICS_FILE)  # metrics.json last, whole or absent
+    if torch.distributed.is_initialized():
+        # Left to interpreter exit, gloo's threads can be torn down while a peer still talks
+        # to them ("terminate called without an active exception", exit -6 after a complete
+        # update): every rank waits for the others, then closes the group itself.
+        torch.distributed.barrier()
+        torch.distributed.destroy_process_group()
 
 
 if __name__ == "__main__":
