@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 ZeroStage = Literal[0, 1, 2, 3]
 
@@ -165,14 +165,33 @@ class VLLMSettings(BaseModel):
     )
     llm_kwargs: dict[str, Any] = Field(
         default_factory=dict,
-        description="Further vllm.LLM arguments, given as they are (e.g. {'tensor_parallel_size': "
-        "2}); they override the fields above.",
+        description="Further vllm.LLM arguments, given as they are (e.g. {'kv_cache_dtype': "
+        "'fp8'}); they override the fields above, except tensor_parallel_size and "
+        "enable_sleep_mode, which the weight sync and sleep mode must know: set them through "
+        "engines.vllm.tensor_parallel_size and engines.vllm.sleep_while_training.",
     )
     env: dict[str, str] = Field(
         default_factory=dict,
         description="Environment variables added to the worker's (e.g. {'VLLM_CPU_OMP_THREADS_"
         "BIND': 'nobind'} on a small shared CPU machine).",
     )
+
+    @field_validator("llm_kwargs")
+    @classmethod
+    def _no_second_way_to_set_a_field(cls, kwargs: dict[str, Any]) -> dict[str, Any]:
+        """TP size and sleep mode decide how many workers join the weight sync and when the
+        engines sleep: given only to vLLM, the run would not know them."""
+        fields = {
+            "tensor_parallel_size": "engines.vllm.tensor_parallel_size",
+            "enable_sleep_mode": "engines.vllm.sleep_while_training",
+        }
+        for key, field in fields.items():
+            if key in kwargs:
+                raise ValueError(
+                    f"engines.vllm.llm_kwargs sets {key}, which the run must know too: remove it "
+                    f"from llm_kwargs and set {field} instead"
+                )
+        return kwargs
 
     @model_validator(mode="after")
     def _gpus_cover_the_tensor_parallel_size(self) -> VLLMSettings:

@@ -88,6 +88,14 @@ def test_a_ray_engine_reserves_the_gpus_of_its_tensor_parallel_size() -> None:
         VLLMSettings(placement="ray", tensor_parallel_size=2, num_gpus_per_engine=1)
     assert VLLMSettings(placement="ray", tensor_parallel_size=2, num_gpus_per_engine=2)
     assert VLLMSettings(placement="ray", num_gpus_per_engine=0.5)  # a shared GPU, TP 1
+    # the TP size only vLLM would see: the validator above and the sync's ranks would not
+    with pytest.raises(ValidationError, match=r"set engines\.vllm\.tensor_parallel_size instead"):
+        VLLMSettings(llm_kwargs={"tensor_parallel_size": 2})
+    with pytest.raises(ValidationError, match=r"engines\.vllm\.sleep_while_training instead"):
+        VLLMSettings(llm_kwargs={"enable_sleep_mode": True})
+    assert VLLMSettings(llm_kwargs={"kv_cache_dtype": "fp8"}).llm_kwargs == {
+        "kv_cache_dtype": "fp8"
+    }
 
 
 def test_one_broadcast_reaches_every_member_over_one_group() -> None:
