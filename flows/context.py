@@ -88,12 +88,18 @@ class RunContext:
             )
         return path
 
-    def policy(self, k: int) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
-        """policy_k (the policy iteration k starts from) on the run's device, in policy.dtype."""
+    def policy(
+        self, k: int, weights: bool = True
+    ) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
+        """policy_k (the policy iteration k starts from) on the run's device, in policy.dtype;
+        weights=False: its skeleton on the meta device (the training ranks hold the weights)."""
         from flows.model_io import to_device
-        from grpo_core.model.policy import load_policy
+        from grpo_core.model.policy import load_policy, load_policy_skeleton
 
-        model, tokenizer = load_policy(self.require_checkpoint(POLICY, k), self.cfg.policy.dtype)
+        path, dtype = self.require_checkpoint(POLICY, k), self.cfg.policy.dtype
+        if not weights:
+            return load_policy_skeleton(path, dtype)
+        model, tokenizer = load_policy(path, dtype)
         return to_device(model, self.device), tokenizer
 
     def prompter(self, tokenizer: PreTrainedTokenizerBase) -> Prompter:

@@ -26,7 +26,7 @@ from grpo_core.contracts.policy_batch import PolicyBatch
 from grpo_core.contracts.rollout import RolloutEngine
 from grpo_core.contracts.training import TrainEngine
 from grpo_core.engines.config import DeepSpeedConfig
-from grpo_core.engines.registry import require_deepspeed
+from grpo_core.engines.registry import ROLLOUT_ENGINES, require_deepspeed
 from storage.errors import MissingCheckpointError
 
 if TYPE_CHECKING:
@@ -252,6 +252,17 @@ class LaunchedUpdater:
 
     def close(self) -> None:
         shutil.rmtree(self.root, ignore_errors=True)
+
+
+def stage_holds_policy_weights(engines: EnginesSection, grpo: GRPOStageSection) -> bool:
+    """Whether the GRPO stage process needs policy_k's weights in memory. Not where Ray
+    training ranks hold them and nothing in the stage computes with them: its sampling engine
+    loads its own copy (vLLM), or it trains on gold solutions or policy_0's samples, and PPO
+    (a critic started from the policy, the KL penalty from a reference) is off. (LoRA, whose
+    adapters sit on the stage's model, is refused with Ray ranks.)"""
+    if engines.train_workers != "ray" or grpo.algo.estimator.needs_values:
+        return True
+    return grpo.data_source == "online" and ROLLOUT_ENGINES[engines.grpo_rollout].shares_model
 
 
 def build_policy_updater(

@@ -30,6 +30,7 @@ from grpo_core.contracts.policy_batch import PolicyBatch, update_tensors
 from grpo_core.contracts.rollout import RolloutEngine
 from grpo_core.engines.config import TrainWorkersConfig
 from grpo_core.engines.sharded_rollout import TakesBroadcast
+from grpo_core.model.policy import holds_weights, without_tied_copies
 
 START_TIMEOUT_SETTING = "engines.workers.start_timeout_s"
 
@@ -137,7 +138,9 @@ class RayWorkersUpdater:
     """The PolicyUpdater of engines.train_workers = ray for one GRPO stage, on a RankGroup (the
     run's, or one started for the stage and closed with it). The ranks load policy_k at the
     stage's first step. The stage's model holds no optimizer, gradients or reference; it gets
-    rank 0's weights only when it samples or is saved (hand_on(None), weights())."""
+    rank 0's weights only when it samples or is saved (hand_on(None), weights()). Where the
+    stage's sampling does not use it, the model is a skeleton on the meta device (no weights
+    in the stage process at all): weights() and followers get rank 0's weights directly."""
 
     def __init__(
         self,
@@ -162,6 +165,7 @@ class RayWorkersUpdater:
         self.model_stale = False  # rank 0 holds weights the stage's model lacks
         self.rank0_holds_weights = False  # rank 0 kept the ranks' weights (update or gather)
         self.source = RankWeights(self)
+        self.stage_holds_weights = holds_weights(model)
 
     @property
     def ray(self) -> Any:
@@ -201,13 +205,24 @@ class RayWorkersUpdater:
         memory); any other gets it from the stage's model, which gets it from rank 0."""
         if isinstance(follower, TakesBroadcast) and follower.receive_broadcast(self.source):
             return
+        if not self.stage_holds_weights:
+            if follower is not None:
+                follower.receive_weights(self._rank0_weights())
+            return
         self._sync_model()
         if follower is not None:
             follower.receive_weights(self.model.state_dict())
 
     def weights(self) -> dict[str, Tensor] | None:
+        if not self.stage_holds_weights:  # a skeleton: what is saved comes from rank 0
+            return without_tied_copies(self.model, self._rank0_weights())
         self._sync_model()
         return None  # the stage's model holds rank 0's last weights
+
+    def _rank0_weights(self) -> dict[str, Tensor]:
+        self.gather_once()
+        weights: dict[str, Tensor] = self.on_rank0("current_weights")
+        return weights
 
     def on_rank0(self, method: str, *args: Any) -> Any:
         """Call one of rank 0's methods and wait for its result."""

@@ -21,7 +21,12 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from flows.context import RunContext
 from flows.engines.lora_updater import ADAPTERS_DIR, LoRAUpdater
-from flows.engines.policy_updaters import LAUNCH_JOBS, PolicyUpdater, build_policy_updater
+from flows.engines.policy_updaters import (
+    LAUNCH_JOBS,
+    PolicyUpdater,
+    build_policy_updater,
+    stage_holds_policy_weights,
+)
 from flows.engines.sampling import SleepingEngine, SleepsAfterSampling
 from flows.guards import GuardChecks
 from flows.interrupts import INTERRUPT
@@ -50,7 +55,7 @@ from grpo_core.engines.cost import (
 from grpo_core.engines.gold_rollout import GoldSolutionRollout
 from grpo_core.engines.registry import ROLLOUT_ENGINES
 from grpo_core.model.lora import ADAPTER_WEIGHTS, LoRAAdapters
-from grpo_core.model.policy import load_weights_into
+from grpo_core.model.policy import holds_weights, load_weights_into
 from reward_models.config import RMKind
 from reward_models.grpo_reward import GRPORewarder, models_needed
 from reward_models.models import RewardModel
@@ -126,7 +131,8 @@ def _resume_weights(path: Path, model: Any, adapters: LoRAAdapters | None = None
         return True
     if not (path / "config.json").is_file():
         return False
-    load_weights_into(model, path)
+    if holds_weights(model):  # else the training ranks load them (updater.load_state)
+        load_weights_into(model, path)
     return True
 
 
@@ -208,7 +214,10 @@ def _train_policy(
     cfg = ctx.cfg
     g, algo = cfg.grpo, cfg.grpo.algo
     policy_dir = ctx.require_checkpoint(POLICY, k)
-    model, tokenizer = ctx.policy(k)
+    keeps_weights = stage_holds_policy_weights(cfg.engines, g)
+    model, tokenizer = ctx.policy(k, weights=keeps_weights)
+    if not keeps_weights:
+        log.info("GRPO: policy_%d's weights live on the training ranks only", k)
     adapters = None
     if g.lora.enabled:  # new adapters on policy_k each iteration: the base is the reference
         adapters = LoRAAdapters(model, g.lora, ctx.seed(GRPO, k, "lora"), policy_dir)

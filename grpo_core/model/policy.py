@@ -12,7 +12,7 @@ from pathlib import Path
 import torch
 from safetensors import SafetensorError
 from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, processors
-from torch import nn
+from torch import Tensor, nn
 from transformers import (
     AutoModelForCausalLM,
     AutoTokenizer,
@@ -125,6 +125,44 @@ def load_policy(
         )
     ensure_pad_token(tokenizer)
     return model, tokenizer
+
+
+def load_policy_skeleton(
+    path: str | Path, dtype: str = "float32"
+) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
+    """The model at `path` with its parameters on the meta device (its config, names and
+    shapes, no weights in memory) and its tokenizer: for a process that saves weights held
+    elsewhere through `save_pretrained(..., state_dict=...)`."""
+    from transformers import AutoConfig
+
+    path = Path(path)
+    if not (path / "config.json").is_file():
+        raise MissingPathError(f"no HF model directory at {path} (config.json missing)")
+    with reading_checkpoint(path):
+        tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True)
+        config = AutoConfig.from_pretrained(path, local_files_only=True)
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(config, dtype=DTYPES[dtype])
+    ensure_pad_token(tokenizer)
+    return model, tokenizer
+
+
+def holds_weights(model: nn.Module) -> bool:
+    """False for a skeleton (load_policy_skeleton): parameters on the meta device."""
+    return not any(p.is_meta for p in model.parameters())
+
+
+def without_tied_copies(model: nn.Module, weights: dict[str, Tensor]) -> dict[str, Tensor]:
+    """`weights` less each name under which `model` holds a parameter it already holds under
+    an earlier name (a head tied to the embedding): saved from a dict, a tied tensor would
+    otherwise be written twice, where `save_pretrained` of the model's own writes it once."""
+    seen: set[int] = set()
+    copies = set()
+    for name, tensor in model.state_dict(keep_vars=True).items():
+        if id(tensor) in seen:
+            copies.add(name)
+        seen.add(id(tensor))
+    return {name: value for name, value in weights.items() if name not in copies}
 
 
 def load_weights_into(model: nn.Module, checkpoint_dir: str | Path) -> None:

@@ -22,14 +22,25 @@ import pytest
 import torch
 
 from flows.config import EnginesSection, GRPOStageSection, ItergrpoConfig
-from flows.engines.policy_updaters import InProcessUpdater, build_policy_updater
+from flows.engines.policy_updaters import (
+    InProcessUpdater,
+    build_policy_updater,
+    stage_holds_policy_weights,
+)
 from flows.engines.train_engines import build_policy_engine
 from flows.engines.train_workers import RankGroup, RayWorkersUpdater, ranks_live_for_run
+from flows.model_io import save_model
 from grpo_core.contracts.errors import SettingError
 from grpo_core.contracts.policy_batch import PolicyBatch, build_policy_batch
 from grpo_core.engines.sharded_rollout import ShardedRolloutEngine
 from grpo_core.model.config import PolicyConfig
-from grpo_core.model.policy import build_char_tokenizer, create_tiny_policy, load_policy
+from grpo_core.model.policy import (
+    build_char_tokenizer,
+    create_tiny_policy,
+    holds_weights,
+    load_policy,
+    load_policy_skeleton,
+)
 from tests.rollout_members import GlooReceiver
 
 needs_ray = pytest.mark.skipif(find_spec("ray") is None, reason="ray is not installed")
@@ -243,6 +254,67 @@ def test_rank_0_broadcasts_each_update_to_the_engines_without_the_stage_holding_
         assert isinstance(updater, RayWorkersUpdater) and updater.source.backend == "gloo"
     finally:
         updater.close()
+
+
+class RecordingFollower:
+    """A sampling engine that takes each policy as a state dict (no broadcast)."""
+
+    def __init__(self) -> None:
+        self.received: list[dict[str, torch.Tensor]] = []
+
+    def receive_weights(self, weights: dict[str, torch.Tensor]) -> None:
+        self.received.append(weights)
+
+
+@pytest.mark.slow
+def test_a_stage_without_the_weights_saves_and_hands_on_rank_0s(
+    tmp_path: Path, local_ray: Any
+) -> None:
+    """Where the stage's sampling does not use its model (vLLM, gold solutions, policy_0),
+    the stage holds a skeleton: a follower and the saved policy get rank 0's weights, which
+    are the single process's updates."""
+    policy_dir = saved_policy(tmp_path / "policy_0")
+    vocab = len(build_char_tokenizer())
+    grpo = GRPOStageSection.model_validate(GRPO)
+    steps = [ragged_batch(8, vocab), ragged_batch(8, vocab)]
+    start = load_policy(policy_dir)[0].state_dict()
+    want = single_process_updates(policy_dir, grpo, steps)
+    skeleton, tokenizer = load_policy_skeleton(policy_dir)
+    updater = build_policy_updater(
+        engines_section("torch"), grpo, 1, skeleton, None, policy_dir, tmp_path / "j", "float32"
+    )
+    follower = RecordingFollower()
+    try:
+        metrics = []
+        for seed, (batch, advantages) in enumerate(steps):
+            metrics.append(updater.update(batch, advantages, None, seed=seed))
+            updater.hand_on(follower)
+        weights = updater.weights()
+        assert weights is not None and not holds_weights(skeleton)
+        save_model(tmp_path / "policy_1", skeleton, tokenizer, weights)
+    finally:
+        updater.close()
+    saved = load_policy(tmp_path / "policy_1")[0].state_dict()
+    gap = assert_same_updates(want, (saved, metrics), start)
+    print(f"skeleton stage, 2 Ray ranks vs one process: max |weight gap| {gap:.2e}")
+    first, last = follower.received
+    assert all(torch.equal(last[n], saved[n]) for n in last) and EMBED in last
+    assert not torch.equal(first[EMBED], last[EMBED])  # each update handed on
+
+
+def test_the_stage_keeps_policy_weights_only_where_it_computes_with_them() -> None:
+    def holds(*sets: dict[str, Any]) -> bool:
+        cfg = ItergrpoConfig.model_validate(
+            {"engines": {"train_workers": "ray", **sets[0]}, "grpo": sets[1] if sets[1:] else {}}
+        )
+        return stage_holds_policy_weights(cfg.engines, cfg.grpo)
+
+    assert holds({})  # the hf engine samples the stage's model
+    assert not holds({"rollout": "vllm"})
+    assert not holds({}, {"preset": "sft"}) and not holds({}, {"preset": "rft"})
+    assert holds({"rollout": "vllm"}, {"preset": "ppo"})
+    in_process = ItergrpoConfig.model_validate({"engines": {"rollout": "vllm"}})
+    assert stage_holds_policy_weights(in_process.engines, in_process.grpo)
 
 
 def test_train_workers_settings_name_the_field() -> None:

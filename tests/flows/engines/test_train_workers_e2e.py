@@ -122,3 +122,37 @@ def test_ray_ranks_killed_mid_grpo_resume_exactly(
     assert grpo_metrics(store, kr) == grpo_metrics(reference, kr)
     final = (checkpoint_path(store, kr, POLICY, 1), checkpoint_path(reference, kr, POLICY, 1))
     assert max_weight_gap(*final) == 0.0
+
+
+def test_a_stage_that_samples_without_its_model_leaves_the_weights_to_the_ranks(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """RFT samples policy_0, not the policy being trained: with Ray ranks the GRPO stage loads
+    policy_k as a skeleton, and what it saves (progress, policy_1) is rank 0's weights, the
+    single-process run's within the tolerances above."""
+    holds: list[bool] = []
+    update = train_workers.RayWorkersUpdater.update
+
+    def spy(
+        self: Any, batch: PolicyBatch, adv: Tensor, old: Tensor | None, seed: int
+    ) -> dict[str, float]:
+        holds.append(self.stage_holds_weights)
+        return update(self, batch, adv, old, seed)
+
+    monkeypatch.setattr(train_workers.RayWorkersUpdater, "update", spy)
+    sets = ("run.iterations=1", "grpo.preset=rft")
+    one, ranks = tmp_path / "one", tmp_path / "ranks"
+    execute_run(micro_config(one, "rft", *sets))
+    cfg = micro_config(ranks, "rft", *sets, *RAY_SETS)
+    execute_run(cfg)
+    assert holds == [False] * cfg.grpo.steps
+    gap = assert_close_metrics(grpo_metrics(one, "rft"), grpo_metrics(ranks, "rft"))
+    final = (checkpoint_path(one, "rft", POLICY, 1), checkpoint_path(ranks, "rft", POLICY, 1))
+    weights = max_weight_gap(*final)
+    moved = max_weight_gap(checkpoint_path(ranks, "rft", POLICY, 0), final[1])
+    print(f"RFT, 2 Ray ranks, no weights in the stage: |gap| {gap:.2e}, weights {weights:.2e}")
+    assert weights <= WEIGHT_TOL and moved > 10 * WEIGHT_TOL, moved  # trained: not policy_0
+    assert (
+        snapshot(RunStore(ranks), "rft")["policy_samples"]
+        == snapshot(RunStore(one), "rft")["policy_samples"]
+    )

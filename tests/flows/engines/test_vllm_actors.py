@@ -110,9 +110,33 @@ def test_training_rank_0_broadcasts_each_update_to_two_engines(
     by_rank = [m for m in messages if "broadcast by the training rank" in m]
     assert len(by_rank) == cfg.grpo.steps - 1  # steps 1.. sample the previous step's policy
     assert not any(m.startswith("weight sync to 2 engines in one broadcast") for m in messages)
+    # the stage held no copy of the policy: the ranks trained it, the engines sampled it
+    assert "GRPO: policy_0's weights live on the training ranks only" in messages
     got = snapshot(RunStore(tmp_path / "ranks"), "vr")
     assert_same_sampling(got, one_node_rows(tmp_path / "one"))
     print("rank-0 broadcasts:", "; ".join(m.split(": ", 1)[1] for m in by_rank))
+
+
+def test_ranks_hand_each_policy_to_the_engines_on_disk_through_a_stage_without_weights(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """engines.vllm.weight_sync = disk with Ray ranks: the stage, which holds no copy of the
+    policy, writes rank 0's weights for each engine to reload; the same rows again."""
+    from flows.loop import execute_run
+    from storage.store import RunStore
+    from tests.flow_helpers import micro_config, snapshot
+    from tests.flows.engines.test_engines_flow import VLLM_SETS
+
+    on_disk = "engines.vllm.weight_sync=disk"
+    cfg = micro_config(tmp_path / "disk", "vr", *VLLM_SETS, *VLLM_RUN, *RANKS, on_disk)
+    with caplog.at_level("INFO"):
+        execute_run(cfg)
+    messages = [r.getMessage() for r in caplog.records]
+    assert "GRPO: policy_0's weights live on the training ranks only" in messages
+    reloads = [m for m in messages if m.startswith("vLLM weight sync: save")]
+    assert len(reloads) == 2 * (cfg.grpo.steps - 1), reloads  # each engine, steps 1..
+    got = snapshot(RunStore(tmp_path / "disk"), "vr")
+    assert_same_sampling(got, one_node_rows(tmp_path / "one"))
 
 
 def test_engines_and_ranks_on_two_simulated_nodes_store_the_one_node_rows(

@@ -2,6 +2,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from safetensors.torch import load_file
 
 from grpo_core.model.config import PolicyConfig
 from grpo_core.model.policy import (
@@ -10,7 +11,10 @@ from grpo_core.model.policy import (
     create_tiny_policy,
     encode_prompt,
     ensure_pad_token,
+    holds_weights,
     load_policy,
+    load_policy_skeleton,
+    without_tied_copies,
 )
 from grpo_core.model.prompts import Prompter
 
@@ -74,3 +78,35 @@ def test_a_truncated_checkpoint_names_the_directory_and_the_way_out(tmp_path: Pa
     weights.write_bytes(weights.read_bytes()[:100])
     with pytest.raises(CorruptCheckpointError, match=f"checkpoint {tmp_path} cannot be read"):
         load_policy(tmp_path)
+
+
+@pytest.mark.parametrize("tied", [True, False])
+def test_a_skeleton_saves_weights_held_elsewhere_as_the_model_would(
+    tmp_path: Path, tied: bool
+) -> None:
+    """The GRPO stage's model when Ray ranks hold the weights: no weights in memory, and a
+    save from the ranks' dict writes the files a save of the trained model writes (a tied head
+    once)."""
+    tok = build_char_tokenizer()
+    trained = create_tiny_policy(PolicyConfig(seed=3, tie_embeddings=tied), tok)
+    trained.save_pretrained(tmp_path / "policy_0")
+    tok.save_pretrained(tmp_path / "policy_0")
+    skeleton, tokenizer = load_policy_skeleton(tmp_path / "policy_0", "bfloat16")
+    assert not holds_weights(skeleton) and holds_weights(trained)
+    assert {p.dtype for p in skeleton.parameters()} == {torch.bfloat16}
+    assert tokenizer.pad_token_id == tok.pad_token_id
+    with torch.no_grad():
+        for param in trained.parameters():
+            param.add_(1.0)  # an update elsewhere
+    held = {name: t.clone() for name, t in trained.state_dict().items()}  # a rank's copy
+    kept = without_tied_copies(skeleton, held)
+    assert ("lm_head.weight" in kept) is not tied and len(held) - len(kept) == int(tied)
+    skeleton.save_pretrained(tmp_path / "from_skeleton", state_dict=kept)
+    tokenizer.save_pretrained(tmp_path / "from_skeleton")
+    trained.save_pretrained(tmp_path / "from_model")
+    want = load_file(tmp_path / "from_model" / "model.safetensors")
+    got = load_file(tmp_path / "from_skeleton" / "model.safetensors")
+    assert set(got) == set(want)
+    assert all(torch.equal(got[name], want[name]) for name in want)
+    reloaded = load_policy(tmp_path / "from_skeleton")[0]
+    assert all(torch.equal(reloaded.state_dict()[n], t) for n, t in held.items())
