@@ -94,13 +94,12 @@ class RunContext:
         """policy_k (the policy iteration k starts from) on the run's device, in policy.dtype;
         weights=False: its skeleton on the meta device (the training ranks hold the weights)."""
         from flows.model_io import to_device
-        from grpo_core.model.policy import load_policy, load_policy_skeleton
+        from grpo_core.model.policy import load_policy
 
-        path, dtype = self.require_checkpoint(POLICY, k), self.cfg.policy.dtype
-        if not weights:
-            return load_policy_skeleton(path, dtype)
-        model, tokenizer = load_policy(path, dtype)
-        return to_device(model, self.device), tokenizer
+        model, tokenizer = load_policy(
+            self.require_checkpoint(POLICY, k), self.cfg.policy.dtype, weights
+        )
+        return (to_device(model, self.device) if weights else model), tokenizer
 
     def prompter(self, tokenizer: PreTrainedTokenizerBase) -> Prompter:
         """The policy's input for a question: prompt.* and the task's answer instruction."""

@@ -14,6 +14,7 @@ from safetensors import SafetensorError
 from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, processors
 from torch import Tensor, nn
 from transformers import (
+    AutoConfig,
     AutoModelForCausalLM,
     AutoTokenizer,
     LlamaConfig,
@@ -112,43 +113,31 @@ def reading_checkpoint(path: Path) -> Iterator[None]:
 
 
 def load_policy(
-    path: str | Path, dtype: str = "float32"
+    path: str | Path, dtype: str = "float32", weights: bool = True
 ) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
-    """Model and tokenizer from a local HF directory (`save_pretrained` layout); never the hub."""
+    """Model and tokenizer from a local HF directory (`save_pretrained` layout); never the hub.
+    weights=False: the model as a skeleton, its parameters on the meta device (config, names
+    and shapes, no weights in memory), for a process that saves weights held elsewhere through
+    `save_pretrained(..., state_dict=...)`."""
     path = Path(path)
     if not (path / "config.json").is_file():
         raise MissingPathError(f"no HF model directory at {path} (config.json missing)")
     with reading_checkpoint(path):
         tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True)
-        model = AutoModelForCausalLM.from_pretrained(
-            path, local_files_only=True, dtype=DTYPES[dtype]
-        )
-    ensure_pad_token(tokenizer)
-    return model, tokenizer
-
-
-def load_policy_skeleton(
-    path: str | Path, dtype: str = "float32"
-) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
-    """The model at `path` with its parameters on the meta device (its config, names and
-    shapes, no weights in memory) and its tokenizer: for a process that saves weights held
-    elsewhere through `save_pretrained(..., state_dict=...)`."""
-    from transformers import AutoConfig
-
-    path = Path(path)
-    if not (path / "config.json").is_file():
-        raise MissingPathError(f"no HF model directory at {path} (config.json missing)")
-    with reading_checkpoint(path):
-        tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True)
-        config = AutoConfig.from_pretrained(path, local_files_only=True)
-    with torch.device("meta"):
-        model = AutoModelForCausalLM.from_config(config, dtype=DTYPES[dtype])
+        if weights:
+            model = AutoModelForCausalLM.from_pretrained(
+                path, local_files_only=True, dtype=DTYPES[dtype]
+            )
+        else:
+            config = AutoConfig.from_pretrained(path, local_files_only=True)
+            with torch.device("meta"):
+                model = AutoModelForCausalLM.from_config(config, dtype=DTYPES[dtype])
     ensure_pad_token(tokenizer)
     return model, tokenizer
 
 
 def holds_weights(model: nn.Module) -> bool:
-    """False for a skeleton (load_policy_skeleton): parameters on the meta device."""
+    """False for a skeleton (load_policy(weights=False)): parameters on the meta device."""
     return not any(p.is_meta for p in model.parameters())
 
 

@@ -39,7 +39,6 @@ from grpo_core.model.policy import (
     create_tiny_policy,
     holds_weights,
     load_policy,
-    load_policy_skeleton,
 )
 from tests.rollout_members import GlooReceiver
 
@@ -279,7 +278,7 @@ def test_a_stage_without_the_weights_saves_and_hands_on_rank_0s(
     steps = [ragged_batch(8, vocab), ragged_batch(8, vocab)]
     start = load_policy(policy_dir)[0].state_dict()
     want = single_process_updates(policy_dir, grpo, steps)
-    skeleton, tokenizer = load_policy_skeleton(policy_dir)
+    skeleton, tokenizer = load_policy(policy_dir, weights=False)
     updater = build_policy_updater(
         engines_section("torch"), grpo, 1, skeleton, None, policy_dir, tmp_path / "j", "float32"
     )

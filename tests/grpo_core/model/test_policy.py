@@ -13,7 +13,6 @@ from grpo_core.model.policy import (
     ensure_pad_token,
     holds_weights,
     load_policy,
-    load_policy_skeleton,
     without_tied_copies,
 )
 from grpo_core.model.prompts import Prompter
@@ -91,7 +90,7 @@ def test_a_skeleton_saves_weights_held_elsewhere_as_the_model_would(
     trained = create_tiny_policy(PolicyConfig(seed=3, tie_embeddings=tied), tok)
     trained.save_pretrained(tmp_path / "policy_0")
     tok.save_pretrained(tmp_path / "policy_0")
-    skeleton, tokenizer = load_policy_skeleton(tmp_path / "policy_0", "bfloat16")
+    skeleton, tokenizer = load_policy(tmp_path / "policy_0", "bfloat16", weights=False)
     assert not holds_weights(skeleton) and holds_weights(trained)
     assert {p.dtype for p in skeleton.parameters()} == {torch.bfloat16}
     assert tokenizer.pad_token_id == tok.pad_token_id
