@@ -49,10 +49,10 @@ def test_lora_run_stores_adapters_and_merged_policies_and_resumes_exactly(
     loads_by_grpo: list[int] = []
     policy = RunContext.policy
 
-    def counting_policy(ctx: RunContext, k: int):  # type: ignore[no-untyped-def]
+    def counting_policy(ctx: RunContext, k: int, weights: bool = True):  # type: ignore[no-untyped-def]
         if inspect.stack()[1].frame.f_globals["__name__"] == "flows.stages.grpo":
             loads_by_grpo.append(k)
-        return policy(ctx, k)
+        return policy(ctx, k, weights)
 
     monkeypatch.setattr(RunContext, "policy", counting_policy)
     reference = tmp_path / "reference"

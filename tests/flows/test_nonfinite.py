@@ -195,8 +195,8 @@ def test_diverged_policy_weights_are_named_not_a_key_error(
 ) -> None:
     real = RunContext.policy
 
-    def diverged(ctx: RunContext, k: int) -> Any:
-        model, tokenizer = real(ctx, k)
+    def diverged(ctx: RunContext, k: int, weights: bool = True) -> Any:
+        model, tokenizer = real(ctx, k, weights)
         with torch.no_grad():
             for p in model.parameters():
                 p.fill_(math.nan)
