@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from torch import Tensor
+from transformers import PreTrainedModel
 
 from flows.engines.policy_updaters import PolicyUpdater
 from grpo_core.contracts.policy_batch import PolicyBatch
@@ -34,10 +35,12 @@ class LoRAUpdater:
         if follower is not None:  # else the stage's (adapted) model was trained in place
             follower.receive_weights(self.adapters.merged_state_dict())
 
-    def weights(self) -> dict[str, Tensor] | None:
-        """The merged weights, under the base model's keys: what a sampling engine that does
-        not share the model (vLLM) receives, and what is saved as policy_{k+1}."""
-        return self.adapters.merged_state_dict()
+    def save_weights(self, model: PreTrainedModel, directory: Path) -> None:
+        """The merged weights, under the base model's keys (what a sampling engine that does
+        not share the model receives): policy_{k+1} is a plain HF model."""
+        model.save_pretrained(
+            directory, safe_serialization=True, state_dict=self.adapters.merged_state_dict()
+        )
 
     def save_state(self, directory: Path) -> dict[str, Any] | None:
         """The optimizer's state (the adapters themselves are saved by the stage beside it)."""

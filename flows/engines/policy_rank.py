@@ -13,10 +13,11 @@ import os
 import socket
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import torch
 from torch import Tensor, nn
+from transformers import PreTrainedModel
 
 from flows.config import EnginesSection
 from grpo_core.algo.config import GRPOConfig
@@ -164,6 +165,16 @@ class PolicyRank:
         if self.weights is None:
             raise RuntimeError("training rank 0 asked for weights before any update or gather")
         return self.weights
+
+    def save_weights(self, directory: str) -> None:
+        """Rank 0: the weights of the last update or load as an HF checkpoint's weights and
+        config in `directory`, through this rank's model (a tied head once)."""
+        from grpo_core.model.policy import without_tied_copies
+
+        assert self.model is not None, "save_weights before load"
+        model = cast(PreTrainedModel, self.model)
+        weights = without_tied_copies(model, self.current_weights())
+        model.save_pretrained(directory, safe_serialization=True, state_dict=weights)
 
     def open_sync(self, world_size: int, timeout_s: float, backend: str) -> tuple[str, int, str]:
         """Rank 0: a store on this node for the weight-sync group with world_size - 1 vLLM

@@ -51,8 +51,10 @@ class PolicyUpdater(Protocol):
         does not sample the stage's model, e.g. vLLM), or, with None, the stage's model."""
         ...
 
-    def weights(self) -> dict[str, Tensor] | None:
-        """Weights to save as the policy (None: the model's own state_dict)."""
+    def save_weights(self, model: PreTrainedModel, directory: Path) -> None:
+        """The policy of the last update as an HF checkpoint's weights and config in
+        `directory`, through the stage's `model` (or, where the stage holds none of the
+        weights, written by the process that holds them)."""
         ...
 
     def save_state(self, directory: Path) -> dict[str, Any] | None:
@@ -107,8 +109,10 @@ class InProcessUpdater:
         if follower is not None:  # else the stage's model was trained in place
             follower.receive_weights(self.engine.full_state_dict())
 
-    def weights(self) -> dict[str, Tensor] | None:
-        return self.engine.full_state_dict()
+    def save_weights(self, model: PreTrainedModel, directory: Path) -> None:
+        model.save_pretrained(
+            directory, safe_serialization=True, state_dict=self.engine.full_state_dict()
+        )
 
     def save_state(self, directory: Path) -> dict[str, Any] | None:
         return self.engine.save_optimizer_state(directory / DEEPSPEED_STATE)
@@ -229,8 +233,10 @@ class LaunchedUpdater:
         if follower is not None:  # else the stage's model has the last job's weights already
             follower.receive_weights(self.model.state_dict())
 
-    def weights(self) -> dict[str, Tensor] | None:
-        return None  # the model in memory holds the last job's weights
+    def save_weights(self, model: PreTrainedModel, directory: Path) -> None:
+        model.save_pretrained(
+            directory, safe_serialization=True
+        )  # the model in memory holds the last job's weights
 
     def save_state(self, directory: Path) -> dict[str, Any] | None:
         if self.state_dir is not None:

@@ -19,6 +19,7 @@ from typing import Any
 
 import torch
 from torch import Tensor, nn
+from transformers import PreTrainedModel
 
 from flows.config import EnginesSection, GRPOStageSection
 from flows.engines.policy_rank import PolicyRank
@@ -214,10 +215,23 @@ class RayWorkersUpdater:
             follower.receive_weights(self.model.state_dict())
 
     def weights(self) -> dict[str, Tensor] | None:
-        if not self.stage_holds_weights:  # a skeleton: what is saved comes from rank 0
+        """Rank 0's weights where the stage's model is a skeleton; else None, once the stage's
+        model holds them."""
+        if not self.stage_holds_weights:
             return without_tied_copies(self.model, self._rank0_weights())
         self._sync_model()
-        return None  # the stage's model holds rank 0's last weights
+        return None
+
+    def save_weights(self, model: PreTrainedModel, directory: Path) -> None:
+        """Rank 0 writes its weights itself into `directory` (the store the ranks load
+        policy_k from, shared on a cluster) where the stage's model is a skeleton: they never
+        reach the stage process."""
+        if self.stage_holds_weights:
+            self._sync_model()
+            model.save_pretrained(directory, safe_serialization=True)
+            return
+        self.gather_once()
+        self.on_rank0("save_weights", str(directory))
 
     def _rank0_weights(self) -> dict[str, Tensor]:
         self.gather_once()

@@ -30,7 +30,6 @@ from flows.engines.policy_updaters import (
 from flows.engines.sampling import SleepingEngine, SleepsAfterSampling
 from flows.guards import GuardChecks
 from flows.interrupts import INTERRUPT
-from flows.model_io import save_model
 from flows.names import GRPO, GRPO_PROGRESS, POLICY, POLICY_LORA, TRAIN_SPLIT
 from flows.progress import ProgressFn, log
 from flows.stages.critic import commit_critic, open_critic, save_critic_progress
@@ -100,7 +99,7 @@ def _save_progress(
         if adapters is not None:  # LoRA: the base is policy_k's checkpoint, never changed
             adapters.save(tmp / ADAPTERS_DIR)
         else:
-            model.save_pretrained(tmp, safe_serialization=True, state_dict=updater.weights())
+            updater.save_weights(model, tmp)
         tokenizer.save_pretrained(tmp)
         save_training_state(
             tmp,
@@ -111,6 +110,18 @@ def _save_progress(
         pq.write_table(pa.Table.from_pylist(sample_rows), tmp / SAMPLES_FILE)
         pq.write_table(pa.Table.from_pylist(metric_log), tmp / METRICS_FILE)
         save_critic_progress(tmp, critic)
+
+    save_checkpoint(path, write, overwrite=True)
+
+
+def save_policy(
+    path: Path, model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, updater: PolicyUpdater
+) -> None:
+    """policy_{k+1}: the updater's weights and the tokenizer, atomically."""
+
+    def write(tmp: Path) -> None:
+        updater.save_weights(model, tmp)
+        tokenizer.save_pretrained(tmp)
 
     save_checkpoint(path, write, overwrite=True)
 
@@ -319,7 +330,7 @@ def _train_policy(
                     adapters,
                 )
             INTERRUPT.check()
-        save_model(ctx.checkpoint(POLICY, k + 1), model, tokenizer, updater.weights())
+        save_policy(ctx.checkpoint(POLICY, k + 1), model, tokenizer, updater)
         commit_critic(ctx, k, critic)
         if adapters is not None:  # policy_{k+1} is stored merged; the adapters beside it
             save_checkpoint(ctx.checkpoint(POLICY_LORA, k + 1), adapters.save, overwrite=True)

@@ -29,7 +29,6 @@ from flows.engines.policy_updaters import (
 )
 from flows.engines.train_engines import build_policy_engine
 from flows.engines.train_workers import RankGroup, RayWorkersUpdater, ranks_live_for_run
-from flows.model_io import save_model
 from grpo_core.contracts.errors import SettingError
 from grpo_core.contracts.policy_batch import PolicyBatch, build_policy_batch
 from grpo_core.engines.sharded_rollout import ShardedRolloutEngine
@@ -270,8 +269,8 @@ def test_a_stage_without_the_weights_saves_and_hands_on_rank_0s(
     tmp_path: Path, local_ray: Any
 ) -> None:
     """Where the stage's sampling does not use its model (vLLM, gold solutions, policy_0),
-    the stage holds a skeleton: a follower and the saved policy get rank 0's weights, which
-    are the single process's updates."""
+    the stage holds a skeleton: a follower gets rank 0's weights, rank 0 writes the saved
+    policy itself, and both are the single process's updates."""
     policy_dir = saved_policy(tmp_path / "policy_0")
     vocab = len(build_char_tokenizer())
     grpo = GRPOStageSection.model_validate(GRPO)
@@ -290,10 +289,17 @@ def test_a_stage_without_the_weights_saves_and_hands_on_rank_0s(
             updater.hand_on(follower)
         weights = updater.weights()
         assert weights is not None and not holds_weights(skeleton)
-        save_model(tmp_path / "policy_1", skeleton, tokenizer, weights)
+
+        def not_here(*args: Any, **kwargs: Any) -> None:
+            raise AssertionError("the stage wrote the weights")
+
+        skeleton.save_pretrained = not_here  # type: ignore[method-assign]
+        updater.save_weights(skeleton, tmp_path / "policy_1")
+        tokenizer.save_pretrained(tmp_path / "policy_1")
     finally:
         updater.close()
     saved = load_policy(tmp_path / "policy_1")[0].state_dict()
+    assert all(torch.equal(weights[n], saved[n]) for n in weights)
     gap = assert_same_updates(want, (saved, metrics), start)
     print(f"skeleton stage, 2 Ray ranks vs one process: max |weight gap| {gap:.2e}")
     first, last = follower.received
