@@ -265,6 +265,12 @@ class EnginesSection(_Section):
                 "the deepspeed launcher: leave engines.deepspeed.processes_per_node at 1 and "
                 "engines.deepspeed.hostfile empty (or set train_workers: none to launch)"
             )
+        if self.workers.reward_models and self.train_workers != "ray":
+            raise ValueError(
+                "engines.workers.reward_models = true trains the reward models on the training "
+                "ranks, which engines.train_workers = none does not start: set "
+                "engines.train_workers: ray, or reward_models: false"
+            )
         return self
 
     @property

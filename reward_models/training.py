@@ -266,9 +266,14 @@ def rm_optimizer_settings(cfg: RewardModelConfig) -> OptimizerSettings:
 
 
 def _batch_loss(
-    model: torch.nn.Module, batch: Sequence[RMExample], pad_id: int, device: torch.device
+    model: torch.nn.Module,
+    batch: Sequence[RMExample],
+    pad_id: int,
+    device: torch.device,
+    normaliser: int | None = None,
 ) -> tuple[torch.Tensor, int]:
-    """Mean BCE-with-logits over every read position of the batch, and their count."""
+    """Mean BCE-with-logits over every read position of the batch, and their count; with a
+    `normaliser`, their sum divided by it (a rank's share of a mini-batch of that many)."""
     policy_batch = build_policy_batch(
         [e.prompt_ids for e in batch], [e.completion_ids for e in batch], pad_id, "right"
     ).to(device)
@@ -277,7 +282,25 @@ def _batch_loss(
     cols = [len(e.prompt_ids) + p for e in batch for p in e.read_positions]
     targets = torch.tensor([t for e in batch for t in e.targets], device=logits.device)
     picked = logits[torch.tensor(rows), torch.tensor(cols)].float()
-    return F.binary_cross_entropy_with_logits(picked, targets), len(rows)
+    if normaliser is None:
+        return F.binary_cross_entropy_with_logits(picked, targets), len(rows)
+    summed = F.binary_cross_entropy_with_logits(picked, targets, reduction="sum")
+    return summed / normaliser, len(rows)
+
+
+def _rank_share_loss(
+    engine: TrainEngine, batch: Sequence[RMExample], pad_id: int
+) -> tuple[torch.Tensor, int]:
+    """This data-parallel rank's part of the batch's mean BCE (every `world`-th example from
+    its rank on, its summed loss over the whole batch's read positions: the ranks' backwards
+    add up to the mean's gradient), and the batch's count. A rank with no example runs one
+    example at weight 0: DDP and DeepSpeed need every rank's backward."""
+    rank, world = engine.data_parallel_rank, engine.data_parallel_size
+    total = sum(len(e.read_positions) for e in batch)
+    share = list(batch[rank::world])
+    part, weight = (share, 1.0) if share else (list(batch[:1]), 0.0)
+    loss, _ = _batch_loss(engine.forward_model, part, pad_id, engine.device, total)
+    return loss * weight, total
 
 
 def train_reward_model(
@@ -292,8 +315,10 @@ def train_reward_model(
 
     Each mini-batch is one step of `engine`, which wraps `model`: by default a TorchEngine
     (AdamW, settings from rm_optimizer_settings); a DeepSpeedEngine built on `model` with the
-    same settings trains the same way. The records list one row per target per epoch, in the
-    order the trainer used them.
+    same settings trains the same way. With engine.data_parallel_size > 1 (training ranks)
+    every rank passes the same examples and seed, runs its share of each mini-batch, and
+    returns the same metrics and records. The records list one row per target per epoch, in
+    the order the trainer used them.
     """
     _check_examples(model, examples, cfg.max_length)
     pad_id = model.tokenizer.pad_token_id
@@ -315,7 +340,10 @@ def train_reward_model(
             loss_sum, count = 0.0, 0
             for start in range(0, len(order), cfg.batch_size):
                 batch = [examples[i] for i in order[start : start + cfg.batch_size]]
-                loss, n_targets = _batch_loss(engine.model, batch, pad_id, device)
+                if engine.data_parallel_size > 1:
+                    loss, n_targets = _rank_share_loss(engine, batch, pad_id)
+                else:
+                    loss, n_targets = _batch_loss(engine.forward_model, batch, pad_id, device)
                 require_finite(
                     f"{model.kind.upper()} training loss",
                     loss,
@@ -329,6 +357,10 @@ def train_reward_model(
                 records.extend(_records(batch, epoch))
                 bar.update(1)
                 bar.set_postfix(loss=f"{loss.item():.4f}")
+            if engine.data_parallel_size > 1:  # each rank added its share of each batch
+                loss_sum = float(
+                    engine.all_reduce(torch.tensor([loss_sum], dtype=torch.float64), "sum")[0]
+                )
             epoch_losses.append(loss_sum / count)
             log.info("%s epoch %d: loss %.4f", model.kind, epoch, epoch_losses[-1])
     finally:

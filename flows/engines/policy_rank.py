@@ -166,6 +166,37 @@ class PolicyRank:
             raise RuntimeError("training rank 0 asked for weights before any update or gather")
         return self.weights
 
+    def train_reward_model(
+        self,
+        start_dir: str,
+        examples: list[Any],
+        rm_cfg: Any,
+        engines: EnginesSection,
+        seed: int,
+    ) -> tuple[dict[str, float], list[Any], dict[str, Tensor]] | None:
+        """train_reward_model on this rank's share of every mini-batch of `examples`, from the
+        reward model saved at start_dir (reward_models.RewardModelConfig `rm_cfg`); rank 0
+        returns the metrics, the trained rows and the whole weights, the others None. What a
+        GRPO stage held goes first; the trained model goes when this returns."""
+        from reward_models.models import RewardModel
+        from reward_models.training import rm_optimizer_settings, train_reward_model
+
+        self.release()
+        device = torch.device("cuda" if self.cuda else "cpu")
+        model = _in_torch_memory(RewardModel.load(start_dir, dtype=rm_cfg.dtype)).to(device)
+        assert isinstance(model, RewardModel)
+        engine = RANK_ENGINES[engines.train](model, rm_optimizer_settings(rm_cfg), engines)
+        metrics, records = train_reward_model(
+            model, examples, rm_cfg, seed, progress=False, engine=engine
+        )
+        weights = engine.full_state_dict()  # collective under ZeRO-3
+        result = None
+        if self.rank == 0:
+            result = (metrics, records, {n: t.detach().cpu() for n, t in weights.items()})
+        del engine, model, weights
+        self.release()
+        return result
+
     def save_weights(self, directory: str) -> None:
         """Rank 0: the weights of the last update or load as an HF checkpoint's weights and
         config in `directory`, through this rank's model (a tied head once)."""

@@ -12,8 +12,9 @@ Why actors and not launcher jobs, and how it runs on a cluster: docs/train_worke
 
 from __future__ import annotations
 
+import shutil
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -32,6 +33,9 @@ from grpo_core.contracts.rollout import RolloutEngine
 from grpo_core.engines.config import TrainWorkersConfig
 from grpo_core.engines.sharded_rollout import TakesBroadcast
 from grpo_core.model.policy import holds_weights, without_tied_copies
+from reward_models.config import RewardModelConfig
+from reward_models.models import RewardModel
+from reward_models.training import RMExample, TrainedRow
 
 START_TIMEOUT_SETTING = "engines.workers.start_timeout_s"
 
@@ -279,3 +283,39 @@ class RayWorkersUpdater:
         except Exception:  # a rank died (its error is the stage's): the run starts new ones
             log.warning("training ranks: releasing the stage failed; stopping the ranks")
             self.group.close()
+
+
+def train_reward_model_on_ranks(
+    group: RankGroup | None,
+    engines: EnginesSection,
+    threads: int | None,
+    ray_address: str | None,
+    model: RewardModel,
+    examples: Sequence[RMExample],
+    rm_cfg: RewardModelConfig,
+    seed: int,
+    start_dir: Path,
+) -> tuple[dict[str, float], list[TrainedRow], dict[str, Tensor]]:
+    """train_reward_model of `model` on the training ranks (engines.workers.reward_models):
+    `group`, the run's, or one started for this and closed after. The ranks load the model
+    from start_dir in the store (written here, removed after) and read the examples from Ray's
+    object store; rank 0's metrics, trained rows and whole weights."""
+    ranks = RankGroup(engines.workers, threads, ray_address) if group is None else group
+    started = time.perf_counter()
+    try:
+        model.save(start_dir)
+        shared = ranks.ray.put(list(examples))  # stored once, read by every rank
+        args = (str(start_dir), shared, rm_cfg, engines, seed)
+        results = ranks.all(lambda r: r.train_reward_model.remote(*args))
+    finally:
+        shutil.rmtree(start_dir, ignore_errors=True)
+        if group is None:
+            ranks.close()
+    metrics, records, weights = results[0]
+    log.info(
+        "%s trained on %d Ray ranks in %.1f s",
+        model.kind.upper(),
+        len(results),
+        time.perf_counter() - started,
+    )
+    return metrics, records, weights

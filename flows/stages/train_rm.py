@@ -167,12 +167,31 @@ def _train_one(
         return {}, []
     examples = _rm_examples(ctx, kind, iteration, model)
     _check_label_balance(checks, kind, iteration, examples)
-    engine = build_rm_engine(ctx.cfg.engines, rm_cfg, model)
     rm_cfg = rm_cfg.model_copy(
         update={"epochs": rm_cfg.epochs_of(kind, continued=prev is not None)}
     )
-    metrics, records = train_reward_model(model, examples, rm_cfg, seed, engine=engine)
-    save_reward_model(ctx.checkpoint(kind, iteration), model, engine.full_state_dict())
+    engines = ctx.cfg.engines
+    if engines.train_workers == "ray" and engines.workers.reward_models:
+        from flows.engines.train_workers import train_reward_model_on_ranks
+
+        start_dir = ctx.checkpoint(f"{kind}-ranks-start", iteration)
+        ranks = ctx.training_ranks()
+        metrics, records, weights = train_reward_model_on_ranks(
+            ranks,
+            engines,
+            ctx.threads,
+            ctx.cfg.cluster.ray_address,
+            model,
+            examples,
+            rm_cfg,
+            seed,
+            start_dir,
+        )
+    else:
+        engine = build_rm_engine(engines, rm_cfg, model)
+        metrics, records = train_reward_model(model, examples, rm_cfg, seed, engine=engine)
+        weights = engine.full_state_dict()
+    save_reward_model(ctx.checkpoint(kind, iteration), model, weights)
     log.info("%s_%d: %s", kind, iteration, rounded(metrics))
     return metrics, row_dicts(records)
 

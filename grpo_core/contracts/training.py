@@ -49,6 +49,12 @@ class TrainEngine(Protocol):
         """Where the model computes: inputs go there (DeepSpeed may have moved the model)."""
         ...
 
+    @property
+    def forward_model(self) -> nn.Module:
+        """What to call for a forward pass whose loss goes to `backward`: the model, or the
+        wrapper whose hooks reduce gradients over the ranks (DDP, DeepSpeed's engine)."""
+        ...
+
     def forward_logprobs(
         self, batch: PolicyBatch, temperature: float, with_entropy: bool = False
     ) -> tuple[Tensor, Tensor | None]:

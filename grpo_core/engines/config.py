@@ -232,6 +232,13 @@ class TrainWorkersConfig(BaseModel):
         description="GPUs Ray reserves for each rank: 0 (CPU ranks, gloo) or 1 (one GPU per "
         "rank, NCCL; needs run.device auto or cuda).",
     )
+    reward_models: bool = Field(
+        default=False,
+        description="Also train the reward models on the ranks (data parallel: each rank a "
+        "share of every mini-batch, the same mean loss and AdamW as one process) instead of in "
+        "the stage's process; the examples go to the ranks through Ray's object store, rank 0 "
+        "returns the trained weights.",
+    )
     lifetime: Literal["auto", "run", "stage"] = Field(
         default="auto",
         description="How long the ranks live: run (started at the first GRPO stage, each "

@@ -46,6 +46,11 @@ class DistributedTorchEngine(TorchEngine):
             return sequence_logprobs_and_entropy(self.ddp, batch, temperature)
         return sequence_logprobs(self.ddp, batch, temperature), None
 
+    @property
+    def forward_model(self) -> nn.Module:
+        """DDP's wrapper: its forward prepares the gradients' all-reduce in backward."""
+        return self.ddp
+
     def backward(self, loss: Tensor) -> None:
         """Accumulate the gradient of `loss` summed over the ranks (DDP averages)."""
         (loss * self.data_parallel_size).backward()

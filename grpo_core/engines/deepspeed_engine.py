@@ -142,6 +142,11 @@ class DeepSpeedEngine:
         self.data_parallel_size = int(self.engine.dp_world_size)
         self.data_parallel_rank = torch.distributed.get_rank() if self.data_parallel_size > 1 else 0
 
+    @property
+    def forward_model(self) -> nn.Module:
+        """DeepSpeed's engine (ZeRO gathers and gradient reduction run in its hooks)."""
+        return self.model
+
     def forward_logprobs(
         self, batch: PolicyBatch, temperature: float, with_entropy: bool = False
     ) -> tuple[Tensor, Tensor | None]:

@@ -102,6 +102,11 @@ class TorchEngine:
         """Where the model's parameters are."""
         return next(self.model.parameters()).device
 
+    @property
+    def forward_model(self) -> nn.Module:
+        """The model itself: one process, nothing to reduce."""
+        return self.model
+
     def state_dict(self) -> dict[str, Any]:
         """Optimizer and LR-schedule state."""
         return {"optimizer": self.optimizer.state_dict(), "scheduler": self.scheduler.state_dict()}

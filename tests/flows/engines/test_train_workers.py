@@ -254,6 +254,44 @@ def test_rank_0_broadcasts_each_update_to_the_engines_without_the_stage_holding_
         updater.close()
 
 
+@pytest.mark.slow
+@pytest.mark.parametrize("train", ["torch", pytest.param("deepspeed", marks=needs_deepspeed)])
+def test_two_ray_ranks_train_a_reward_model_as_one_process(
+    tmp_path: Path, local_ray: Any, train: str
+) -> None:
+    """engines.workers.reward_models: 9 examples in batches of 4 over 2 epochs, so each
+    rank takes 2 of a full batch and rank 1 runs the last batch's weight-0 padding pass;
+    the same metrics, rows and weights as train_reward_model in one process."""
+    from flows.engines.train_workers import train_reward_model_on_ranks
+    from reward_models.config import RewardModelConfig
+    from reward_models.training import train_reward_model
+    from tests.reward_models.test_training import fresh_rm, orm_set
+
+    examples = orm_set(9, "new", 0)
+    cfg = RewardModelConfig(epochs=2, batch_size=4, lr=3e-3)
+    start = fresh_rm().state_dict()
+    single = fresh_rm()
+    want_metrics, want_rows = train_reward_model(single, examples, cfg, seed=5, progress=False)
+    engines = EnginesSection.model_validate(
+        {"train": train, "train_workers": "ray", "workers": {"reward_models": True}}
+    )
+    metrics, rows, weights = train_reward_model_on_ranks(
+        None, engines, 1, None, fresh_rm(), examples, cfg, 5, tmp_path / "start"
+    )
+    assert not (tmp_path / "start").exists() and local_ray.is_initialized()
+    assert rows == want_rows and metrics.keys() == want_metrics.keys()
+    for key, value in want_metrics.items():
+        assert metrics[key] == pytest.approx(value, rel=1e-5), key
+    assert metrics["loss_last_epoch"] < metrics["loss_first_epoch"]
+    trained = single.state_dict()
+    moved = max(float((trained[n] - start[n]).abs().max()) for n in trained)
+    gap = max(float((trained[n] - weights[n]).abs().max()) for n in trained)
+    print(
+        f"RM on 2 Ray ranks ({train}) vs one process: max |weight gap| {gap:.2e}, moved {moved:.2e}"
+    )
+    assert moved > 1e-3 and gap < TOL, gap
+
+
 class RecordingFollower:
     """A sampling engine that takes each policy as a state dict (no broadcast)."""
 
@@ -341,6 +379,8 @@ def test_train_workers_settings_name_the_field() -> None:
         )
     with pytest.raises(ValueError, match=r"engines\.workers\.ranks"):
         ItergrpoConfig.model_validate({"engines": {"workers": {"ranks": 0}}})
+    with pytest.raises(ValueError, match=r"set engines\.train_workers: ray, or reward_models"):
+        ItergrpoConfig.model_validate({"engines": {"workers": {"reward_models": True}}})
 
 
 def test_missing_ray_names_the_field_and_the_fix(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -156,3 +156,38 @@ def test_a_stage_that_samples_without_its_model_leaves_the_weights_to_the_ranks(
         snapshot(RunStore(ranks), "rft")["policy_samples"]
         == snapshot(RunStore(one), "rft")["policy_samples"]
     )
+
+
+def test_reward_models_trained_on_the_ranks_match_the_stage_process(
+    ray_ranks_reference: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """engines.workers.reward_models: the micro run's ORM_0 and PRM_0 train on the two ranks
+    that then run its GRPO updates; the same rm_train rows as the reference run (RMs in the
+    stage process), and their weights and training losses within the tolerances above."""
+    sets = ("run.iterations=1", *RAY_SETS, "engines.workers.reward_models=true")
+    store, rr = tmp_path / "rm-on-ranks", RAY_RUN_ID
+    with caplog.at_level("INFO"):
+        execute_run(micro_config(store, rr, *sets))
+    messages = [r.getMessage() for r in caplog.records]
+    for kind in ("ORM", "PRM"):
+        assert any(m.startswith(f"{kind} trained on 2 Ray ranks") for m in messages), kind
+    want, got = snapshot(RunStore(ray_ranks_reference), rr), snapshot(RunStore(store), rr)
+    assert got["rm_train"] == want["rm_train"] and got["orm_labels"] == want["orm_labels"]
+    gaps = [
+        max_weight_gap(
+            checkpoint_path(ray_ranks_reference, rr, kind, 0), checkpoint_path(store, rr, kind, 0)
+        )
+        for kind in ("orm", "prm")
+    ]
+    assert max(gaps) <= WEIGHT_TOL, gaps
+    rm_metrics = [
+        {
+            r["name"]: r["value"]
+            for r in RunStore(root).read("metrics", run_id=rr).to_pylist()
+            if r["stage"] == "train_rm"
+        }
+        for root in (ray_ranks_reference, store)
+    ]
+    for name in ("orm_loss_first_epoch", "orm_loss_last_epoch", "prm_loss_last_epoch"):
+        assert rm_metrics[1][name] == pytest.approx(rm_metrics[0][name], rel=1e-4), name
+    print(f"RMs on 2 Ray ranks vs the stage process: weight gaps {gaps[0]:.2e} / {gaps[1]:.2e}")
