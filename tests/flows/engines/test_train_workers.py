@@ -108,6 +108,25 @@ def single_process_updates(
     return model.state_dict(), metrics
 
 
+def two_steps_in_one_process(
+    tmp_path: Path,
+) -> tuple[
+    Path,
+    GRPOStageSection,
+    list[tuple[PolicyBatch, torch.Tensor]],
+    dict[str, torch.Tensor],
+    tuple[dict[str, torch.Tensor], list[dict[str, float]]],
+]:
+    """policy_0 saved under tmp_path, the stage settings, two ragged 8-row steps, the starting
+    weights, and what one process's updates make of them."""
+    policy_dir = saved_policy(tmp_path / "policy_0")
+    vocab = len(build_char_tokenizer())
+    grpo = GRPOStageSection.model_validate(GRPO)
+    steps = [ragged_batch(8, vocab), ragged_batch(8, vocab)]
+    start = load_policy(policy_dir)[0].state_dict()
+    return policy_dir, grpo, steps, start, single_process_updates(policy_dir, grpo, steps)
+
+
 def assert_same_updates(
     want: tuple[dict[str, torch.Tensor], list[dict[str, float]]],
     got: tuple[dict[str, torch.Tensor], list[dict[str, float]]],
@@ -153,12 +172,7 @@ def test_ranks_that_cannot_be_placed_stop_the_stage_naming_the_field(tmp_path: P
 def test_two_ray_ranks_update_as_one_process_in_the_same_processes(
     tmp_path: Path, local_ray: Any, train: str
 ) -> None:
-    policy_dir = saved_policy(tmp_path / "policy_0")
-    vocab = len(build_char_tokenizer())
-    grpo = GRPOStageSection.model_validate(GRPO)
-    steps = [ragged_batch(8, vocab), ragged_batch(8, vocab)]
-    start = load_policy(policy_dir)[0].state_dict()
-    want = single_process_updates(policy_dir, grpo, steps)
+    policy_dir, grpo, steps, start, want = two_steps_in_one_process(tmp_path)
 
     model = load_policy(policy_dir)[0]  # the stage's sampling copy
     updater = build_policy_updater(
@@ -309,12 +323,7 @@ def test_a_stage_without_the_weights_saves_and_hands_on_rank_0s(
     """Where the stage's sampling does not use its model (vLLM, gold solutions, policy_0),
     the stage holds a skeleton: a follower gets rank 0's weights, rank 0 writes the saved
     policy itself, and both are the single process's updates."""
-    policy_dir = saved_policy(tmp_path / "policy_0")
-    vocab = len(build_char_tokenizer())
-    grpo = GRPOStageSection.model_validate(GRPO)
-    steps = [ragged_batch(8, vocab), ragged_batch(8, vocab)]
-    start = load_policy(policy_dir)[0].state_dict()
-    want = single_process_updates(policy_dir, grpo, steps)
+    policy_dir, grpo, steps, start, want = two_steps_in_one_process(tmp_path)
     skeleton, tokenizer = load_policy(policy_dir, weights=False)
     updater = build_policy_updater(
         engines_section("torch"), grpo, 1, skeleton, None, policy_dir, tmp_path / "j", "float32"
