@@ -13,7 +13,7 @@ import os
 import socket
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, cast
+from typing import TYPE_CHECKING, Any, cast
 
 import torch
 from torch import Tensor, nn
@@ -25,6 +25,10 @@ from grpo_core.contracts.policy_batch import update_inputs
 from grpo_core.contracts.registry import Registry
 from grpo_core.contracts.training import OptimizerSettings, TrainEngine
 from grpo_core.engines.weight_sync import WeightSender, manifest, sync_backend, unique_tensors
+
+if TYPE_CHECKING:
+    from reward_models.config import RewardModelConfig
+    from reward_models.training import RMExample, TrainedRow
 
 # engines.train -> the engine one rank of the group runs, built on the rank's model once the
 # default process group is up: (model, optimizer settings, engines section) -> TrainEngine.
@@ -169,11 +173,11 @@ class PolicyRank:
     def train_reward_model(
         self,
         start_dir: str,
-        examples: list[Any],
-        rm_cfg: Any,
+        examples: list[RMExample],
+        rm_cfg: RewardModelConfig,
         engines: EnginesSection,
         seed: int,
-    ) -> tuple[dict[str, float], list[Any], dict[str, Tensor]] | None:
+    ) -> tuple[dict[str, float], list[TrainedRow], dict[str, Tensor]] | None:
         """train_reward_model on this rank's share of every mini-batch of `examples`, from the
         reward model saved at start_dir (reward_models.RewardModelConfig `rm_cfg`); rank 0
         returns the metrics, the trained rows and the whole weights, the others None. What a

@@ -234,9 +234,8 @@ class LaunchedUpdater:
             follower.receive_weights(self.model.state_dict())
 
     def save_weights(self, model: PreTrainedModel, directory: Path) -> None:
-        model.save_pretrained(
-            directory, safe_serialization=True
-        )  # the model in memory holds the last job's weights
+        # the model in memory holds the last job's weights
+        model.save_pretrained(directory, safe_serialization=True)
 
     def save_state(self, directory: Path) -> dict[str, Any] | None:
         if self.state_dir is not None:
