@@ -1,6 +1,6 @@
 """The micro run's GRPO updates on a long-lived Ray training rank that holds the GPU
 (`make gpu-check`): DeepSpeed ZeRO-2 on NCCL, in fp32 against the same engine in the stage's
-own process, then in bf16.
+own process, then in bf16; and its reward models trained on that rank.
 
 fp32: the rank runs the in-process engine's code on the same GPU, inputs and seeds, so the
 tolerances are tests/flows/engines/test_engines_flow.py's (1e-5 + 1e-4 |value| per GRPO metric,
@@ -119,3 +119,24 @@ def test_micro_run_on_a_gpu_ray_rank_matches_the_in_process_engine_then_runs_bf1
         checkpoint_path(bf16_rank, run_id, POLICY, 0), checkpoint_path(bf16_rank, run_id, POLICY, 1)
     )
     assert moved > 1e-4  # bf16 updates moved the stored policy
+
+
+def test_reward_models_on_a_gpu_rank_match_the_stage_process(tmp_path: Path) -> None:
+    """engines.workers.reward_models on the GPU rank: ORM_0 and PRM_0 trained there (one
+    rank, DeepSpeed fp32) as the stage process trains them on the same GPU, the policy's
+    updates on the rank in both runs; fp32 tolerances as above."""
+    run_id = "gpu-rm"
+    in_stage, on_rank = tmp_path / "stage", tmp_path / "rank"
+    execute_run(micro_config(in_stage, run_id, *GPU_RUN, *ON_A_GPU_RANK))
+    on_ranks = (*GPU_RUN, *ON_A_GPU_RANK, "engines.workers.reward_models=true")
+    execute_run(micro_config(on_rank, run_id, *on_ranks))
+    want, got = snapshot(RunStore(in_stage), run_id), snapshot(RunStore(on_rank), run_id)
+    assert got["rm_train"] == want["rm_train"]
+    gaps = [
+        max_weight_gap(
+            checkpoint_path(in_stage, run_id, kind, 0), checkpoint_path(on_rank, run_id, kind, 0)
+        )
+        for kind in ("orm", "prm")
+    ]
+    print(f"RMs on a GPU Ray rank vs the stage process: weight gaps {gaps[0]:.2e} / {gaps[1]:.2e}")
+    assert max(gaps) <= WEIGHT_TOL
