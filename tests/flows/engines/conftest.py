@@ -12,6 +12,7 @@ from tests.conftest import shared_dir
 # The micro preset, one iteration, its GRPO updates on two long-lived Ray ranks: DeepSpeed
 # (ZeRO-2) where installed, as issue 32 asks; else the torch engine under DDP.
 RAY_RUN_ID = "rr"
+RM_ON_RANKS = "engines.workers.reward_models=true"
 
 
 def ray_sets() -> tuple[str, ...]:
@@ -33,5 +34,22 @@ def ray_ranks_reference(tmp_path_factory: pytest.TempPathFactory) -> Path:
     with FileLock(str(root) + ".lock"):
         if not (root / "complete").exists():
             execute_run(micro_config(root / "store", RAY_RUN_ID, "run.iterations=1", *ray_sets()))
+            (root / "complete").touch()
+    return root / "store"
+
+
+@pytest.fixture(scope="session")
+def rm_ranks_reference(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The store of run `rr` as ray_ranks_reference, with its reward models also trained on
+    the two ranks (engines.workers.reward_models), run once per session: the comparison with
+    the stage-process reward models and the kill/resume test both read it."""
+    from flows.loop import execute_run
+    from tests.flow_helpers import micro_config
+
+    root = shared_dir(tmp_path_factory, "rm-ranks-reference")
+    with FileLock(str(root) + ".lock"):
+        if not (root / "complete").exists():
+            sets = ("run.iterations=1", *ray_sets(), RM_ON_RANKS)
+            execute_run(micro_config(root / "store", RAY_RUN_ID, *sets))
             (root / "complete").touch()
     return root / "store"

@@ -28,7 +28,7 @@ from grpo_core.contracts.policy_batch import PolicyBatch
 from storage.checkpoints import EXTRA_FILE, checkpoint_path
 from storage.store import RunStore
 from tests.flow_helpers import cli, killed_micro_run, micro_config, snapshot
-from tests.flows.engines.conftest import RAY_RUN_ID, ray_sets
+from tests.flows.engines.conftest import RAY_RUN_ID, RM_ON_RANKS, ray_sets
 from tests.flows.engines.test_engines_flow import (
     WEIGHT_TOL,
     assert_close_metrics,
@@ -60,6 +60,13 @@ def _still_alive(pids: list[int], seconds: float) -> list[int]:
     while any(_alive(p) for p in pids) and time.monotonic() < deadline:
         time.sleep(0.2)
     return [p for p in pids if _alive(p)]
+
+
+def started_rank_pids(stderr: str) -> list[int]:
+    """The training ranks' pids, from the line a run logs when it starts them."""
+    started = re.search(r"training ranks: 2 Ray actors \(pids \[(\d+), (\d+)\]\) on", stderr)
+    assert started is not None, stderr[-2000:]
+    return [int(p) for p in started.groups()]
 
 
 def test_micro_run_on_two_ray_ranks_matches_one_process(
@@ -109,10 +116,9 @@ def test_ray_ranks_killed_mid_grpo_resume_exactly(
     reference, kr = ray_ranks_reference, RAY_RUN_ID
     store = tmp_path / "killed"
     killed = killed_micro_run(store, kr, sets, fault="SIGKILL@grpo:0:2")  # step 0 saved only
-    started = re.search(r"training ranks: 2 Ray actors \(pids \[(\d+), (\d+)\]\) on", killed.stderr)
-    assert started is not None, killed.stderr[-2000:]
-    pids = [int(p) for p in started.groups()]
-    assert not _still_alive(pids, 60)  # the ranks died with the killed run
+    assert not _still_alive(
+        started_rank_pids(killed.stderr), 60
+    )  # the ranks died with the killed run
     progress = checkpoint_path(store, kr, GRPO_PROGRESS, 0)
     assert json.loads((progress / EXTRA_FILE).read_text())["next_step"] == 1
     resumed = cli(store, "resume", kr)
@@ -159,18 +165,12 @@ def test_a_stage_that_samples_without_its_model_leaves_the_weights_to_the_ranks(
 
 
 def test_reward_models_trained_on_the_ranks_match_the_stage_process(
-    ray_ranks_reference: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture
+    ray_ranks_reference: Path, rm_ranks_reference: Path
 ) -> None:
     """engines.workers.reward_models: the micro run's ORM_0 and PRM_0 train on the two ranks
     that then run its GRPO updates; the same rm_train rows as the reference run (RMs in the
     stage process), and their weights and training losses within the tolerances above."""
-    sets = ("run.iterations=1", *RAY_SETS, "engines.workers.reward_models=true")
-    store, rr = tmp_path / "rm-on-ranks", RAY_RUN_ID
-    with caplog.at_level("INFO"):
-        execute_run(micro_config(store, rr, *sets))
-    messages = [r.getMessage() for r in caplog.records]
-    for kind in ("ORM", "PRM"):
-        assert any(m.startswith(f"{kind} trained on 2 Ray ranks") for m in messages), kind
+    rr, store = RAY_RUN_ID, rm_ranks_reference
     want, got = snapshot(RunStore(ray_ranks_reference), rr), snapshot(RunStore(store), rr)
     assert got["rm_train"] == want["rm_train"] and got["orm_labels"] == want["orm_labels"]
     gaps = [
@@ -191,3 +191,24 @@ def test_reward_models_trained_on_the_ranks_match_the_stage_process(
     for name in ("orm_loss_first_epoch", "orm_loss_last_epoch", "prm_loss_last_epoch"):
         assert rm_metrics[1][name] == pytest.approx(rm_metrics[0][name], rel=1e-4), name
     print(f"RMs on 2 Ray ranks vs the stage process: weight gaps {gaps[0]:.2e} / {gaps[1]:.2e}")
+
+
+def test_a_run_killed_while_its_reward_models_train_on_the_ranks_resumes_exactly(
+    rm_ranks_reference: Path, tmp_path: Path
+) -> None:
+    """SIGKILL after ORM_0 trained on the ranks, before PRM_0 (the stage's second progress
+    report): the ranks die with the run, the half-written stage is redone on new ranks, and
+    the run ends with the uninterrupted run's rows, metrics and weights exactly."""
+    sets = ["run.iterations=1", *RAY_SETS, RM_ON_RANKS]
+    reference, rr, store = rm_ranks_reference, RAY_RUN_ID, tmp_path / "killed"
+    killed = killed_micro_run(store, rr, sets, fault="SIGKILL@train_rm:0:2")
+    assert "ORM trained on 2 Ray ranks" in killed.stderr, killed.stderr[-2000:]
+    assert "PRM trained on 2 Ray ranks" not in killed.stderr
+    assert not _still_alive(started_rank_pids(killed.stderr), 60)
+    resumed = cli(store, "resume", rr)
+    assert resumed.returncode == 0, resumed.stderr[-2000:]
+    assert snapshot(RunStore(store), rr) == snapshot(RunStore(reference), rr)
+    assert grpo_metrics(store, rr) == grpo_metrics(reference, rr)
+    for role, k in (("orm", 0), ("prm", 0), (POLICY, 1)):
+        final = (checkpoint_path(reference, rr, role, k), checkpoint_path(store, rr, role, k))
+        assert max_weight_gap(*final) == 0.0, role
