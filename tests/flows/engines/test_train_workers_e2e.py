@@ -116,9 +116,8 @@ def test_ray_ranks_killed_mid_grpo_resume_exactly(
     reference, kr = ray_ranks_reference, RAY_RUN_ID
     store = tmp_path / "killed"
     killed = killed_micro_run(store, kr, sets, fault="SIGKILL@grpo:0:2")  # step 0 saved only
-    assert not _still_alive(
-        started_rank_pids(killed.stderr), 60
-    )  # the ranks died with the killed run
+    ranks = started_rank_pids(killed.stderr)
+    assert not _still_alive(ranks, 60)  # the ranks died with the killed run
     progress = checkpoint_path(store, kr, GRPO_PROGRESS, 0)
     assert json.loads((progress / EXTRA_FILE).read_text())["next_step"] == 1
     resumed = cli(store, "resume", kr)
