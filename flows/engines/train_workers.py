@@ -295,20 +295,24 @@ def train_reward_model_on_ranks(
     rm_cfg: RewardModelConfig,
     seed: int,
     start_dir: Path,
+    saved: bool = False,
 ) -> tuple[dict[str, float], list[TrainedRow], dict[str, Tensor]]:
     """train_reward_model of `model` on the training ranks (engines.workers.reward_models):
     `group`, the run's, or one started for this and closed after. The ranks load the model
-    from start_dir in the store (written here, removed after) and read the examples from Ray's
-    object store; rank 0's metrics, trained rows and whole weights."""
+    from start_dir in the store (saved: it is there already, RM_{k-1}'s checkpoint, left as it
+    is; else written here and removed after) and read the examples from Ray's object store;
+    rank 0's metrics, trained rows and whole weights."""
     ranks = RankGroup(engines.workers, threads, ray_address) if group is None else group
     started = time.perf_counter()
     try:
-        model.save(start_dir)
+        if not saved:
+            model.save(start_dir)
         shared = ranks.ray.put(list(examples))  # stored once, read by every rank
         args = (str(start_dir), shared, rm_cfg, engines, seed)
         results = ranks.all(lambda r: r.train_reward_model.remote(*args))
     finally:
-        shutil.rmtree(start_dir, ignore_errors=True)
+        if not saved:
+            shutil.rmtree(start_dir, ignore_errors=True)
         if group is None:
             ranks.close()
     metrics, records, weights = results[0]

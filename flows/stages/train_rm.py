@@ -174,7 +174,8 @@ def _train_one(
     if engines.train_workers == "ray" and engines.workers.reward_models:
         from flows.engines.train_workers import train_reward_model_on_ranks
 
-        start_dir = ctx.checkpoint(f"{kind}-ranks-start", iteration)
+        # continual training starts from RM_{k-1} as stored: the ranks read its checkpoint
+        start_dir = prev if prev is not None else ctx.checkpoint(f"{kind}-ranks-start", iteration)
         ranks = ctx.training_ranks()
         metrics, records, weights = train_reward_model_on_ranks(
             ranks,
@@ -186,6 +187,7 @@ def _train_one(
             rm_cfg,
             seed,
             start_dir,
+            saved=prev is not None,
         )
     else:
         engine = build_rm_engine(engines, rm_cfg, model)
