@@ -12,6 +12,7 @@ Why actors and not launcher jobs, and how it runs on a cluster: docs/train_worke
 
 from __future__ import annotations
 
+import contextlib
 import shutil
 import time
 from collections.abc import Callable, Sequence
@@ -311,8 +312,10 @@ def train_reward_model_on_ranks(
         args = (str(start_dir), shared, rm_cfg, engines, seed)
         results = ranks.all(lambda r: r.train_reward_model.remote(*args))
     finally:
-        if not saved:
+        if not saved:  # its role directory too, which holds nothing else
             shutil.rmtree(start_dir, ignore_errors=True)
+            with contextlib.suppress(OSError):
+                start_dir.parent.rmdir()
         if group is None:
             ranks.close()
     metrics, records, weights = results[0]

@@ -179,6 +179,8 @@ def test_reward_models_trained_on_the_ranks_match_the_stage_process(
         for kind in ("orm", "prm")
     ]
     assert max(gaps) <= WEIGHT_TOL, gaps
+    # the starting model written for the ranks is gone with its directory
+    assert not list((store / "checkpoints" / rr).glob("*ranks-start*"))
     rm_metrics = [
         {
             r["name"]: r["value"]
