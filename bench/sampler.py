@@ -14,6 +14,11 @@ figure is the median of `--repeats` timed calls (after one untimed warm-up), the
 samplers alternating. Before any timing, greedy decoding (temperature 0) of the same prompts
 is compared token for token. The machine-speed reference (bench/machine_speed.py) is
 measured before and after.
+
+Two floors per shape, as tokens per second if every decode step cost only that (all rows
+still decoding, so upper bounds): one forward pass of the model at batch size B = rows over
+one token each (no cache), and the model's weight matmuls alone at M = B; the last column is
+ours as a share of the matmul floor.
 """
 
 from __future__ import annotations
@@ -114,6 +119,42 @@ def timed(sample: Sampler, prompts: list[str], n: int, params: SamplingParams) -
     return time.perf_counter() - start, tokens
 
 
+def _median_seconds(call: Callable[[], object], repeats: int) -> float:
+    call()  # warm-up
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        call()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+def decode_floors(model: PreTrainedModel, rows: int, repeats: int = 20) -> tuple[float, float]:
+    """Seconds of two floors under one decode step of `rows` rows: the model's own forward
+    pass at batch size `rows` over one token each (no cache: what a decode step at least
+    computes, with HF's per-call cost), and its weight matrices' matmuls alone at M = `rows`
+    (the compute no decode loop can skip)."""
+    ids = torch.ones(rows, 1, dtype=torch.long)
+    weights = [
+        p for n, p in model.named_parameters() if p.dim() == 2 and "embed" not in n
+    ]  # every Linear's weight (the LM head included; a tied head shares the embedding's)
+    if model.get_output_embeddings() is not None and not any(
+        w is model.get_output_embeddings().weight for w in weights
+    ):
+        weights.append(model.get_output_embeddings().weight)
+    inputs = {w.shape[1]: torch.randn(rows, w.shape[1]) for w in weights}
+
+    def forward() -> object:
+        with torch.inference_mode():
+            return model(input_ids=ids, use_cache=False)
+
+    def matmuls() -> object:
+        with torch.inference_mode():
+            return [torch.nn.functional.linear(inputs[w.shape[1]], w) for w in weights]
+
+    return _median_seconds(forward, repeats), _median_seconds(matmuls, repeats)
+
+
 def bench_model(name: str, shapes: list[tuple[int, int]], repeats: int) -> None:
     model, tokenizer, max_new, questions = build(name)
     ensure_pad_token(tokenizer)
@@ -142,9 +183,10 @@ def bench_model(name: str, shapes: list[tuple[int, int]], repeats: int) -> None:
     )
     print(
         "| shape | rows | ours tok/s | ours, HF forward tok/s | generate tok/s | "
-        "ours / generate | ours / ours with HF forward |"
+        "ours / generate | ours / ours with HF forward | floor: a forward at B tok/s | "
+        "floor: its matmuls tok/s | ours / matmul floor |"
     )
-    print("|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|---|---|")
     params = SamplingParams(max_new_tokens=max_new, temperature=1.0)
     for n_prompts, n in shapes:
         prompts = prompts_for(questions, n_prompts)
@@ -157,11 +199,15 @@ def bench_model(name: str, shapes: list[tuple[int, int]], repeats: int) -> None:
                 wall, tokens = timed(samplers[key], prompts, n, params)
                 rates[key].append(tokens / wall)
         rate = {k: statistics.median(v) for k, v in rates.items()}
+        rows = n_prompts * n
+        # every step at full batch: the floors' tokens per second are upper bounds
+        forward_s, matmuls_s = decode_floors(model, rows)
         print(
-            f"| {n_prompts}x{n} | {n_prompts * n} | {rate['ours']:,.0f} | "
+            f"| {n_prompts}x{n} | {rows} | {rate['ours']:,.0f} | "
             f"{rate['ours, HF forward']:,.0f} | {rate['generate']:,.0f} | "
             f"{rate['ours'] / rate['generate']:.2f}x | "
-            f"{rate['ours'] / rate['ours, HF forward']:.2f}x |",
+            f"{rate['ours'] / rate['ours, HF forward']:.2f}x | {rows / forward_s:,.0f} | "
+            f"{rows / matmuls_s:,.0f} | {rate['ours'] * matmuls_s / rows:.2f} |",
             flush=True,
         )
 
