@@ -9,6 +9,7 @@ drives the actors: flows/engines/train_workers.py.
 from __future__ import annotations
 
 import gc
+import io
 import os
 import socket
 from collections.abc import Callable
@@ -25,10 +26,14 @@ from grpo_core.contracts.policy_batch import update_inputs
 from grpo_core.contracts.registry import Registry
 from grpo_core.contracts.training import OptimizerSettings, TrainEngine
 from grpo_core.engines.weight_sync import WeightSender, manifest, sync_backend, unique_tensors
+from storage.atomic import atomic_write_bytes
 
 if TYPE_CHECKING:
     from reward_models.config import RewardModelConfig
     from reward_models.training import RMExample, TrainedRow
+
+# A DDP group's optimizer state, written by rank 0 into a progress checkpoint's state directory.
+OPTIMIZER_STATE_FILE = "optimizer_state.pt"
 
 # engines.train -> the engine one rank of the group runs, built on the rank's model once the
 # default process group is up: (model, optimizer settings, engines section) -> TrainEngine.
@@ -239,13 +244,24 @@ class PolicyRank:
             raise RuntimeError("training rank 0 has no weight-sync group: call open_sync first")
         return self.sender
 
-    def save_state(self, directory: str) -> dict[str, Any] | None:
+    def save_state(self, directory: str) -> None:
         """Every rank writes its part of the optimizer state into directory (DeepSpeed's
-        sharded checkpoint), or returns it whole (one rank, or DDP: the same on all ranks)."""
-        return self._engine().save_optimizer_state(Path(directory))
+        sharded checkpoint); an engine that gives it whole (DDP: the same on every rank) has
+        rank 0 write it there, so that AdamW's moments (twice the weights) never travel to
+        the stage process, one copy per rank, as they did."""
+        state = self._engine().save_optimizer_state(Path(directory))
+        if state is not None and self.rank == 0:
+            buffer = io.BytesIO()
+            torch.save(state, buffer)
+            Path(directory).mkdir(parents=True, exist_ok=True)
+            atomic_write_bytes(Path(directory) / OPTIMIZER_STATE_FILE, buffer.getvalue())
 
     def load_state(self, directory: str, state: dict[str, Any] | None) -> None:
-        """Restore what save_state wrote (the engine was loaded from the same checkpoint)."""
+        """Restore what save_state wrote (the engine was loaded from the same checkpoint); a
+        state given here (a checkpoint from before rank 0 wrote it) comes first."""
+        path = Path(directory) / OPTIMIZER_STATE_FILE
+        if state is None and path.is_file():
+            state = torch.load(path, map_location="cpu", weights_only=True)
         self._engine().load_optimizer_state(Path(directory), state)
 
     def release(self) -> None:

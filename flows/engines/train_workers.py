@@ -159,8 +159,9 @@ class RayWorkersUpdater:
         state_dir: str,
         owns_group: bool,
     ) -> None:
-        """state_dir: the directory in a progress checkpoint that DeepSpeed's own checkpoint
-        goes to (policy_updaters.DEEPSPEED_STATE, as for the in-process engine). owns_group:
+        """state_dir: the directory in a progress checkpoint that the ranks write the optimizer
+        state to: DeepSpeed's own checkpoint (policy_updaters.DEEPSPEED_STATE, as for the
+        in-process engine), or rank 0's file of a DDP group's state. owns_group:
         close() closes the group (its lifetime is the stage)."""
         self.group, self.owns_group = group, owns_group
         self.state_dir = state_dir
@@ -260,11 +261,12 @@ class RayWorkersUpdater:
                 self.model.load_state_dict(self.on_rank0("current_weights"), strict=False)
             self.model_stale = False
 
-    def save_state(self, directory: Path) -> dict[str, Any] | None:
+    def save_state(self, directory: Path) -> None:
+        """The ranks write the optimizer state into the checkpoint themselves (PolicyRank):
+        nothing of it comes to the stage."""
         self._load(self.policy_dir)
         where = str(directory / self.state_dir)
-        state: dict[str, Any] | None = self.group.all(lambda r: r.save_state.remote(where))[0]
-        return state
+        self.group.all(lambda r: r.save_state.remote(where))
 
     def load_state(self, directory: Path, state: dict[str, Any] | None) -> None:
         self._load(directory)  # the ranks start from the checkpoint's weights

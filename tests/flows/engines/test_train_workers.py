@@ -22,6 +22,7 @@ import pytest
 import torch
 
 from flows.config import EnginesSection, GRPOStageSection, ItergrpoConfig
+from flows.engines.policy_rank import OPTIMIZER_STATE_FILE
 from flows.engines.policy_updaters import (
     InProcessUpdater,
     build_policy_updater,
@@ -193,6 +194,40 @@ def test_two_ray_ranks_update_as_one_process_in_the_same_processes(
     finally:
         updater.close()
     assert local_ray.is_initialized()  # a Ray the updater did not start stays up
+
+
+@pytest.mark.slow
+def test_ranks_resume_from_the_optimizer_state_rank_0_wrote(tmp_path: Path, local_ray: Any) -> None:
+    """A progress checkpoint of two torch (DDP) ranks: rank 0 writes the optimizer state into
+    it and none reaches the stage; new ranks resumed from it make the second update exactly
+    as one process making both (weights, lr schedule, metrics)."""
+    policy_dir, grpo, steps, start, want = two_steps_in_one_process(tmp_path)
+    checkpoint, tokenizer = tmp_path / "progress", load_policy(policy_dir)[1]
+    model = load_policy(policy_dir)[0]
+    first = build_policy_updater(
+        engines_section("torch"), grpo, 1, model, None, policy_dir, tmp_path / "j", "float32"
+    )
+    try:
+        metrics = [first.update(*steps[0], None, seed=0)]
+        first.save_weights(model, checkpoint)
+        tokenizer.save_pretrained(checkpoint)
+        assert first.save_state(checkpoint) is None
+    finally:
+        first.close()
+    assert isinstance(first, RayWorkersUpdater)
+    assert (checkpoint / first.state_dir / OPTIMIZER_STATE_FILE).is_file()
+    resumed = load_policy(checkpoint)[0]
+    second = build_policy_updater(
+        engines_section("torch"), grpo, 1, resumed, None, policy_dir, tmp_path / "k", "float32"
+    )
+    try:
+        second.load_state(checkpoint, None)
+        metrics.append(second.update(*steps[1], None, seed=1))
+        assert second.weights() is None  # now in the stage's model
+    finally:
+        second.close()
+    gap = assert_same_updates(want, (resumed.state_dict(), metrics), start)
+    print(f"2 Ray ranks resumed from rank 0's optimizer state vs one process: {gap:.2e}")
 
 
 @pytest.mark.slow
