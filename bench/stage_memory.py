@@ -109,20 +109,6 @@ class RssTimeline(logging.Handler):
         return lines
 
 
-def traced_grpo_step(*args: Any, **kwargs: Any) -> Any:
-    """grpo_step with log lines around its sampling, rewards and update."""
-    prompts, sampler, reward, policy, *rest = args
-
-    class Sampler:
-        generate = staticmethod(traced("sampling (vLLM)", sampler.generate))
-
-    class Update:
-        update = staticmethod(traced("update (on the ranks)", policy.update))
-
-    rewarded = traced("rewards (reward models in the stage)", reward)
-    return GRPO_STEP(prompts, Sampler(), rewarded, Update(), *rest, **kwargs)
-
-
 GRPO_STEP = grpo_stage_module.grpo_step
 SAVE_PROGRESS = grpo_stage_module._save_progress
 HAND_ON = RayWorkersUpdater.hand_on
@@ -139,6 +125,20 @@ def traced(name: str, call: Any) -> Any:
         return out
 
     return run
+
+
+def traced_grpo_step(*args: Any, **kwargs: Any) -> Any:
+    """grpo_step with log lines around its sampling, rewards and update."""
+    prompts, sampler, reward, policy, *rest = args
+
+    class Sampler:
+        generate = staticmethod(traced("sampling (vLLM)", sampler.generate))
+
+    class Update:
+        update = staticmethod(traced("update (on the ranks)", policy.update))
+
+    rewarded = traced("rewards (reward models in the stage)", reward)
+    return GRPO_STEP(prompts, Sampler(), rewarded, Update(), *rest, **kwargs)
 
 
 def trace_stage(on: bool) -> None:

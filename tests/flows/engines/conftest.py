@@ -22,34 +22,31 @@ def ray_sets() -> tuple[str, ...]:
     return ("engines.train_workers=ray", f"engines.train={train}", "engines.workers.ranks=2")
 
 
-@pytest.fixture(scope="session")
-def ray_ranks_reference(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The store of one complete run `rr` (micro, `run.iterations=1`, two Ray ranks), run
-    once per test session: the kill/resume test resumes to it, the two-node test matches it.
-    Both take its run id (rollout rows name their checkpoint by run id)."""
+def _reference_run(factory: pytest.TempPathFactory, name: str, *sets: str) -> Path:
+    """The store of one complete run `rr` (micro, `run.iterations=1`, two Ray ranks, `sets`),
+    run once per test session whichever xdist worker asks first."""
     from flows.loop import execute_run
     from tests.flow_helpers import micro_config
 
-    root = shared_dir(tmp_path_factory, "ray-ranks-reference")
+    root = shared_dir(factory, name)
     with FileLock(str(root) + ".lock"):
         if not (root / "complete").exists():
-            execute_run(micro_config(root / "store", RAY_RUN_ID, "run.iterations=1", *ray_sets()))
+            run_sets = ("run.iterations=1", *ray_sets(), *sets)
+            execute_run(micro_config(root / "store", RAY_RUN_ID, *run_sets))
             (root / "complete").touch()
     return root / "store"
+
+
+@pytest.fixture(scope="session")
+def ray_ranks_reference(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The reference run on two Ray ranks: the kill/resume test resumes to it, the two-node
+    test matches it. Both take its run id (rollout rows name their checkpoint by run id)."""
+    return _reference_run(tmp_path_factory, "ray-ranks-reference")
 
 
 @pytest.fixture(scope="session")
 def rm_ranks_reference(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The store of run `rr` as ray_ranks_reference, with its reward models also trained on
-    the two ranks (engines.workers.reward_models), run once per session: the comparison with
-    the stage-process reward models and the kill/resume test both read it."""
-    from flows.loop import execute_run
-    from tests.flow_helpers import micro_config
-
-    root = shared_dir(tmp_path_factory, "rm-ranks-reference")
-    with FileLock(str(root) + ".lock"):
-        if not (root / "complete").exists():
-            sets = ("run.iterations=1", *ray_sets(), RM_ON_RANKS)
-            execute_run(micro_config(root / "store", RAY_RUN_ID, *sets))
-            (root / "complete").touch()
-    return root / "store"
+    """The reference run with its reward models also trained on the two ranks
+    (engines.workers.reward_models): the comparison with the stage-process reward models and
+    the kill/resume test both read it."""
+    return _reference_run(tmp_path_factory, "rm-ranks-reference", RM_ON_RANKS)
