@@ -14,7 +14,7 @@ from flows.config_files import stored_config_as_current
 from flows.config_readers import stages_reading
 from flows.context import RunContext
 from flows.engines.availability import check_engines
-from flows.interrupts import INTERRUPT, RunInterrupted, graceful_sigint, with_fault_hook
+from flows.interrupts import INTERRUPT, graceful_sigint, stopped_by_a_signal, with_fault_hook
 from flows.names import EVALUATE, ITERATION_STAGES, WARM_START
 from flows.progress import ProgressFn, iteration_label, no_progress
 from flows.runtime import apply_threads, name_deepspeed_accelerator
@@ -128,8 +128,10 @@ def execute_run(
 
     A RunInterrupted (Ctrl-C), a KeyboardInterrupt (a Ctrl-C outside the run's handler) or one
     of `stop_signals` (the engine's own termination, e.g. Prefect's on a UI cancel) records
-    `interrupted`; anything else `failed`. Either way status.json keeps the exception's type,
-    message and stage (`failure`), which `itergrpo runs` shows; a new start clears it.
+    `interrupted`, and so does whatever else reaches here while such a stop is on its way up
+    (`stopped_by_a_signal`); anything else `failed`. Either way status.json keeps the
+    exception's type, message and stage (`failure`), which `itergrpo runs` shows; a new start
+    clears it.
     """
     if cfg.run.run_id is None:
         raise ValueError("run.run_id is empty: the caller picks one (see default_run_id)")
@@ -171,8 +173,7 @@ def execute_run(
             try:
                 results = run_loop(ctx, executor, stage_done, stage_started)
             except BaseException as exc:
-                stopped = isinstance(exc, (RunInterrupted, KeyboardInterrupt, *stop_signals))
-                status = "interrupted" if stopped else "failed"
+                status = "interrupted" if stopped_by_a_signal(exc, stop_signals) else "failed"
                 failure = failure_record(exc, current[0] if current else None)
                 try:
                     run.set_status(status, failure=failure)

@@ -32,7 +32,7 @@ from flows.config_files import stored_config_as_current
 from flows.config_readers import stages_reading
 from flows.context import RunContext
 from flows.fork import describe, fork_from, prefix_from
-from flows.interrupts import INTERRUPT, RunInterrupted, graceful_sigint, with_fault_hook
+from flows.interrupts import INTERRUPT, graceful_sigint, stopped_by_a_signal, with_fault_hook
 from flows.loop import Executor, failure_record, planned_stages
 from flows.names import EVAL_SPLIT, GRPO, WARM_START
 from flows.progress import no_progress
@@ -332,8 +332,7 @@ def run_ablation(
                         attempt.write(ABLATION_TABLE, ablation_rows(store, plan, runs))
                         attempt.write(PROBLEMS_TABLE, ablation_problem_rows(store, plan, runs))
             except BaseException as exc:
-                stopped = isinstance(exc, (RunInterrupted, KeyboardInterrupt))
-                status = "interrupted" if stopped else "failed"
+                status = "interrupted" if stopped_by_a_signal(exc, ()) else "failed"
                 # The arm run that stopped keeps its own stage; the ablation's record says why.
                 record.set_status(status, failure=failure_record(exc, None))
                 tracking.finish_after_error(status)

@@ -1,7 +1,12 @@
 """The loop's bookkeeping: the progress line's time left, and the status a stop records."""
 
+import os
+import signal
+import threading
 from pathlib import Path
+from types import FrameType
 
+import duckdb
 import pytest
 
 from flows.context import RunContext
@@ -69,3 +74,41 @@ def test_a_new_start_clears_the_previous_failure(tmp_path: Path) -> None:
             execute_run(cfg, make_executor=failing)
     assert seen == [None, None]  # while running, the last attempt's failure is not shown
     assert RunStore(tmp_path).run_status("again")["failure"]["message"] == "attempt 2"
+
+
+@pytest.mark.skipif(
+    threading.current_thread() is not threading.main_thread(),
+    reason="signal handlers are installed from the main thread only",
+)
+def test_a_stop_signal_that_lands_inside_a_duckdb_query_still_records_interrupted(
+    tmp_path: Path,
+) -> None:
+    """DuckDB runs a signal handler while a query runs and raises RuntimeError("Query
+    interrupted") in place of what the handler raised: a cancel from the UI that landed in a
+    stage's query recorded the run `failed` (seen in CI on the served deployment's cancel)."""
+
+    def engine_stop(signum: int, frame: FrameType | None) -> None:
+        raise EngineStop
+
+    def querying_executor(ctx: RunContext) -> Executor:
+        def execute(name: str, iteration: int, fn: StageFn) -> StageResult:
+            # the signal lands while the query runs (~0.8 s here, longer on a loaded machine)
+            threading.Timer(0.2, os.kill, (os.getpid(), signal.SIGTERM)).start()
+            duckdb.sql("select sum(hash(range)) from range(200000000)").fetchall()
+            raise AssertionError("the query ran to its end: the signal came too late")
+
+        return execute
+
+    previous = signal.signal(signal.SIGTERM, engine_stop)  # as Prefect's flow engine does
+    try:
+        with pytest.raises(RuntimeError, match="interrupted"):
+            execute_run(
+                micro_config(tmp_path, "cancelled"),
+                make_executor=querying_executor,
+                stop_signals=(EngineStop,),
+            )
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    stored = RunStore(tmp_path).run_status("cancelled")
+    assert stored["status"] == "interrupted"
+    assert stored["failure"]["type"] == "RuntimeError"  # what DuckDB raised instead
