@@ -25,15 +25,13 @@ from grpo_core.algo.config import GRPOConfig
 from grpo_core.contracts.policy_batch import update_inputs
 from grpo_core.contracts.registry import Registry
 from grpo_core.contracts.training import OptimizerSettings, TrainEngine
+from grpo_core.engines.train import OPTIMIZER_STATE_FILE
 from grpo_core.engines.weight_sync import WeightSender, manifest, sync_backend, unique_tensors
 from storage.atomic import atomic_write_bytes
 
 if TYPE_CHECKING:
     from reward_models.config import RewardModelConfig
     from reward_models.training import RMExample, TrainedRow
-
-# A DDP group's optimizer state, written by rank 0 into a progress checkpoint's state directory.
-OPTIMIZER_STATE_FILE = "optimizer_state.pt"
 
 # engines.train -> the engine one rank of the group runs, built on the rank's model once the
 # default process group is up: (model, optimizer settings, engines section) -> TrainEngine.
@@ -257,11 +255,9 @@ class PolicyRank:
             atomic_write_bytes(Path(directory) / OPTIMIZER_STATE_FILE, buffer.getvalue())
 
     def load_state(self, directory: str, state: dict[str, Any] | None) -> None:
-        """Restore what save_state wrote (the engine was loaded from the same checkpoint); a
-        state given here (a checkpoint from before rank 0 wrote it) comes first."""
-        path = Path(directory) / OPTIMIZER_STATE_FILE
-        if state is None and path.is_file():
-            state = torch.load(path, map_location="cpu", weights_only=True)
+        """Restore what save_state wrote (the engine was loaded from the same checkpoint; it
+        reads rank 0's file when `state` is None); a state given here (a checkpoint from before
+        rank 0 wrote it) comes first."""
         self._engine().load_optimizer_state(Path(directory), state)
 
     def release(self) -> None:

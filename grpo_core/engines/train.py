@@ -54,6 +54,11 @@ def build_lr_schedule(
     )
 
 
+# Where DDP ranks keep the optimizer state in a checkpoint's state directory (rank 0 writes
+# it: flows/engines/policy_rank.py), rather than passing it to the stage process.
+OPTIMIZER_STATE_FILE = "optimizer_state.pt"
+
+
 class TorchEngine:
     """AdamW with grad-norm clipping and LR warm-up on a plain PyTorch model."""
 
@@ -125,11 +130,16 @@ class TorchEngine:
         return self.state_dict()
 
     def load_optimizer_state(self, directory: Path, state: dict[str, Any] | None) -> None:
-        """load_state_dict(state); `directory` is not read."""
+        """load_state_dict(state); without one, the OPTIMIZER_STATE_FILE in `directory` (what
+        rank 0 of DDP ranks writes there: the same state, whole), so a checkpoint written by
+        ranks resumes in one process too."""
+        path = directory / OPTIMIZER_STATE_FILE
+        if state is None and path.is_file():
+            state = torch.load(path, map_location="cpu", weights_only=True)
         if state is None:
             raise ValueError(
-                f"no optimizer state to resume TorchEngine from (got None, {directory} is not "
-                "read): the checkpoint was saved by another engine or engines setting"
+                f"no optimizer state to resume TorchEngine from (none given, no {path}): the "
+                "checkpoint was saved by another engine or engines setting"
             )
         self.load_state_dict(state)
 

@@ -22,7 +22,6 @@ import pytest
 import torch
 
 from flows.config import EnginesSection, GRPOStageSection, ItergrpoConfig
-from flows.engines.policy_rank import OPTIMIZER_STATE_FILE
 from flows.engines.policy_updaters import (
     InProcessUpdater,
     build_policy_updater,
@@ -33,6 +32,7 @@ from flows.engines.train_workers import RankGroup, RayWorkersUpdater, ranks_live
 from grpo_core.contracts.errors import SettingError
 from grpo_core.contracts.policy_batch import PolicyBatch, build_policy_batch
 from grpo_core.engines.sharded_rollout import ShardedRolloutEngine
+from grpo_core.engines.train import OPTIMIZER_STATE_FILE
 from grpo_core.model.config import PolicyConfig
 from grpo_core.model.policy import (
     build_char_tokenizer,

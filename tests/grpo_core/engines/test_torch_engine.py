@@ -9,7 +9,7 @@ from pydantic import ValidationError
 
 from grpo_core.algo.config import GRPO_PRESETS, GRPOConfig
 from grpo_core.contracts.training import OptimizerSettings
-from grpo_core.engines.train import TorchEngine, lr_multiplier
+from grpo_core.engines.train import OPTIMIZER_STATE_FILE, TorchEngine, lr_multiplier
 
 
 def test_warmup_then_constant_or_cosine() -> None:
@@ -57,6 +57,24 @@ def test_engine_resumes_from_the_state_it_returns_and_saves_the_model_itself(
     assert engine.full_state_dict().keys() == model.state_dict().keys()
     assert torch.equal(engine.full_state_dict()["weight"], model.weight)
     assert engine.device == model.weight.device
+
+
+def test_engine_resumes_from_the_file_ddp_ranks_wrote(tmp_path: Path) -> None:
+    """A progress checkpoint written by DDP ranks keeps the state in OPTIMIZER_STATE_FILE
+    (rank 0 writes it) and none in the training-state file: one process resumes from it."""
+    model = torch.nn.Linear(3, 1, bias=False)
+    engine = TorchEngine(model, OptimizerSettings(lr=0.1, warmup_steps=2))
+    engine.backward(model(torch.ones(1, 3)).sum())
+    engine.step()
+    torch.save(engine.save_optimizer_state(tmp_path), tmp_path / OPTIMIZER_STATE_FILE)
+    other = TorchEngine(
+        torch.nn.Linear(3, 1, bias=False), OptimizerSettings(lr=0.1, warmup_steps=2)
+    )
+    other.load_optimizer_state(tmp_path, None)
+    assert other.current_lr() == pytest.approx(0.1)  # the schedule after one step
+    moments = other.optimizer.state_dict()["state"][0]
+    assert torch.equal(moments["exp_avg"], engine.optimizer.state_dict()["state"][0]["exp_avg"])
+    assert float(moments["step"]) == 1.0
 
 
 def test_engine_skips_a_non_finite_step() -> None:
