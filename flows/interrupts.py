@@ -7,10 +7,9 @@ import logging
 import os
 import signal
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 from types import FrameType
-from typing import Any
 
 from flows.progress import ProgressFn, log
 from grpo_core.contracts.errors import SettingError
@@ -24,8 +23,7 @@ class RunInterrupted(Exception):
 class _InterruptFlag:
     def __init__(self) -> None:
         self.requested = False
-        # Set once a stop is on its way up (a RunInterrupted, or whatever a SIGTERM handler
-        # raised): the run is already stopping.
+        # Set once a RunInterrupted is on its way up: the run is already stopping.
         self.stopping = False
         self.depth = 0  # graceful_sigint blocks entered (only the outermost clears the flags)
 
@@ -38,7 +36,6 @@ class _InterruptFlag:
 
 
 INTERRUPT = _InterruptFlag()
-_SignalHandler = Callable[[int, FrameType | None], None]
 
 
 def _on_sigint(signum: int, frame: FrameType | None) -> None:
@@ -64,24 +61,11 @@ def _on_sigint(signum: int, frame: FrameType | None) -> None:
     raise RunInterrupted("interrupted by a second SIGINT; resume with the same run id")
 
 
-def _noting_a_stop(handler: Callable[[int, FrameType | None], Any]) -> _SignalHandler:
-    """`handler`, remembering in INTERRUPT when it raises: the run is stopping."""
-
-    def on_sigterm(signum: int, frame: FrameType | None) -> None:
-        try:
-            handler(signum, frame)
-        except BaseException:
-            INTERRUPT.stopping = True
-            raise
-
-    return on_sigterm
-
-
 def stopped_by_a_signal(exc: BaseException, stop_signals: tuple[type[BaseException], ...]) -> bool:
     """Whether `exc` ends the run as `interrupted` (resumable) rather than `failed`: a
     RunInterrupted, a KeyboardInterrupt, one of the engine's `stop_signals`, or any exception
-    while a stop is on its way up. The last covers a C extension that replaces the exception a
-    signal handler raised inside it: DuckDB turns it into RuntimeError("Query interrupted")."""
+    once a second Ctrl-C raised. The last covers a C extension that replaces what a signal
+    handler raised inside it: DuckDB raises RuntimeError("Query interrupted") instead."""
     return isinstance(exc, (RunInterrupted, KeyboardInterrupt, *stop_signals)) or INTERRUPT.stopping
 
 
@@ -89,29 +73,22 @@ def stopped_by_a_signal(exc: BaseException, stop_signals: tuple[type[BaseExcepti
 def graceful_sigint() -> Iterator[None]:
     """First Ctrl-C asks the run to stop at the next safe point; a second one stops now.
 
-    A SIGTERM handler already installed (Prefect's, which raises TerminationSignal on a cancel
-    from the UI) is wrapped so that what it raises marks the run as stopping
-    (`stopped_by_a_signal`). Nested uses (an ablation's arm runs inside the ablation's) share
-    the outermost one's flag, so a Ctrl-C between two arms is not forgotten when the next arm
-    starts."""
+    Nested uses (an ablation's arm runs inside the ablation's) share the outermost one's flag,
+    so a Ctrl-C between two arms is not forgotten when the next arm starts."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
     previous = signal.getsignal(signal.SIGINT)
-    previous_sigterm = signal.getsignal(signal.SIGTERM)
     if INTERRUPT.depth == 0:
         INTERRUPT.requested = False
         INTERRUPT.stopping = False
     signal.signal(signal.SIGINT, _on_sigint)
-    if callable(previous_sigterm):  # not SIG_DFL / SIG_IGN: those end or ignore the process
-        signal.signal(signal.SIGTERM, _noting_a_stop(previous_sigterm))
     INTERRUPT.depth += 1
     try:
         yield
     finally:
         INTERRUPT.depth -= 1
         signal.signal(signal.SIGINT, previous)
-        signal.signal(signal.SIGTERM, previous_sigterm)
 
 
 _LOGGING_DIR = os.path.dirname(logging.__file__)

@@ -123,15 +123,18 @@ def execute_run(
     make_executor: Callable[[RunContext], Executor] | None = None,
     on_stage_done: Callable[[StageResult], None] | None = None,
     stop_signals: tuple[type[BaseException], ...] = (),
+    stop_requested: Callable[[], bool] | None = None,
 ) -> list[StageResult]:
     """Open (lock) the run, run the loop, record the final status.
 
     A RunInterrupted (Ctrl-C), a KeyboardInterrupt (a Ctrl-C outside the run's handler) or one
     of `stop_signals` (the engine's own termination, e.g. Prefect's on a UI cancel) records
-    `interrupted`, and so does whatever else reaches here while such a stop is on its way up
-    (`stopped_by_a_signal`); anything else `failed`. Either way status.json keeps the
-    exception's type, message and stage (`failure`), which `itergrpo runs` shows; a new start
-    clears it.
+    `interrupted`, and so does any exception after a second Ctrl-C (`stopped_by_a_signal`) or
+    once `stop_requested()` says the engine asked the run to stop (Prefect: the flow run is
+    cancelling): a signal handler's exception raised inside a C extension can reach here as
+    another one (DuckDB's RuntimeError "Query interrupted"). Anything else records `failed`.
+    Either way status.json keeps the exception's type, message and stage (`failure`), which
+    `itergrpo runs` shows; a new start clears it.
     """
     if cfg.run.run_id is None:
         raise ValueError("run.run_id is empty: the caller picks one (see default_run_id)")
@@ -173,7 +176,10 @@ def execute_run(
             try:
                 results = run_loop(ctx, executor, stage_done, stage_started)
             except BaseException as exc:
-                status = "interrupted" if stopped_by_a_signal(exc, stop_signals) else "failed"
+                stopped = stopped_by_a_signal(exc, stop_signals) or bool(
+                    stop_requested and stop_requested()
+                )
+                status = "interrupted" if stopped else "failed"
                 failure = failure_record(exc, current[0] if current else None)
                 try:
                     run.set_status(status, failure=failure)

@@ -14,6 +14,7 @@ from collections.abc import Iterator
 from typing import Any, cast
 from uuid import UUID
 
+import prefect.runtime.flow_run
 from prefect import flow, get_run_logger, task
 from prefect.artifacts import (
     create_markdown_artifact,
@@ -22,6 +23,7 @@ from prefect.artifacts import (
     update_progress_artifact,
 )
 from prefect.cache_policies import NO_CACHE
+from prefect.client.orchestration import get_client
 from prefect.exceptions import TerminationSignal
 from prefect.logging.handlers import APILogHandler
 from prefect.states import Cancelled, State
@@ -38,7 +40,7 @@ from flows.interrupts import RunInterrupted, with_fault_hook
 from flows.loop import Executor, execute_run
 from flows.names import default_run_id
 from flows.preflight import preflight
-from flows.progress import PACKAGE_LOGGERS
+from flows.progress import PACKAGE_LOGGERS, log
 from flows.report import iteration_table, report_with_inline_plots
 from flows.stages import StageFn, StageResult
 from flows.tracking.record import mlflow_run
@@ -59,6 +61,23 @@ def raise_for_flow_state(state: State[Any], cancelled: str) -> None:
     if state.is_cancelled():
         raise RunInterrupted(state.message or cancelled)
     state.result()
+
+
+def this_flow_run_is_cancelling() -> bool:
+    """Whether the API shows this flow run cancelling (or cancelled): a cancel from the UI
+    sets that before the runner's SIGTERM, whatever exception the signal became on its way
+    up. Asked only while an exception ends the run; False outside a flow run or when the API
+    cannot say (the exception's own type then decides)."""
+    flow_run_id = prefect.runtime.flow_run.id
+    if flow_run_id is None:
+        return False
+    try:
+        with get_client(sync_client=True) as client:
+            state = client.read_flow_run(UUID(flow_run_id)).state
+    except Exception as exc:  # the run's own error is the one to report
+        log.warning("could not read the flow run's state: %s", exc)
+        return False
+    return state is not None and (state.is_cancelling() or state.is_cancelled())
 
 
 def artifact_key(run_id: str, what: str) -> str:
@@ -181,6 +200,7 @@ def iterative_rl(config: ItergrpoConfig, force_config: bool = False) -> dict[str
                 make_executor=prefect_executor,
                 on_stage_done=lambda r: _publish_stage(config, r),
                 stop_signals=(TerminationSignal,),  # a cancel from the UI: resumable
+                stop_requested=this_flow_run_is_cancelling,
             )
     except RunInterrupted as exc:  # stopped at a safe point: resumable, not a failure
         hint = resume_hint(run_id) if is_deployment_run() else f"itergrpo resume {run_id}"

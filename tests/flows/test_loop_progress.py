@@ -80,14 +80,18 @@ def test_a_new_start_clears_the_previous_failure(tmp_path: Path) -> None:
     threading.current_thread() is not threading.main_thread(),
     reason="signal handlers are installed from the main thread only",
 )
-def test_a_stop_signal_that_lands_inside_a_duckdb_query_still_records_interrupted(
-    tmp_path: Path,
+@pytest.mark.parametrize(("ask", "status"), [(True, "interrupted"), (False, "failed")])
+def test_a_stop_that_lands_inside_a_duckdb_query_records_interrupted_when_the_engine_asked(
+    tmp_path: Path, ask: bool, status: str
 ) -> None:
     """DuckDB runs a signal handler while a query runs and raises RuntimeError("Query
     interrupted") in place of what the handler raised: a cancel from the UI that landed in a
-    stage's query recorded the run `failed` (seen in CI on the served deployment's cancel)."""
+    stage's query recorded the run `failed` (CI, the served deployment's cancel). The engine's
+    `stop_requested` (Prefect: the flow run is cancelling) tells a stop from a bug."""
+    asked: list[int] = []
 
     def engine_stop(signum: int, frame: FrameType | None) -> None:
+        asked.append(signum)
         raise EngineStop
 
     def querying_executor(ctx: RunContext) -> Executor:
@@ -106,9 +110,11 @@ def test_a_stop_signal_that_lands_inside_a_duckdb_query_still_records_interrupte
                 micro_config(tmp_path, "cancelled"),
                 make_executor=querying_executor,
                 stop_signals=(EngineStop,),
+                stop_requested=(lambda: bool(asked)) if ask else None,
             )
     finally:
         signal.signal(signal.SIGTERM, previous)
+    assert asked == [signal.SIGTERM]
     stored = RunStore(tmp_path).run_status("cancelled")
-    assert stored["status"] == "interrupted"
+    assert stored["status"] == status
     assert stored["failure"]["type"] == "RuntimeError"  # what DuckDB raised instead

@@ -4,8 +4,11 @@ per stage, artifacts, resume."""
 from __future__ import annotations
 
 from pathlib import Path
+from uuid import UUID
 
+import prefect.runtime.flow_run
 import pytest
+from prefect import flow
 from prefect.client.orchestration import get_client
 from prefect.client.schemas.filters import (
     ArtifactFilter,
@@ -18,9 +21,15 @@ from prefect.client.schemas.filters import (
 )
 from prefect.client.schemas.objects import Artifact
 from prefect.logging.handlers import APILogHandler
+from prefect.states import Cancelling
 
 from flows.loop import planned_stages
-from flows.prefect_flow import artifact_key, iterative_rl, served_config
+from flows.prefect_flow import (
+    artifact_key,
+    iterative_rl,
+    served_config,
+    this_flow_run_is_cancelling,
+)
 from flows.tracking.record import mlflow_run
 from storage.store import RunStore
 from tests.flow_helpers import micro_config
@@ -144,3 +153,21 @@ def test_a_cli_run_renders_its_report_once(
     assert rendered == [reports]
     assert (reports / "summary.md").is_file() and len(list(reports.glob("*.png"))) == 4
     assert f"report: {reports.resolve()}" in capsys.readouterr().out
+
+
+def test_a_flow_run_sees_its_own_cancel_in_the_api() -> None:
+    """What execute_run asks when an exception ends a Prefect run (flows/loop.py): a cancel
+    from the UI sets the flow run Cancelling before the runner's SIGTERM arrives."""
+    seen: list[bool] = []
+
+    @flow
+    def cancelled_midway() -> None:
+        seen.append(this_flow_run_is_cancelling())
+        with get_client(sync_client=True) as client:
+            flow_run_id = UUID(prefect.runtime.flow_run.id)
+            client.set_flow_run_state(flow_run_id, Cancelling(), force=True)
+        seen.append(this_flow_run_is_cancelling())
+
+    cancelled_midway(return_state=True)
+    assert seen == [False, True]
+    assert not this_flow_run_is_cancelling()  # outside a flow run
