@@ -11,6 +11,7 @@ from typing import Any
 
 from prefect import flow
 from prefect.artifacts import create_markdown_artifact
+from prefect.exceptions import TerminationSignal
 from prefect.logging.handlers import APILogHandler
 from prefect.states import Cancelled, State
 
@@ -92,7 +93,12 @@ def ablate(
 
     try:
         with logs.attached():
-            rows = run_ablation(plan, make_executor=prefect_executor, run_arm=run_arm)
+            rows = run_ablation(
+                plan,
+                make_executor=prefect_executor,
+                run_arm=run_arm,
+                stop_signals=(TerminationSignal,),  # the arm run in progress records the same
+            )
     except RunInterrupted as exc:  # stopped at a safe point: rerunning resumes it
         return Cancelled(message=str(exc))
     values = stored_values(plan.store_root, ablation_id)

@@ -295,9 +295,15 @@ def _run_arms(
 
 
 def run_ablation(
-    plan: AblationPlan, *, make_executor: MakeExecutor, run_arm: RunArm
+    plan: AblationPlan,
+    *,
+    make_executor: MakeExecutor,
+    run_arm: RunArm,
+    stop_signals: tuple[type[BaseException], ...] = (),
 ) -> list[dict[str, Any]]:
-    """Run what the store lacks of `plan`; return the committed `ablation` rows."""
+    """Run what the store lacks of `plan`; return the committed `ablation` rows. The record
+    says `interrupted` after a stop (Ctrl-C, or one of the engine's `stop_signals`, as
+    execute_run's), else `failed`."""
     began = time.perf_counter()
     store = RunStore(plan.store_root)
     runs = plan.arm_runs()
@@ -332,7 +338,7 @@ def run_ablation(
                         attempt.write(ABLATION_TABLE, ablation_rows(store, plan, runs))
                         attempt.write(PROBLEMS_TABLE, ablation_problem_rows(store, plan, runs))
             except BaseException as exc:
-                status = "interrupted" if stopped_by_a_signal(exc, ()) else "failed"
+                status = "interrupted" if stopped_by_a_signal(exc, stop_signals) else "failed"
                 # The arm run that stopped keeps its own stage; the ablation's record says why.
                 record.set_status(status, failure=failure_record(exc, None))
                 tracking.finish_after_error(status)
