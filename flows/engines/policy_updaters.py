@@ -286,14 +286,16 @@ def build_policy_updater(
     through the deepspeed launcher (jobs under `jobs_dir`, ranks loading the policy in
     `policy_dtype`) when engines.launched, or on long-lived Ray actors when engines.train_workers
     = ray (flows/engines/train_workers.py): `ranks`, the run's, or a group started for the
-    stage (at `ray_address`, else a local Ray) and closed with it."""
+    stage (at `ray_address`, else a local Ray) and closed with it; rank 0 writes the updates
+    that vLLM engines reload (weight_sync = disk) under `jobs_dir`."""
     if engines.train_workers == "ray":
         from flows.engines.train_workers import RankGroup, RayWorkersUpdater
 
         owns = ranks is None
         group = RankGroup(engines.workers, threads, ray_address) if ranks is None else ranks
         return RayWorkersUpdater(
-            group, engines, grpo, model, policy_dir, policy_dtype, DEEPSPEED_STATE, owns
+            *(group, engines, grpo, model, policy_dir, policy_dtype, DEEPSPEED_STATE, owns),
+            sync_dir=jobs_dir,
         )
     if engines.launched:
         deepspeed = engines.deepspeed

@@ -158,12 +158,17 @@ class RayWorkersUpdater:
         policy_dtype: str,
         state_dir: str,
         owns_group: bool,
+        sync_dir: Path | None = None,
     ) -> None:
         """state_dir: the directory in a progress checkpoint that the ranks write the optimizer
         state to: DeepSpeed's own checkpoint (policy_updaters.DEEPSPEED_STATE, as for the
         in-process engine), or rank 0's file of a DDP group's state. owns_group:
-        close() closes the group (its lifetime is the stage)."""
+        close() closes the group (its lifetime is the stage). sync_dir: where rank 0 writes
+        each update for vLLM engines that reload it (engines.vllm.weight_sync = disk; in the
+        store, which the ranks and the engines share); removed at close()."""
         self.group, self.owns_group = group, owns_group
+        self.sync_dir = sync_dir
+        self.written: list[Path] = []  # rank 0's updates in sync_dir, the newest last
         self.state_dir = state_dir
         self.engines, self.algo, self.model = engines, grpo.algo, model
         self.total_steps = grpo_total_steps(grpo)
@@ -213,12 +218,39 @@ class RayWorkersUpdater:
         if isinstance(follower, TakesBroadcast) and follower.receive_broadcast(self.source):
             return
         if not self.stage_holds_weights:
-            if follower is not None:
+            if follower is not None and self._engines_reload_from_disk():
+                self._write_for_reload(follower)
+            elif follower is not None:
                 follower.receive_weights(self._rank0_weights())
             return
         self._sync_model()
         if follower is not None:
             follower.receive_weights(self.model.state_dict())
+
+    def _engines_reload_from_disk(self) -> bool:
+        vllm = self.engines.grpo_rollout == "vllm" and self.engines.vllm.weight_sync == "disk"
+        return vllm and self.sync_dir is not None
+
+    def _write_for_reload(self, follower: RolloutEngine) -> None:
+        """Rank 0 writes the policy into a new directory that the engines reload (a new
+        directory each time: an engine skips a reload of the directory it holds), so the
+        weights never pass through the stage; the one before is removed once it is read."""
+        assert self.sync_dir is not None
+        start = time.perf_counter()
+        self.gather_once()
+        directory = self.sync_dir / f"update-{len(self.written)}"
+        shutil.rmtree(directory, ignore_errors=True)  # left by a killed attempt
+        self.on_rank0("save_weights", str(directory))
+        written = time.perf_counter()
+        follower.load(directory)
+        for old in self.written:
+            shutil.rmtree(old, ignore_errors=True)
+        self.written = [directory]
+        log.info(
+            "vLLM weight sync written by training rank 0: save %.3f s + reload %.3f s",
+            written - start,
+            time.perf_counter() - written,
+        )
 
     def weights(self) -> dict[str, Tensor] | None:
         """Rank 0's weights where the stage's model is a skeleton; else None, once the stage's
@@ -276,7 +308,11 @@ class RayWorkersUpdater:
 
     def close(self) -> None:
         """The stage's end: the group closes with it, or (kept for the run) lets go of the
-        stage's engine and weights."""
+        stage's engine and weights. Rank 0's updates written for the engines go."""
+        if self.sync_dir is not None:
+            shutil.rmtree(self.sync_dir, ignore_errors=True)
+            with contextlib.suppress(OSError):  # its role directory, unless another holds it
+                self.sync_dir.parent.rmdir()
         if self.owns_group:
             self.group.close()
             return

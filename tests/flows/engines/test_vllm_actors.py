@@ -117,26 +117,37 @@ def test_training_rank_0_broadcasts_each_update_to_two_engines(
     print("rank-0 broadcasts:", "; ".join(m.split(": ", 1)[1] for m in by_rank))
 
 
-def test_ranks_hand_each_policy_to_the_engines_on_disk_through_a_stage_without_weights(
-    tmp_path: Path, caplog: pytest.LogCaptureFixture
+def test_ranks_write_each_policy_for_the_engines_to_reload_and_the_stage_never_holds_it(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """engines.vllm.weight_sync = disk with Ray ranks: the stage, which holds no copy of the
-    policy, writes rank 0's weights for each engine to reload; the same rows again."""
+    """engines.vllm.weight_sync = disk with Ray ranks: rank 0 writes each update once into the
+    store and both engines reload it; the stage, which holds no copy of the policy, never
+    receives the weights (it used to take rank 0's and write them once per engine). The same
+    rows again, and nothing left in the store."""
+    from flows.engines.train_workers import RayWorkersUpdater
     from flows.loop import execute_run
     from storage.store import RunStore
     from tests.flow_helpers import micro_config, snapshot
     from tests.flows.engines.test_engines_flow import VLLM_SETS
 
+    def not_to_the_stage(self: RayWorkersUpdater) -> None:
+        raise AssertionError("rank 0's weights were sent to the stage")
+
+    monkeypatch.setattr(RayWorkersUpdater, "_rank0_weights", not_to_the_stage)
     on_disk = "engines.vllm.weight_sync=disk"
     cfg = micro_config(tmp_path / "disk", "vr", *VLLM_SETS, *VLLM_RUN, *RANKS, on_disk)
     with caplog.at_level("INFO"):
         execute_run(cfg)
     messages = [r.getMessage() for r in caplog.records]
     assert "GRPO: policy_0's weights live on the training ranks only" in messages
-    reloads = [m for m in messages if m.startswith("vLLM weight sync: save")]
-    assert len(reloads) == 2 * (cfg.grpo.steps - 1), reloads  # each engine, steps 1..
+    written = [m for m in messages if m.startswith("vLLM weight sync written by training rank")]
+    assert len(written) == cfg.grpo.steps - 1, written  # once for both engines, steps 1..
+    reloaded = [m for m in messages if "update-" in m and m.startswith("vLLM worker reloaded")]
+    assert len(reloaded) == 2 * len(written), reloaded  # each engine
+    assert not [m for m in messages if m.startswith("vLLM weight sync: save")]
     got = snapshot(RunStore(tmp_path / "disk"), "vr")
     assert_same_sampling(got, one_node_rows(tmp_path / "one"))
+    assert not list((tmp_path / "disk" / "checkpoints" / "vr").glob("grpo-launch*"))
 
 
 def test_engines_and_ranks_on_two_simulated_nodes_store_the_one_node_rows(
