@@ -5,6 +5,10 @@ set size above the stage's start) with the machine-speed reference.
 
     OMP_NUM_THREADS=1 .venv/bin/python bench/stage_memory.py     # needs ray and make vllm-env
 
+`skeleton, disk sync` is the skeleton with engines.vllm.weight_sync = disk (rank 0 writes each
+update for the engine to reload); `skeleton, disk sync via the stage` forces the path before
+b99a29f, where the stage took rank 0's weights and wrote them itself.
+
 One fresh run per variant of the micro preset with bench/train_workers.py's `small` shape
 (8 layers x 512), one iteration, two torch ranks, one vLLM worker process on the CPU.
 
@@ -40,7 +44,10 @@ from grpo_core.engines.cost import MIB, resident_bytes
 from storage.checkpoints import checkpoint_path
 from storage.store import RunStore
 
-VARIANTS = ["policy copy", "skeleton"]
+VARIANTS = ["policy copy", "skeleton", "skeleton, disk sync", "skeleton, disk sync via the stage"]
+# engines.vllm.weight_sync = disk: rank 0 writes each update for the engines to reload; "via
+# the stage" forces the path before b99a29f (the stage takes rank 0's weights and writes them).
+DISK_SYNC = ["engines.vllm.weight_sync=disk"]
 VLLM_ON_CPU = [
     "engines.rollout=vllm",
     "engines.vllm.dtype=float32",
@@ -158,16 +165,22 @@ def trace_stage(on: bool) -> None:
 def stage_memory(variant: str, root: Path) -> dict[str, Any]:
     """One run; the GRPO stage's stored peak memory, its weights' size, and its wall."""
     decide = grpo_stage_module.stage_holds_policy_weights
+    from_disk = RayWorkersUpdater._engines_reload_from_disk
     if variant == "policy copy":
         grpo_stage_module.stage_holds_policy_weights = lambda *a: True  # type: ignore[assignment]
+    if variant.endswith("via the stage"):
+        RayWorkersUpdater._engines_reload_from_disk = lambda self: False  # type: ignore[method-assign]
     try:
-        run_id = f"mem-{variant.replace(' ', '-')}"
+        run_id = "mem-" + re.sub(r"[^a-z]+", "-", variant)
         sets = [*CONFIG_SETS["small"], *VLLM_ON_CPU, *RANKS, f"store.root={root}"]
+        if "disk sync" in variant:
+            sets += DISK_SYNC
         started = time.perf_counter()
         execute_run(load_config("micro", [*sets, f"run.run_id={run_id}"]))
         seconds = time.perf_counter() - started
     finally:
         grpo_stage_module.stage_holds_policy_weights = decide  # type: ignore[assignment]
+        RayWorkersUpdater._engines_reload_from_disk = from_disk  # type: ignore[method-assign]
     rows = RunStore(root).read("metrics", run_id=run_id).to_pylist()
     peak = [r["value"] for r in rows if r["stage"] == "grpo" and r["name"] == "peak_memory_mib"]
     policy = checkpoint_path(root, run_id, POLICY, 1) / "model.safetensors"
