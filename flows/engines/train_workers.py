@@ -168,7 +168,8 @@ class RayWorkersUpdater:
         store, which the ranks and the engines share); removed at close()."""
         self.group, self.owns_group = group, owns_group
         self.sync_dir = sync_dir
-        self.written: list[Path] = []  # rank 0's updates in sync_dir, the newest last
+        self.written: Path | None = None  # rank 0's last update in sync_dir
+        self.syncs = 0
         self.state_dir = state_dir
         self.engines, self.algo, self.model = engines, grpo.algo, model
         self.total_steps = grpo_total_steps(grpo)
@@ -238,14 +239,15 @@ class RayWorkersUpdater:
         assert self.sync_dir is not None
         start = time.perf_counter()
         self.gather_once()
-        directory = self.sync_dir / f"update-{len(self.written)}"
+        directory = self.sync_dir / f"update-{self.syncs}"
+        self.syncs += 1
         shutil.rmtree(directory, ignore_errors=True)  # left by a killed attempt
         self.on_rank0("save_weights", str(directory))
         written = time.perf_counter()
         follower.load(directory)
-        for old in self.written:
-            shutil.rmtree(old, ignore_errors=True)
-        self.written = [directory]
+        if self.written is not None:
+            shutil.rmtree(self.written, ignore_errors=True)
+        self.written = directory
         log.info(
             "vLLM weight sync written by training rank 0: save %.3f s + reload %.3f s",
             written - start,

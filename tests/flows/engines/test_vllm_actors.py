@@ -144,6 +144,7 @@ def test_ranks_write_each_policy_for_the_engines_to_reload_and_the_stage_never_h
     assert len(written) == cfg.grpo.steps - 1, written  # once for both engines, steps 1..
     reloaded = [m for m in messages if "update-" in m and m.startswith("vLLM worker reloaded")]
     assert len(reloaded) == 2 * len(written), reloaded  # each engine
+    assert len({m.split()[3] for m in reloaded}) == len(written)  # a new directory each time
     assert not [m for m in messages if m.startswith("vLLM weight sync: save")]
     got = snapshot(RunStore(tmp_path / "disk"), "vr")
     assert_same_sampling(got, one_node_rows(tmp_path / "one"))
