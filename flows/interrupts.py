@@ -64,8 +64,8 @@ def _on_sigint(signum: int, frame: FrameType | None) -> None:
 def stopped_by_a_signal(exc: BaseException, stop_signals: tuple[type[BaseException], ...]) -> bool:
     """Whether `exc` ends the run as `interrupted` (resumable) rather than `failed`: a
     RunInterrupted, a KeyboardInterrupt, one of the engine's `stop_signals`, or any exception
-    once a second Ctrl-C raised. The last covers a C extension that replaces what a signal
-    handler raised inside it: DuckDB raises RuntimeError("Query interrupted") instead."""
+    once a Ctrl-C's RunInterrupted was raised. The last covers a C extension that replaces what
+    a signal handler raised inside it: DuckDB raises RuntimeError("Query interrupted")."""
     return isinstance(exc, (RunInterrupted, KeyboardInterrupt, *stop_signals)) or INTERRUPT.stopping
 
 

@@ -129,7 +129,7 @@ def execute_run(
 
     A RunInterrupted (Ctrl-C), a KeyboardInterrupt (a Ctrl-C outside the run's handler) or one
     of `stop_signals` (the engine's own termination, e.g. Prefect's on a UI cancel) records
-    `interrupted`, and so does any exception after a second Ctrl-C (`stopped_by_a_signal`) or
+    `interrupted`, and so does any exception after a Ctrl-C stopped it (`stopped_by_a_signal`) or
     once `stop_requested()` says the engine asked the run to stop (Prefect: the flow run is
     cancelling): a signal handler's exception raised inside a C extension can reach here as
     another one (DuckDB's RuntimeError "Query interrupted"). Anything else records `failed`.
