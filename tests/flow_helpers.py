@@ -19,6 +19,11 @@ from storage.store import RunStore
 DATA_TABLES = ("prompts", "rollouts", "orm_labels", "prm_labels", "rm_train", "policy_samples")
 
 
+class EngineStop(BaseException):
+    """Stands for an engine's termination signal (Prefect's TerminationSignal on a UI cancel
+    or a SIGTERM) in tests of the status a stop records."""
+
+
 def micro_config(store: Path, run_id: str, *overrides: str) -> ItergrpoConfig:
     return load_config("micro", [f"store.root={store}", f"run.run_id={run_id}", *overrides])
 

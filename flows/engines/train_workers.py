@@ -168,8 +168,7 @@ class RayWorkersUpdater:
         store, which the ranks and the engines share); removed at close()."""
         self.group, self.owns_group = group, owns_group
         self.sync_dir = sync_dir
-        self.written: Path | None = None  # rank 0's last update in sync_dir
-        self.syncs = 0
+        self.syncs = 0  # rank 0's updates written to sync_dir: update-0, update-1, ...
         self.state_dir = state_dir
         self.engines, self.algo, self.model = engines, grpo.algo, model
         self.total_steps = grpo_total_steps(grpo)
@@ -240,14 +239,13 @@ class RayWorkersUpdater:
         start = time.perf_counter()
         self.gather_once()
         directory = self.sync_dir / f"update-{self.syncs}"
-        self.syncs += 1
         shutil.rmtree(directory, ignore_errors=True)  # left by a killed attempt
         self.on_rank0("save_weights", str(directory))
         written = time.perf_counter()
         follower.load(directory)
-        if self.written is not None:
-            shutil.rmtree(self.written, ignore_errors=True)
-        self.written = directory
+        if self.syncs > 0:
+            shutil.rmtree(self.sync_dir / f"update-{self.syncs - 1}", ignore_errors=True)
+        self.syncs += 1
         log.info(
             "vLLM weight sync written by training rank 0: save %.3f s + reload %.3f s",
             written - start,

@@ -14,7 +14,7 @@ from flows.loop import Executor, StageFn, execute_run, seconds_left
 from flows.progress import iteration_label
 from flows.stages import StageResult
 from storage.store import RunStore
-from tests.flow_helpers import micro_config
+from tests.flow_helpers import EngineStop, micro_config
 
 
 def test_time_left_is_known_once_every_remaining_stage_has_run() -> None:
@@ -27,10 +27,6 @@ def test_time_left_is_known_once_every_remaining_stage_has_run() -> None:
 def test_iteration_label_leads_with_the_stores_number() -> None:
     assert iteration_label(0, 3) == "iteration 0 (1 of 3)"
     assert iteration_label(2, 3) == "iteration 2 (3 of 3)"
-
-
-class EngineStop(BaseException):
-    """Stands for an engine's termination signal (Prefect's TerminationSignal on a UI cancel)."""
 
 
 @pytest.mark.parametrize(

@@ -13,10 +13,7 @@ from flows.ablate.suites import AblationPlan, Suite
 from flows.config import ItergrpoConfig
 from flows.loop import call_directly
 from storage.store import RunStore
-
-
-class EngineStop(BaseException):
-    """Stands for Prefect's TerminationSignal."""
+from tests.flow_helpers import EngineStop
 
 
 @pytest.mark.parametrize(
