@@ -21,6 +21,7 @@ from flows.figures import (
     save_figure,
 )
 from flows.names import EVAL_SPLIT, TRAIN_SPLIT
+from flows.policy_change import format_policy_change, policy_change
 from storage.store import RunStore
 
 # Columns of the per-iteration table, in display order: (key, header).
@@ -193,9 +194,11 @@ def summary_markdown(store: RunStore, run_id: str) -> str:
             f"{_fmt(first['greedy_acc'])} -> {_fmt(last['greedy_acc'])}, "
             f"Maj@K {_fmt(first['maj'])} -> {_fmt(last['maj'])}, "
             f"Pass@K {_fmt(first['pass'])} -> {_fmt(last['pass'])}.",
-            "",
-            TABLE_NOTE,
         ]
+        change = policy_change(store, run_id)
+        if change is not None:
+            text += ["", format_policy_change(change).replace("\n", "  \n")]
+        text += ["", TABLE_NOTE]
     else:
         text.append("No evaluation rows yet.")
     text += [

@@ -27,7 +27,7 @@ from collections.abc import Hashable, Mapping, Sequence
 from dataclasses import dataclass
 
 from flows.ablate.stats import Interval, t_quantile
-from grpo_core.model.evaluate import clustered_mean_se
+from grpo_core.model.evaluate import paired_difference
 
 
 @dataclass(frozen=True)
@@ -74,9 +74,7 @@ def seed_difference(
     clusters = list(range(n)) if questions is None else list(questions)
     if len(clusters) != n:
         raise ValueError(f"seed {seed}: {len(clusters)} questions for {n} problems")
-    diffs = [x - y for x, y in zip(a, b, strict=True)]
-    mean = math.fsum(diffs) / n
-    se = clustered_mean_se(diffs, clusters)[1] if n > 1 else 0.0
+    mean, se = paired_difference(a, b, clusters)
     c = len(set(clusters))
     return SeedDifference(seed, mean, math.sqrt(max(se**2, 1.0 / c**2)), n)
 

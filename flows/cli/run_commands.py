@@ -26,6 +26,7 @@ from flows.config_files import (
 from flows.figures import DEFAULT_DPI, FIGURE_FORMATS, FigureOutput
 from flows.interrupts import RunInterrupted
 from flows.names import default_run_id
+from flows.policy_change import format_policy_change, policy_change
 from flows.preflight import preflight
 from flows.report import format_iteration_table, iteration_table, sql_hint, write_report
 from grpo_core.contracts.errors import UserError
@@ -100,11 +101,19 @@ def _execute(cfg: ItergrpoConfig, *, use_prefect: bool, force_config: bool) -> b
     return False
 
 
+def _print_results(store: RunStore, run_id: str) -> None:
+    """The per-policy table, then what RL changed from policy_0 (paired by problem)."""
+    print(format_iteration_table(iteration_table(store, run_id)))
+    change = policy_change(store, run_id)
+    if change is not None:
+        print("\n" + format_policy_change(change))
+
+
 def _finish(cfg: ItergrpoConfig, seconds: float, report_written: bool) -> None:
     assert cfg.run.run_id is not None
     store = RunStore(cfg.store.resolved_root())
     print()
-    print(format_iteration_table(iteration_table(store, cfg.run.run_id)))
+    _print_results(store, cfg.run.run_id)
     report_dir = store.root / "reports" / cfg.run.run_id
     if not report_written:
         write_report(store, cfg.run.run_id, report_dir)
@@ -171,7 +180,7 @@ def cmd_report(args: argparse.Namespace) -> int:
     store = RunStore(args.store).require_existing()
     store.run_status(args.run_id)  # an unknown run is an error, not empty plots
     out = Path(args.out) if args.out else store.root / "reports" / args.run_id
-    print(format_iteration_table(iteration_table(store, args.run_id)))
+    _print_results(store, args.run_id)
     for path in write_report(store, args.run_id, out, output):
         print(f"wrote {path}")
     return 0

@@ -119,6 +119,24 @@ def clustered_mean_se(values: Sequence[float], clusters: Sequence[Hashable]) -> 
     return mean, math.sqrt(var)
 
 
+def paired_difference(
+    a: Sequence[float], b: Sequence[float], clusters: Sequence[Hashable]
+) -> tuple[float, float]:
+    """The mean of the per-problem differences a_i - b_i of two evaluations of the same problems
+    (problem i's value under each), and its standard error over questions: clustered_mean_se of
+    the differences, problem i in cluster clusters[i].
+
+    Pairing is what makes a change between two policies measurable on few questions: what the
+    two share (a question's difficulty) cancels in a_i - b_i, so the standard error is that of
+    the differences, not of either accuracy. 0.0 when every question changed alike."""
+    if not len(a) == len(b) == len(clusters):
+        raise ValueError(
+            "paired_difference needs one value on each side and one cluster per problem "
+            f"(got {len(a)}, {len(b)} and {len(clusters)})"
+        )
+    return clustered_mean_se([x - y for x, y in zip(a, b, strict=True)], clusters)
+
+
 def evaluate_policy(
     engine: Sampler,
     prompter: Callable[[str], str],

@@ -50,4 +50,7 @@ def test_a_micro_run_prints_no_warning(tmp_path: Path) -> None:
     output = done.stdout + done.stderr
     assert done.returncode == 0, output[-3000:]
     assert "run quiet finished" in output
+    # under the table, what the two iterations changed, paired by problem
+    assert "\npolicy_2 - policy_0 on the same " in output
+    assert "\ngreedy " in output and "  sampled " in output and "  Maj@" in output
     assert warning_lines(output) == []

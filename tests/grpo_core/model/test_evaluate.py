@@ -14,6 +14,7 @@ from grpo_core.model.evaluate import (
     evaluate_policy,
     maj_at_k,
     majority_answer,
+    paired_difference,
     pass_at_k,
 )
 from grpo_core.model.policy import build_char_tokenizer
@@ -150,6 +151,31 @@ def test_repeating_every_question_leaves_the_clustered_se_unchanged(
     again = clustered_mean_se(repeated, clusters)
     assert again[0] == pytest.approx(once[0], abs=1e-9)
     assert again[1] == pytest.approx(once[1], rel=1e-9, abs=1e-9)
+
+
+def test_paired_difference_by_hand() -> None:
+    # differences 1, 0, 0, 1 (mean 0.5); residual sums x: 0.5 - 0.5, y: -0.5, z: 0.5;
+    # se^2 = 3/2 * (0 + 0.25 + 0.25) / 4^2
+    mean, se = paired_difference([1.0, 1.0, 0.0, 1.0], [0.0, 1.0, 0.0, 0.0], "xxyz")
+    assert mean == pytest.approx(0.5)
+    assert se == pytest.approx(math.sqrt(1.5 * 0.5 / 16))
+    # each accuracy spreads over the questions; their difference does not
+    assert paired_difference([1.0, 0.0, 1.0], [0.5, -0.5, 0.5], "abc") == (
+        pytest.approx(0.5),
+        0.0,
+    )
+    with pytest.raises(ValueError, match="got 2, 3 and 3"):
+        paired_difference([1.0, 0.0], [1.0, 0.0, 1.0], "abc")
+
+
+@given(st.lists(st.tuples(st.floats(0, 1), st.floats(0, 1), st.integers(0, 4)), min_size=2))
+def test_swapping_the_policies_negates_the_paired_difference(
+    problems: list[tuple[float, float, int]],
+) -> None:
+    a, b, questions = (list(column) for column in zip(*problems, strict=True))
+    forward, backward = paired_difference(a, b, questions), paired_difference(b, a, questions)
+    assert backward[0] == pytest.approx(-forward[0], abs=1e-12)
+    assert backward[1] == pytest.approx(forward[1], abs=1e-12)
 
 
 def test_a_question_drawn_twice_counts_once_in_the_standard_errors() -> None:
