@@ -2,7 +2,7 @@
 fresh outputs of the policy they are about to reward (for GRPO's own questions; item 1 of
 the reward-model issue: AUROC >= 0.85 each), and GRPO is paid by the ORM, not by the
 verifier. One iteration of the `demo` preset with a short GRPO stage and evaluation:
-about 90 s on 2 cores (warm start, 4096 rollouts, labelling, RM training, drift)."""
+about 60 s on 2 cores (warm start, 4096 rollouts, labelling, RM training, drift)."""
 
 from __future__ import annotations
 
