@@ -1,7 +1,7 @@
-"""The machine-speed reference: the `demo` preset's warm start run for 150 SFT steps of the tiny
-policy on the built-in task (the preset itself takes 250 since 2026-11-28; the reference keeps
-the 150 every figure in bench/README.md and docs/results/ was read against), a fixed amount of
-work whose seconds say how fast this machine is now.
+"""The machine-speed reference: the `demo` preset's warm start run for 150 SFT steps of 64
+solutions (the preset's own steps changed on 2026-11-28; the reference keeps the work every
+figure in bench/README.md and docs/results/ was read against), a fixed amount of work whose
+seconds say how fast this machine is now.
 
     OMP_NUM_THREADS=2 .venv/bin/python bench/machine_speed.py
 
@@ -27,8 +27,9 @@ def load() -> str:
     return f"load {os.getloadavg()[0]:.2f} on {os.cpu_count()} cores"
 
 
-# SFT steps of the reference: fixed, whatever the demo preset's warm start takes.
+# SFT steps and solutions per step of the reference: fixed, whatever the demo preset takes.
 REFERENCE_STEPS = 150
+REFERENCE_BATCH = 64
 
 
 def demo_warm_start_seconds() -> float:
@@ -36,7 +37,9 @@ def demo_warm_start_seconds() -> float:
     process."""
     cfg = load_config("demo")
     model, tokenizer = build_policy(cfg.policy)
-    settings = cfg.warm_start.model_copy(update={"eval_prompts": 0, "steps": REFERENCE_STEPS})
+    settings = cfg.warm_start.model_copy(
+        update={"eval_prompts": 0, "steps": REFERENCE_STEPS, "batch_size": REFERENCE_BATCH}
+    )
     start = time.perf_counter()
     warm_start(model, tokenizer, make_task(cfg.task), settings, progress=False)
     return time.perf_counter() - start
