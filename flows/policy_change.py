@@ -13,12 +13,13 @@ from __future__ import annotations
 from collections import defaultdict
 from dataclasses import dataclass
 
+from flows.ablate.results import GREEDY, MAJ, in_problem_order
 from flows.names import EVAL_SPLIT
 from grpo_core.model.evaluate import paired_difference
 from storage.store import RunStore
 
 # (stored metric, label): the accuracies the table shows; Maj@K at the largest K evaluated.
-CHANGE_METRICS = (("greedy_accuracy", "greedy"), ("sampled_accuracy", "sampled"), ("maj@k", "Maj"))
+CHANGE_METRICS = ((GREEDY, "greedy"), ("sampled_accuracy", "sampled"), (MAJ, "Maj"))
 
 
 @dataclass(frozen=True)
@@ -46,56 +47,36 @@ class PolicyChange:
     metrics: tuple[MetricChange, ...]
 
 
-# per (policy, metric, k): problem_index -> (problem_id, question, value)
-_Values = dict[tuple[int, str, int], dict[int, tuple[str, str, float]]]
-
-
-def _paired(
-    values: _Values, first: tuple[int, str, int], last: tuple[int, str, int]
-) -> tuple[list[float], list[float], list[str]] | None:
-    """(last's values, first's values, questions) in problem order, or None when the two
-    were not evaluated on the same problems."""
-    before, after = values.get(first, {}), values.get(last, {})
-    if not before or before.keys() != after.keys():
-        return None
-    order = sorted(before)
-    if any(before[i][0] != after[i][0] for i in order):
-        return None
-    questions = [before[i][1] for i in order]
-    return [after[i][2] for i in order], [before[i][2] for i in order], questions
-
-
 def policy_change(store: RunStore, run_id: str) -> PolicyChange | None:
     """The paired change from policy_0 to the last evaluated policy, on the metrics both were
     evaluated on with the same problems; None before a second policy is evaluated, or for
     stores written before per-problem rows were kept."""
     rows = store.read("eval_problems", run_id=run_id, where=f"split = '{EVAL_SPLIT}'").to_pylist()
-    values: _Values = defaultdict(dict)
-    for row in rows:
-        key = (int(row["policy_iteration"]), row["metric"], int(row["k"]))
-        question = row["question"] if row["question"] is not None else row["problem_id"]
-        values[key][int(row["problem_index"])] = (row["problem_id"], question, float(row["value"]))
-    policies = {policy for policy, _, _ in values}
-    if 0 not in policies or len(policies) < 2:
+    listed: dict[tuple[int, str, int], list[tuple[int, str, float, str | None]]] = defaultdict(list)
+    for r in rows:
+        entry = (int(r["problem_index"]), r["problem_id"], float(r["value"]), r["question"])
+        listed[int(r["policy_iteration"]), r["metric"], int(r["k"])].append(entry)
+    problems = {key: in_problem_order(found) for key, found in listed.items()}
+    last = max((policy for policy, _, _ in problems), default=0)
+    if last == 0 or not any(policy == 0 for policy, _, _ in problems):
         return None
-    last = max(policies)
     changes: list[MetricChange] = []
-    counts: tuple[int, int] = (0, 0)
+    questions: list[str] = []
     for metric, label in CHANGE_METRICS:
-        ks = sorted(k for p, m, k in values if p == 0 and m == metric and (last, m, k) in values)
+        ks = [k for p, m, k in problems if p == 0 and m == metric and (last, m, k) in problems]
         if not ks:
             continue
-        k = ks[-1]
-        paired = _paired(values, (0, metric, k), (last, metric, k))
-        if paired is None:
+        k = max(ks)
+        before, after = problems[0, metric, k], problems[last, metric, k]
+        if before.problem_ids != after.problem_ids:
             continue
-        after, before, questions = paired
-        mean, se = paired_difference(after, before, questions)
-        changes.append(MetricChange(f"{label}@{k}" if metric.endswith("@k") else label, mean, se))
-        counts = (len(questions), len(set(questions)))
+        # older rows have no question: each problem is then its own cluster
+        questions = [q or pid for q, pid in zip(before.questions, before.problem_ids, strict=True)]
+        mean, se = paired_difference(after.values, before.values, questions)
+        changes.append(MetricChange(f"{label}@{k}" if metric == MAJ else label, mean, se))
     if not changes:
         return None
-    return PolicyChange(last, counts[0], counts[1], tuple(changes))
+    return PolicyChange(last, len(questions), len(set(questions)), tuple(changes))
 
 
 def format_policy_change(change: PolicyChange) -> str:

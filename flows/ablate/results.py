@@ -81,7 +81,7 @@ class Values:
             entry = (int(r["problem_index"]), str(r["problem_id"]), float(r["value"]), question)
             listed[_key(r)][int(r["seed"])].append(entry)
         problems = {
-            key: {seed: _in_problem_order(found) for seed, found in by_seed.items()}
+            key: {seed: in_problem_order(found) for seed, found in by_seed.items()}
             for key, by_seed in listed.items()
         }
         return cls(dict(out), problems)
@@ -115,7 +115,8 @@ class Values:
         return mean_ci([found[s] for s in sorted(found)]) if found else None
 
 
-def _in_problem_order(found: list[tuple[int, str, float, str | None]]) -> ProblemValues:
+def in_problem_order(found: list[tuple[int, str, float, str | None]]) -> ProblemValues:
+    """(problem_index, problem_id, value, question) entries of one evaluation as ProblemValues."""
     ordered = sorted(found, key=lambda e: e[:2])  # (problem_index, problem_id, value, question)
     return ProblemValues(
         tuple(e[1] for e in ordered), tuple(e[2] for e in ordered), tuple(e[3] for e in ordered)
