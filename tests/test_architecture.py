@@ -1,6 +1,7 @@
 """The import rules of the layout, read from the source (every import statement, function-level
 ones included): packages import one way, grpo_core's sub-packages in layer order, no module
-imports itself back through a circle, and only flows imports Prefect."""
+imports itself back through a circle, flows' units (sub-packages and top-level modules) neither,
+and only flows imports Prefect."""
 
 from __future__ import annotations
 
@@ -138,6 +139,89 @@ def test_circles_are_found_where_there_are_some() -> None:
 
 def test_no_import_circle_anywhere() -> None:
     assert circles(graph()) == []
+
+
+def flows_unit(module: str) -> str:
+    """The unit of flows a module belongs to: its direct sub-package of flows (flows.ablate,
+    flows.tracking, ...), or itself for a top-level module (flows.config)."""
+    return ".".join(module.split(".")[:2])
+
+
+def flows_unit_imports() -> dict[str, dict[str, list[str]]]:
+    """unit -> {unit it imports: each import doing so, as 'file:line imports module'}."""
+    found = modules()
+    known = set(found)
+    units: dict[str, dict[str, list[str]]] = {}
+    for name, path in found.items():
+        if name.split(".")[0] != "flows":
+            continue
+        unit = units.setdefault(flows_unit(name), {})
+        for target, line in imported(path, known):
+            if target.split(".")[0] == "flows" and flows_unit(target) != flows_unit(name):
+                where = f"{path.relative_to(REPO)}:{line} imports {target}"
+                found_here = unit.setdefault(flows_unit(target), [])
+                if where not in found_here:  # `from m import a, b`: one import of m
+                    found_here.append(where)
+    return units
+
+
+def closing_edges(edges: dict[str, set[str]], circle: list[str]) -> list[tuple[str, str]]:
+    """Edges of `circle` whose removal leaves it without a circle: those a depth-first walk of
+    it (in name order) finds pointing back to a unit still on its path."""
+    inside = set(circle)
+    state: dict[str, str] = {}  # "open" while on the walk's path, then "done"
+    back: list[tuple[str, str]] = []
+
+    def walk(v: str) -> None:
+        state[v] = "open"
+        for w in sorted(edges[v] & inside):
+            if w not in state:
+                walk(w)
+            elif state[w] == "open":
+                back.append((v, w))
+        state[v] = "done"
+
+    for v in sorted(circle):
+        if v not in state:
+            walk(v)
+    return back
+
+
+def path_between(edges: dict[str, set[str]], start: str, end: str) -> list[str]:
+    """A shortest chain of imports from `start` to `end` (breadth first)."""
+    came_from = {start: start}
+    queue = [start]
+    for v in queue:
+        for w in sorted(edges[v]):
+            if w not in came_from:
+                came_from[w] = v
+                queue.append(w)
+    chain = [end]
+    while chain[-1] != start:
+        chain.append(came_from[chain[-1]])
+    return chain[::-1]
+
+
+def test_closing_edges_break_every_circle() -> None:
+    edges = {"a": {"b"}, "b": {"a", "c"}, "c": {"a"}, "d": {"a"}}
+    back = closing_edges(edges, ["a", "b", "c"])
+    assert back == [("b", "a"), ("c", "a")]
+    assert path_between(edges, "a", "c") == ["a", "b", "c"]
+    assert circles({v: {w for w in ws if (v, w) not in back} for v, ws in edges.items()}) == []
+
+
+def test_flows_units_import_one_way() -> None:
+    """Each sub-package of flows and each top-level module of flows is one unit; the units form
+    layers: no import leads from a unit back to one that (through others) imports it."""
+    imports = flows_unit_imports()
+    edges = {unit: set(others) for unit, others in imports.items()}
+    report = []
+    for circle in circles(edges):
+        report.append(f"circle of {', '.join(circle)}; the imports that close it:")
+        for unit, other in closing_edges(edges, circle):
+            back = " -> ".join(path_between(edges, other, unit))
+            report += [f"  {where}  (back: {back})" for where in imports[unit][other]]
+    assert not report, "\n".join(report)
 
 
 @pytest.mark.parametrize("package", [p for p in PACKAGES if p != "flows"])
