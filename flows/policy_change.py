@@ -13,13 +13,13 @@ from __future__ import annotations
 from collections import defaultdict
 from dataclasses import dataclass
 
-from flows.ablate.results import GREEDY, MAJ, in_problem_order
+from flows.eval_values import GREEDY, MAJ, SAMPLED, in_problem_order
 from flows.names import EVAL_SPLIT
 from grpo_core.model.evaluate import paired_difference
 from storage.store import RunStore
 
 # (stored metric, label): the accuracies the table shows; Maj@K at the largest K evaluated.
-CHANGE_METRICS = ((GREEDY, "greedy"), ("sampled_accuracy", "sampled"), (MAJ, "Maj"))
+CHANGE_METRICS = ((GREEDY, "greedy"), (SAMPLED, "sampled"), (MAJ, "Maj"))
 
 
 @dataclass(frozen=True)

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from flows.eval_values import GREEDY, SAMPLED
 from flows.figures import (
     FigureOutput,
     inline_pngs,
@@ -122,9 +123,9 @@ def iteration_table(store: RunStore, run_id: str) -> list[dict[str, Any]]:
         rows.append(
             {
                 "policy": policy,
-                "greedy_acc": metrics.get("greedy_accuracy"),
-                "greedy_acc_se": metrics.get("greedy_accuracy_se"),
-                "sample_acc": metrics.get("sampled_accuracy"),
+                "greedy_acc": metrics.get(GREEDY),
+                "greedy_acc_se": metrics.get(f"{GREEDY}_se"),
+                "sample_acc": metrics.get(SAMPLED),
                 "maj": maj[1] if maj else None,
                 "maj_se": metrics.get(f"maj@{maj[0]}_se") if maj else None,
                 "maj_k": maj[0] if maj else None,

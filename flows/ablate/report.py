@@ -13,14 +13,12 @@ from flows.ablate.results import (
     FIG5_LINKS,
     FIG6_LINKS,
     FIG7_ARM,
-    GREEDY,
-    MAJ,
-    PASS,
     Values,
     claims,
     format_results_table,
 )
 from flows.ablate.stats import Interval
+from flows.eval_values import GREEDY, MAJ, PASS
 from flows.figures import (
     FigureOutput,
     inline_pngs,

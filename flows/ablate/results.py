@@ -2,7 +2,7 @@
 over seeds) and the verdicts of the paper's orderings (DeepSeekMath section 5.2, Figs. 5-7).
 
 The claims name arms by their conventional names; a suite without an arm a claim needs shows
-that claim as not run. Arms are compared on paired per-seed differences (flows/ablate_stats).
+that claim as not run. Arms are compared on paired per-seed differences (flows/ablate/stats.py).
 """
 
 from __future__ import annotations
@@ -24,10 +24,9 @@ from flows.ablate.stats import (
     seeds_to_decide,
     verdict,
 )
+from flows.eval_values import GREEDY, MAJ, PASS, ProblemValues, in_problem_order
 
 POLICY_0 = "policy_0"  # the results table's row for the shared starting policy
-GREEDY = "greedy_accuracy"
-MAJ, PASS = "maj@k", "pass@k"
 # Fig. 5: GRPO PS >= GRPO OS > Online RFT > RFT after one iteration (policy_1), where every
 # arm has drawn the same number of outputs and taken the same update steps.
 FIG5_POLICY = 1
@@ -43,17 +42,6 @@ FIG7_ARM = "grpo_os"  # Fig. 7: policy_0 vs this arm's final policy, Maj@K and P
 
 
 Key = tuple[str, int, str, int]  # (arm, policy_iteration, metric, k)
-
-
-@dataclass(frozen=True)
-class ProblemValues:
-    """One seed's per-problem values of a metric, in problem order, with the problems' ids
-    (two arms pair on a seed only if they saw the same problems) and questions (None where
-    stored before questions were: then the pairing counts problems, not questions)."""
-
-    problem_ids: tuple[str, ...]
-    values: tuple[float, ...]
-    questions: tuple[str | None, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -113,14 +101,6 @@ class Values:
     def interval(self, arm: str, policy_iteration: int, metric: str, k: int = 1) -> Interval | None:
         found = self.seeds(arm, policy_iteration, metric, k)
         return mean_ci([found[s] for s in sorted(found)]) if found else None
-
-
-def in_problem_order(found: list[tuple[int, str, float, str | None]]) -> ProblemValues:
-    """(problem_index, problem_id, value, question) entries of one evaluation as ProblemValues."""
-    ordered = sorted(found, key=lambda e: e[:2])  # (problem_index, problem_id, value, question)
-    return ProblemValues(
-        tuple(e[1] for e in ordered), tuple(e[2] for e in ordered), tuple(e[3] for e in ordered)
-    )
 
 
 def _key(row: Mapping[str, Any]) -> Key:
