@@ -17,9 +17,10 @@ from flows.engines.availability import check_engines
 from flows.interrupts import INTERRUPT, graceful_sigint, stopped_by_a_signal, with_fault_hook
 from flows.names import EVALUATE, ITERATION_STAGES, WARM_START
 from flows.progress import ProgressFn, iteration_label, no_progress
+from flows.report import write_report
 from flows.runtime import apply_threads, name_deepspeed_accelerator
 from flows.stages import STAGE_FUNCTIONS, StageFn, StageResult
-from flows.tracking.run_tracking import RunTracking, check_trackers
+from flows.tracking.run_tracking import RunTracking, TrackedRun, check_trackers
 from storage.store import RunStore
 
 log = logging.getLogger("itergrpo")
@@ -101,6 +102,12 @@ def run_loop(
     return results
 
 
+def tracked_run(cfg: ItergrpoConfig) -> TrackedRun:
+    """What the run's trackers are told besides its stored rows (flows/tracking/)."""
+    assert cfg.run.run_id is not None
+    return TrackedRun(cfg.run.run_id, cfg.run.seed, cfg.grpo.steps, cfg.model_dump(mode="json"))
+
+
 def failure_record(exc: BaseException, stage: tuple[str, int] | None) -> dict[str, Any]:
     """What status.json keeps of the exception that ended a run: its type, its message (first
     line, shortened) and the stage it was raised in (None: before or between stages)."""
@@ -151,7 +158,7 @@ def execute_run(
         stage_readers=stages_reading,
     ) as run:
         run.set_status("running", failure=None)
-        tracking = RunTracking(cfg, store)
+        tracking = RunTracking(cfg.tracking, tracked_run(cfg), store)
         tracking.sync()  # stages committed before a kill, or before tracking was turned on
         seconds: dict[tuple[str, int], float] = {}
         current: list[tuple[str, int]] = []  # the stage being run, for the failure record
@@ -192,5 +199,5 @@ def execute_run(
             finally:
                 ctx.close()  # a rollout engine's worker kept between stages, if any
         run.set_status("completed", iterations_done=cfg.run.iterations)
-        tracking.finish("completed")
+        tracking.finish("completed", functools.partial(write_report, store, cfg.run.run_id))
     return results

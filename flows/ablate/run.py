@@ -33,7 +33,7 @@ from flows.config_readers import stages_reading
 from flows.context import RunContext
 from flows.fork import describe, fork_from, prefix_from
 from flows.interrupts import INTERRUPT, graceful_sigint, stopped_by_a_signal, with_fault_hook
-from flows.loop import Executor, failure_record, planned_stages
+from flows.loop import Executor, failure_record, planned_stages, tracked_run
 from flows.names import EVAL_SPLIT, GRPO, WARM_START
 from flows.progress import no_progress
 from flows.runtime import apply_threads, name_deepspeed_accelerator
@@ -318,12 +318,13 @@ def run_ablation(
             which,
         )
     check_arm_runs(store, runs)
-    check_trackers(plan.policy_0_config().tracking)
+    policy_0 = plan.policy_0_config()
+    check_trackers(policy_0.tracking)
     # check_record has compared the stored record: it is replaced (the old one kept beside)
     with store.open_run(plan.ablation_id, plan.record(), force_config=True) as record:
         record.set_status("running", failure=None)
         # The ablation's own tracking run (policy_0's evaluation) is the arm-seed runs' parent.
-        tracking = RunTracking(plan.policy_0_config(), store)
+        tracking = RunTracking(policy_0.tracking, tracked_run(policy_0), store)
         tracked_runs = [child_of(tracking.mlflow_run_id, r) for r in runs]
         # The handler stays on while the final status is recorded (see flows/loop.py).
         with graceful_sigint():
@@ -344,5 +345,5 @@ def run_ablation(
                 tracking.finish_after_error(status)
                 raise
         record.set_status("completed", iterations_done=0, arm_runs=len(runs))
-        tracking.finish("completed", report=False)
+        tracking.finish("completed")  # no run report: an ablation has its own (ablate/report.py)
     return store.read(ABLATION_TABLE, run_id=plan.ablation_id).to_pylist()

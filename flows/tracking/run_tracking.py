@@ -1,17 +1,19 @@
 """One run's tracking: opens its trackers (reopening the MLflow run and TensorBoard folder of a
 resumed run), sends each committed stage once, from the store, and ends them. What was sent
 is recorded in runs/<run_id>/tracking.json, written atomically after each send, so a stage
-redone after a kill is sent once, with its committed values."""
+redone after a kill is sent once, with its committed values. The caller hands over what is
+sent besides the store's rows (TrackedRun, the report's writer): tracking reads no config."""
 
 from __future__ import annotations
 
 import logging
 import subprocess
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import flows
-from flows.config import ItergrpoConfig
 from flows.tracking.backends import MLflowTracker, TensorBoardTracker, Tracker, require_installed
 from flows.tracking.config import TrackingSection
 from flows.tracking.points import duration_point, flatten_config, stage_points
@@ -22,6 +24,19 @@ log = logging.getLogger("itergrpo")
 
 PARAMS = "params"  # the record's entry for the config and tags
 REPORT = "report"  # ... for the report's files
+ReportWriter = Callable[[Path], object]  # writes the run's report files into the folder given
+
+
+@dataclass(frozen=True)
+class TrackedRun:
+    """What the trackers are told of a run besides its stored rows: its id and seed (tags), its
+    config as JSON (params, flattened) and its GRPO steps per iteration (a step's point goes
+    at its step counted over the run)."""
+
+    run_id: str
+    seed: int
+    grpo_steps: int
+    config: Mapping[str, Any]
 
 
 def check_trackers(tracking: TrackingSection) -> None:
@@ -61,14 +76,13 @@ def itergrpo_commit() -> str | None:
 class RunTracking:
     """The trackers of one run and what each has been sent."""
 
-    def __init__(self, cfg: ItergrpoConfig, store: RunStore) -> None:
-        assert cfg.run.run_id is not None
-        self.cfg, self.store, self.run_id = cfg, store, cfg.run.run_id
+    def __init__(self, tracking: TrackingSection, run: TrackedRun, store: RunStore) -> None:
+        self.tracking, self.run, self.store, self.run_id = tracking, run, store, run.run_id
         run_dir = store.run_dir(self.run_id)
         self.run_dir = run_dir
         self.record = read_record(run_dir)
         self.trackers: list[Tracker] = []
-        settings = cfg.tracking.mlflow
+        settings = tracking.mlflow
         if settings.uri is not None:
             where = {"uri": settings.uri, "experiment": settings.experiment}
             earlier = self.record.get("mlflow", {})
@@ -80,7 +94,7 @@ class RunTracking:
                 self.record["mlflow"] = {**where, "run_id": mlflow.run_id, "logged": []}
             self.record["mlflow"]["url"] = mlflow.url
             self.trackers.append(mlflow)
-        log_dir = tensorboard_dir(cfg.tracking, run_dir)
+        log_dir = tensorboard_dir(tracking, run_dir)
         if log_dir is not None:
             if self.record.get("tensorboard", {}).get("log_dir") != str(log_dir):
                 self.record["tensorboard"] = {"log_dir": str(log_dir), "logged": []}
@@ -98,17 +112,17 @@ class RunTracking:
         tags = {
             "itergrpo.run_id": self.run_id,
             "itergrpo.store": str(self.store.root.resolve()),
-            "itergrpo.seed": str(self.cfg.run.seed),
+            "itergrpo.seed": str(self.run.seed),
         }
         commit = itergrpo_commit()
         if commit is not None:
             tags["itergrpo.git_commit"] = commit
-        return {**tags, **self.cfg.tracking.mlflow.tags}
+        return {**tags, **self.tracking.mlflow.tags}
 
     @property
     def mlflow_run_id(self) -> str | None:
         """The MLflow run this run reports to, None without MLflow."""
-        entry = self.record.get("mlflow") if self.cfg.tracking.mlflow.uri else None
+        entry = self.record.get("mlflow") if self.tracking.mlflow.uri else None
         return None if entry is None else str(entry["run_id"])
 
     def sync(self, seconds: Mapping[tuple[str, int], float] | None = None) -> None:
@@ -121,30 +135,28 @@ class RunTracking:
         for tracker in self.trackers:
             logged = set(self.record[tracker.name]["logged"])
             if PARAMS not in logged:
-                tracker.log_params(flatten_config(self.cfg.model_dump(mode="json")), self.tags())
+                tracker.log_params(flatten_config(self.run.config), self.tags())
                 self._sent(tracker, PARAMS)
             for row in committed:
                 stage, iteration = str(row["stage"]), int(row["iteration"])
                 if f"{stage}:{iteration}" in logged:
                     continue
                 points = stage_points(
-                    self.store, self.run_id, stage, iteration, self.cfg.grpo.steps
+                    self.store, self.run_id, stage, iteration, self.run.grpo_steps
                 )
                 if (stage, iteration) in seconds:
                     points.append(duration_point(stage, iteration, seconds[stage, iteration]))
                 tracker.log_points(points)
                 self._sent(tracker, f"{stage}:{iteration}")
 
-    def finish(self, status: str, *, report: bool = True) -> None:
-        """End every tracker's run; a completed run's report (plots, summary) is sent first
-        (`report`: an ablation's own run has the ablation report instead)."""
+    def finish(self, status: str, report: ReportWriter | None = None) -> None:
+        """End every tracker's run; a completed run's report (plots, summary), written by
+        `report` into <store>/reports/<run_id> only when there is a tracker, is sent first."""
         if not self.trackers:
             return
-        if status == "completed" and report:
-            from flows.report import write_report  # matplotlib: only when there is a tracker
-
+        if status == "completed" and report is not None:
             report_dir = self.store.root / "reports" / self.run_id
-            write_report(self.store, self.run_id, report_dir)
+            report(report_dir)
             for tracker in self.trackers:
                 if REPORT not in self.record[tracker.name]["logged"]:
                     tracker.log_files(report_dir, REPORT)

@@ -9,6 +9,7 @@ from pathlib import Path
 from mlflow.tracking import MlflowClient
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
+from flows.loop import tracked_run
 from flows.tracking.record import RECORD_FILE, mlflow_run
 from flows.tracking.run_tracking import RunTracking
 from storage.store import RunStore
@@ -37,12 +38,12 @@ def test_a_resume_sends_what_was_committed_unsent_and_nothing_twice(tmp_path: Pa
         "grpo.steps=2",
     )
     _commit_grpo(store, 0, [0.25, 0.5])
-    first = RunTracking(cfg, store)
+    first = RunTracking(cfg.tracking, tracked_run(cfg), store)
     first.sync({("grpo", 0): 7.0})
     _commit_grpo(store, 1, [0.75, 1.0])  # committed, then killed before it was sent
     first.trackers[1].close("interrupted")  # the event file a killed process leaves
 
-    resumed = RunTracking(cfg, store)
+    resumed = RunTracking(cfg.tracking, tracked_run(cfg), store)
     resumed.sync()
     resumed.sync()  # a stage done again with nothing new: nothing sent
     resumed.finish("interrupted")
@@ -72,3 +73,28 @@ def test_a_resume_sends_what_was_committed_unsent_and_nothing_twice(tmp_path: Pa
     events.Reload()
     scalars = [(e.step, e.value) for e in events.Scalars("grpo/reward_mean")]
     assert sorted(scalars) == [(0, 0.25), (1, 0.5), (2, 0.75), (3, 1.0)]
+
+
+def test_a_completed_run_sends_the_report_its_caller_writes_only_to_a_tracker(
+    tmp_path: Path,
+) -> None:
+    store = RunStore(tmp_path / "store")
+    written: list[Path] = []
+
+    def write_report(folder: Path) -> None:
+        written.append(folder)
+        folder.mkdir(parents=True)
+        (folder / "summary.md").write_text("# what the run found")
+
+    untracked = micro_config(store.root, "quiet")
+    RunTracking(untracked.tracking, tracked_run(untracked), store).finish("completed", write_report)
+    assert written == []  # no tracker: no report rendered for one
+
+    cfg = micro_config(store.root, "r", "tracking.tensorboard=true")
+    RunTracking(cfg.tracking, tracked_run(cfg), store).finish("completed", write_report)
+    assert written == [store.root / "reports" / "r"]
+    run_dir = store.run_dir("r")
+    assert json.loads((run_dir / RECORD_FILE).read_text())["tensorboard"]["logged"] == ["report"]
+    events = EventAccumulator(str(run_dir / "tensorboard"))
+    events.Reload()
+    assert "report/summary/text_summary" in events.Tags()["tensors"]
