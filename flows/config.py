@@ -1,15 +1,15 @@
 """The run configuration: one typed tree, loaded from YAML, that is also the Prefect form.
 
 Sections owned by the component packages (task, policy, warm start, GRPO algorithm,
-evaluation, reward models, labelling) are imported from them; this module adds the
-recipe-level sections (run, store, rollout, GRPO stage, engines, cluster). Loading it from
-YAML presets and `--set` overrides: flows/config_files.py.
+evaluation, reward models, labelling) are imported from them, and so are the cluster and
+tracking sections (flows/cluster_config.py, flows/tracking/config.py); this module adds the
+recipe-level sections (run, store, rollout, GRPO stage, engines) and the checks across
+sections. Loading it from YAML presets and `--set` overrides: flows/config_files.py.
 Pydantic bounds are not shown by the Prefect UI form, so every description states them.
 """
 
 from __future__ import annotations
 
-import re
 from pathlib import Path
 from typing import Any, Literal
 
@@ -21,6 +21,7 @@ from pydantic import (
     model_validator,
 )
 
+from flows.cluster_config import ClusterSection
 from flows.grpo_presets import GRPO_STAGE_PRESETS, apply_preset
 from flows.guards import GuardsConfig
 from flows.tracking.config import TrackingSection
@@ -285,56 +286,6 @@ class EnginesSection(_Section):
         """True when the GRPO update runs in the stage's process (which then holds the
         reference); False for launcher jobs and Ray workers, which load their own."""
         return not self.launched and self.train_workers == "none"
-
-
-class ClusterSection(_Section):
-    """Scale-out: rollout, Math-Shepherd labelling and evaluation sampling split into Ray
-    tasks (`pip install -e '.[ray]'`); the committed rows equal those of an in-process run."""
-
-    ray_address: str | None = Field(
-        None,
-        description="Ray cluster for the sampling shards (vLLM: for its engines with "
-        "engines.vllm.placement = ray, instead of shards), and for the training ranks of "
-        "engines.train_workers = ray. Empty: sampling in this process (training ranks and "
-        "vLLM actors start a local Ray). "
-        "'local': a Ray on this machine (or the one this process already started); 'auto': "
-        "the cluster this machine joined with `ray start`; or 'host:6379' / 'ray://host:10001'. "
-        "Shards load the policy from the store's checkpoint directories: workers must see the "
-        "store path and have itergrpo installed.",
-    )
-    shards: int = Field(
-        2,
-        ge=1,
-        le=1024,
-        description="Ray tasks per sampling call (1 to 1024). A shard is a whole number of "
-        "engine batches (rollout.batch_size or labelling.batch_size rows), so a call with "
-        "fewer batches than shards runs fewer.",
-    )
-    num_gpus_per_shard: float = Field(
-        0.0,
-        ge=0.0,
-        le=64.0,
-        description="GPUs Ray reserves for each shard (0 to 64; 0.5 packs two shards on one "
-        "GPU). 0: CPU shards (Ray hides the GPUs from them). Above 0 needs run.device auto or "
-        "cuda.",
-    )
-    num_cpus_per_shard: float = Field(
-        1.0, ge=0.0, le=256.0, description="CPUs Ray reserves for each shard (0 to 256)."
-    )
-
-    @field_validator("ray_address", mode="before")
-    @classmethod
-    def _known_address_form(cls, value: Any) -> Any:
-        if not isinstance(value, str):
-            return value
-        value = value.strip()
-        if not value:  # the Prefect form sends "" for a cleared field
-            return None
-        if value in ("local", "auto") or value.startswith("ray://"):
-            return value
-        if re.fullmatch(r"[^\s/]+:\d{1,5}", value):
-            return value
-        raise ValueError("expected empty, 'local', 'auto', 'host:port' or 'ray://host:port'")
 
 
 class ItergrpoConfig(_Section):

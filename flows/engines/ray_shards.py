@@ -13,7 +13,7 @@ from typing import Any
 import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-from flows.config import ClusterSection
+from flows.cluster_config import ClusterSection
 from flows.model_io import to_device
 from flows.progress import log
 from flows.runtime import apply_threads, resolve_device
