@@ -121,13 +121,13 @@ class RunContext:
         `purpose`), else the run's rollout engine (engines.rollout). An engine that keeps its
         own processes (vLLM) is never sharded that way: it spreads itself (engines.vllm.engines
         and placement: on the cluster with placement ray)."""
-        from flows.engines.ray_shards import sharded_engine
+        from flows.engines.ray_shards import ray_sharded_rollout
 
         checkpoint = self.checkpoint(POLICY, policy_iteration)
         name, cluster = self.cfg.engines.rollout, self.cfg.cluster
         where = f"the {shard_label or purpose} sampling of policy_{policy_iteration}"
         if self.ray_shards_sample:
-            sharded = sharded_engine(
+            sharded = ray_sharded_rollout(
                 cluster,
                 self.cfg.run.device,
                 self.cfg.policy.dtype,

@@ -222,7 +222,7 @@ VLLM_PLACEMENTS.add("process", _vllm_processes)
 
 
 def _build_vllm(request: RolloutRequest, settings: VLLMSettings) -> RolloutEngine:
-    from grpo_core.engines.sharded_rollout import ShardedRolloutEngine
+    from grpo_core.engines.sharded_rollout import PromptShardedEngines
     from grpo_core.engines.vllm_rollout import VLLMRolloutEngine
 
     if settings.engines == 1 and settings.placement == "process":
@@ -230,7 +230,7 @@ def _build_vllm(request: RolloutRequest, settings: VLLMSettings) -> RolloutEngin
     options = [vllm_engine_options(request, settings, i) for i in range(settings.engines)]
     placed = VLLM_PLACEMENTS[settings.placement](options, settings)
     shared = settings.sync_timeout_s if settings.weight_sync == "memory" else None
-    return ShardedRolloutEngine(
+    return PromptShardedEngines(
         placed.members,
         placed.after_close,
         broadcast_timeout_s=shared,
