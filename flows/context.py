@@ -147,9 +147,8 @@ class RunContext:
     def ray_shards_sample(self) -> bool:
         """Whether the sampling stages run as Ray shards (cluster.ray_address set): not with
         an engine that keeps its own processes (vLLM), which spreads itself."""
-        from grpo_core.engines.registry import ROLLOUT_ENGINES
-
-        keeps_process = ROLLOUT_ENGINES[self.cfg.engines.rollout].keeps_process
+        engines = self.cfg.engines
+        keeps_process = engines.rollout_capabilities(engines.rollout).keeps_process
         return self.cfg.cluster.ray_address is not None and not keeps_process
 
     def training_ranks(self) -> RankGroup | None:

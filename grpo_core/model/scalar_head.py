@@ -66,9 +66,7 @@ def scalar_head_from_directory(path: Path, dtype: str, role: str) -> PreTrainedM
 def scalar_head_on_model(model: PreTrainedModel, dtype: str) -> PreTrainedModel:
     """`model`'s backbone (its weights copied) under a new head drawn from the global generator
     (the caller seeds it), in `dtype` on `model`'s device."""
-    net: PreTrainedModel = AutoModelForTokenClassification.from_config(
-        scalar_head_config(model.config)
-    )
+    net = AutoModelForTokenClassification.from_config(scalar_head_config(model.config))
     net.base_model.load_state_dict(model.base_model.state_dict())
     net.to(model.device, DTYPES[dtype])
     return net
