@@ -93,7 +93,7 @@ def test_row_slices_at_batch_boundaries_are_the_rows_of_the_whole_call(
         engine.generate(prompts, 3, params, seed=11, rows=(4, 16))
 
 
-def test_sharded_engine_in_process_equals_the_hf_engine(
+def test_ray_sharded_rollout_in_process_equals_the_hf_engine(
     policy: tuple[PreTrainedModel, PreTrainedTokenizerBase], tmp_path: Path
 ) -> None:
     model, tok = policy
