@@ -20,13 +20,13 @@ from grpo_core.contracts.errors import MissingPathError
 from grpo_core.model.policy import DTYPES, reading_checkpoint
 
 
-def has_scalar_head(config: PretrainedConfig) -> bool:
+def _has_scalar_head(config: PretrainedConfig) -> bool:
     """A token classifier with one label: its head already gives one scalar per token."""
     archs = config.architectures or []
     return config.num_labels == 1 and any(a.endswith("ForTokenClassification") for a in archs)
 
 
-def scalar_head_config(config: PretrainedConfig) -> PretrainedConfig:
+def _scalar_head_config(config: PretrainedConfig) -> PretrainedConfig:
     """Copy of a backbone's config for one scalar per token, without dropout."""
     out = config.__class__.from_dict(config.to_dict())
     out.num_labels = 1
@@ -44,9 +44,9 @@ def scalar_head_from_directory(path: Path, dtype: str, role: str) -> PreTrainedM
         raise MissingPathError(f"{role} {path} is not a model directory (no config.json)")
     with reading_checkpoint(path):
         config = AutoConfig.from_pretrained(path, local_files_only=True)
-        keep_head = has_scalar_head(config)
+        keep_head = _has_scalar_head(config)
         if not keep_head:
-            config = scalar_head_config(config)
+            config = _scalar_head_config(config)
         # the head is new by design: transformers' "newly initialized" report is noise
         verbosity = hf_logging.get_verbosity()
         hf_logging.set_verbosity_error()
@@ -66,7 +66,7 @@ def scalar_head_from_directory(path: Path, dtype: str, role: str) -> PreTrainedM
 def scalar_head_on_model(model: PreTrainedModel, dtype: str) -> PreTrainedModel:
     """`model`'s backbone (its weights copied) under a new head drawn from the global generator
     (the caller seeds it), in `dtype` on `model`'s device."""
-    net = AutoModelForTokenClassification.from_config(scalar_head_config(model.config))
+    net = AutoModelForTokenClassification.from_config(_scalar_head_config(model.config))
     net.base_model.load_state_dict(model.base_model.state_dict())
     net.to(model.device, DTYPES[dtype])
     return net
