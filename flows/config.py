@@ -29,7 +29,12 @@ from grpo_core.algo.config import GRPOConfig
 from grpo_core.algo.estimators import ADVANTAGE_ESTIMATORS, DataSource
 from grpo_core.data.tasks.registry import TaskConfig
 from grpo_core.engines.config import DeepSpeedConfig, TrainWorkersConfig, VLLMSettings
-from grpo_core.engines.registry import ROLLOUT_ENGINES, TRAIN_ENGINES
+from grpo_core.engines.registry import (
+    IN_PROCESS_ENGINE,
+    ROLLOUT_ENGINES,
+    TRAIN_ENGINES,
+    RolloutCapabilities,
+)
 from grpo_core.model.config import (
     EvalConfig,
     LoRAConfig,
@@ -251,11 +256,16 @@ class EnginesSection(_Section):
         settings = getattr(self, engine, None)
         return settings if isinstance(settings, BaseModel) else None
 
+    def rollout_capabilities(self, engine: str) -> RolloutCapabilities:
+        """What rollout engine `engine` does besides sampling, as it declares for its settings."""
+        return ROLLOUT_ENGINES[engine].capabilities(self.settings_of(engine))
+
     @property
     def grpo_rollout(self) -> str:
-        """The engine the GRPO stage samples with: engines.rollout, but HF when vLLM is told to
-        stay out of the GRPO stage (vllm.in_grpo: false)."""
-        return "hf" if self.rollout == "vllm" and not self.vllm.in_grpo else self.rollout
+        """The engine the GRPO stage samples with: engines.rollout when it declares it samples
+        inside GRPO (vLLM unless vllm.in_grpo: false), else HF on the stage's model."""
+        inside = self.rollout_capabilities(self.rollout).samples_in_grpo
+        return self.rollout if inside else IN_PROCESS_ENGINE
 
     @model_validator(mode="after")
     def _one_way_to_many_ranks(self) -> EnginesSection:

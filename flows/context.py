@@ -121,13 +121,13 @@ class RunContext:
         `purpose`), else the run's rollout engine (engines.rollout). An engine that keeps its
         own processes (vLLM) is never sharded that way: it spreads itself (engines.vllm.engines
         and placement: on the cluster with placement ray)."""
-        from flows.engines.ray_shards import sharded_engine
+        from flows.engines.ray_shards import ray_sharded_rollout
 
         checkpoint = self.checkpoint(POLICY, policy_iteration)
         name, cluster = self.cfg.engines.rollout, self.cfg.cluster
         where = f"the {shard_label or purpose} sampling of policy_{policy_iteration}"
         if self.ray_shards_sample:
-            sharded = sharded_engine(
+            sharded = ray_sharded_rollout(
                 cluster,
                 self.cfg.run.device,
                 self.cfg.policy.dtype,
@@ -147,9 +147,8 @@ class RunContext:
     def ray_shards_sample(self) -> bool:
         """Whether the sampling stages run as Ray shards (cluster.ray_address set): not with
         an engine that keeps its own processes (vLLM), which spreads itself."""
-        from grpo_core.engines.registry import ROLLOUT_ENGINES
-
-        keeps_process = ROLLOUT_ENGINES[self.cfg.engines.rollout].keeps_process
+        engines = self.cfg.engines
+        keeps_process = engines.rollout_capabilities(engines.rollout).keeps_process
         return self.cfg.cluster.ray_address is not None and not keeps_process
 
     def training_ranks(self) -> RankGroup | None:

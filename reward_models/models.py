@@ -1,10 +1,10 @@
 """Reward models (ORM and PRM): a transformers network in one of the registered formats
 (reward_models/formats.py), its own tokenizer, and one binary logit per token.
 
-The built-in format (scalar_head) is `AutoModelForTokenClassification` with `num_labels=1`:
-a backbone (the policy's) plus a new `Linear(hidden, 1)` head. Pretrained checkpoints keep
-their own class and head. Saved and loaded in HF format, with the kind, format and tokens in
-`reward_model.json`. Which tokens are read: reward_models/views.py.
+The built-in format (scalar_head) is the scalar-head network of grpo_core/model/scalar_head.py
+(as PPO's critic): a backbone (the policy's) plus a new `Linear(hidden, 1)` token head.
+Pretrained checkpoints keep their own class and head. Saved and loaded in HF format, with the
+kind, format and tokens in `reward_model.json`. Which tokens are read: reward_models/views.py.
 """
 
 from __future__ import annotations
@@ -15,18 +15,11 @@ from pathlib import Path
 
 import torch
 from torch import nn
-from transformers import (
-    AutoConfig,
-    AutoModelForTokenClassification,
-    AutoTokenizer,
-    PretrainedConfig,
-    PreTrainedModel,
-    PreTrainedTokenizerBase,
-)
-from transformers.utils import logging as hf_logging
+from transformers import AutoConfig, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 
 from grpo_core.contracts.errors import MissingPathError
 from grpo_core.model.policy import DTYPES, ensure_pad_token, reading_checkpoint
+from grpo_core.model.scalar_head import scalar_head_from_directory, scalar_head_on_model
 from reward_models.config import RMKind
 from reward_models.formats import RM_FORMATS, SCALAR_HEAD
 from reward_models.sources import (
@@ -40,15 +33,6 @@ from reward_models.sources import (
 from reward_models.views import RMEncoder
 
 META_FILE = "reward_model.json"
-
-
-def _head_config(config: PretrainedConfig) -> PretrainedConfig:
-    """Copy of a backbone config for a one-scalar token head without dropout."""
-    out = config.__class__.from_dict(config.to_dict())
-    out.num_labels = 1
-    out.classifier_dropout = 0.0
-    out.architectures = None
-    return out
 
 
 class RewardModel(nn.Module):
@@ -121,26 +105,9 @@ class RewardModel(nn.Module):
         if isinstance(policy, PreTrainedModel):
             if tokenizer is None:
                 raise ValueError("from_policy(model) needs the policy's tokenizer")
-            net = AutoModelForTokenClassification.from_config(_head_config(policy.config))
-            net.base_model.load_state_dict(policy.base_model.state_dict())
-            net.to(policy.device, DTYPES[dtype])
-            return cls(net, tokenizer, kind)
+            return cls(scalar_head_on_model(policy, dtype), tokenizer, kind)
         path = Path(policy)
-        if not (path / "config.json").is_file():
-            raise MissingPathError(
-                f"reward-model backbone {path} is not a model directory (no config.json)"
-            )
-        config = _head_config(AutoConfig.from_pretrained(path))
-        # The head is new by design: transformers' load report ("score.weight MISSING") is
-        # noise here, so its warnings are held back while the backbone loads.
-        verbosity = hf_logging.get_verbosity()
-        hf_logging.set_verbosity_error()
-        try:
-            net = AutoModelForTokenClassification.from_pretrained(
-                path, config=config, dtype=DTYPES[dtype]
-            )
-        finally:
-            hf_logging.set_verbosity(verbosity)
+        net = scalar_head_from_directory(path, dtype, "reward-model backbone")
         return cls(net, tokenizer or load_tokenizer(path, f"reward_models.{kind}"), kind)
 
     @classmethod

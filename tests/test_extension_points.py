@@ -25,7 +25,12 @@ from grpo_core.contracts.registry import Registry
 from grpo_core.contracts.rollout import RolloutBatch, SamplingParams
 from grpo_core.data.tasks.arith import ArithTask
 from grpo_core.data.tasks.base import Problem
-from grpo_core.engines.registry import ROLLOUT_ENGINES, RolloutEngineSpec, RolloutRequest
+from grpo_core.engines.registry import (
+    ROLLOUT_ENGINES,
+    RolloutCapabilities,
+    RolloutEngineSpec,
+    RolloutRequest,
+)
 from grpo_core.model.policy import build_char_tokenizer
 from reward_models.grpo_reward import GRPORewarder
 from reward_models.parts import REWARD_PARTS, RewardPart, ScoringContext, register_reward_part
@@ -231,7 +236,10 @@ RECORDED: list[RecordingEngine] = []
 @pytest.fixture
 def recording_engine() -> Iterator[str]:
     spec = RolloutEngineSpec(
-        "recording", "test: HF on its own weights", RecordingEngine, keeps_process=True
+        "recording",
+        "test: HF on its own weights",
+        RecordingEngine,
+        capabilities=lambda settings: RolloutCapabilities(keeps_process=True),
     )
     ROLLOUT_ENGINES.add("recording", spec)
     RECORDED.clear()

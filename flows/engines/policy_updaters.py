@@ -26,7 +26,7 @@ from grpo_core.contracts.policy_batch import PolicyBatch
 from grpo_core.contracts.rollout import RolloutEngine
 from grpo_core.contracts.training import TrainEngine
 from grpo_core.engines.config import DeepSpeedConfig
-from grpo_core.engines.registry import ROLLOUT_ENGINES, require_deepspeed
+from grpo_core.engines.registry import require_deepspeed
 from storage.errors import MissingCheckpointError
 
 if TYPE_CHECKING:
@@ -267,7 +267,8 @@ def stage_holds_policy_weights(engines: EnginesSection, grpo: GRPOStageSection) 
     adapters sit on the stage's model, is refused with Ray ranks.)"""
     if engines.train_workers != "ray" or grpo.algo.estimator.needs_values:
         return True
-    return grpo.data_source == "online" and ROLLOUT_ENGINES[engines.grpo_rollout].shares_model
+    shares_model = engines.rollout_capabilities(engines.grpo_rollout).shares_model
+    return grpo.data_source == "online" and shares_model
 
 
 def build_policy_updater(

@@ -19,20 +19,19 @@ from flows.progress import log
 from flows.runtime import apply_threads, resolve_device
 from grpo_core.contracts.rollout import RolloutBatch, SamplingParams
 from grpo_core.engines.hf_rollout import HFRolloutEngine
-from grpo_core.engines.sharded_rollout import merge_batches
-from grpo_core.engines.sharded_rollout import shard_bounds as contiguous_shards
+from grpo_core.engines.sharded_rollout import even_shards, merge_batches
 from grpo_core.model.policy import load_policy
 
 __all__ = [
+    "RayShardedRollout",
     "ShardJob",
-    "ShardedRolloutEngine",
+    "batch_aligned_shards",
     "connect_ray",
     "merge_batches",
     "ray_runner",
+    "ray_sharded_rollout",
     "run_shard",
     "run_shards_in_process",
-    "shard_bounds",
-    "sharded_engine",
 ]
 
 
@@ -60,7 +59,7 @@ class ShardJob:
 ShardRunner = Callable[[list[str], list[ShardJob]], list[RolloutBatch]]
 
 
-def shard_bounds(total_rows: int, batch_size: int, shards: int) -> list[tuple[int, int]]:
+def batch_aligned_shards(total_rows: int, batch_size: int, shards: int) -> list[tuple[int, int]]:
     """Contiguous row ranges covering 0..total_rows-1, each a whole number of batches (the
     last may end short), as equal as batches allow; at most `shards`, none empty."""
     if batch_size < 1 or shards < 1:
@@ -68,7 +67,7 @@ def shard_bounds(total_rows: int, batch_size: int, shards: int) -> list[tuple[in
     batches = -(-total_rows // batch_size)
     return [
         (first * batch_size, min(end * batch_size, total_rows))
-        for first, end in contiguous_shards(batches, shards)
+        for first, end in even_shards(batches, shards)
     ]
 
 
@@ -146,9 +145,12 @@ def ray_runner(cluster: ClusterSection, name: str) -> ShardRunner:
     return run
 
 
-class ShardedRolloutEngine:
-    """`RolloutEngine` whose `generate` runs batch-aligned slices of the rows as shards and
-    returns the merged batch: the same batch the in-process HF engine returns."""
+class RayShardedRollout:
+    """`RolloutEngine` whose `generate` runs batch-aligned slices of the call's rows as shards
+    (Ray tasks, each loading the policy from its checkpoint; or one after another in this
+    process) and returns the merged batch: the same batch the in-process HF engine returns.
+    (Not grpo_core's PromptShardedEngines, which splits prompts over engines kept for the
+    run.)"""
 
     def __init__(
         self,
@@ -172,7 +174,7 @@ class ShardedRolloutEngine:
         if n < 1:
             raise ValueError(f"n (samples per prompt) must be >= 1 (got {n})")
         total = len(prompts) * n
-        bounds = shard_bounds(total, self.batch_size, self.shards)
+        bounds = batch_aligned_shards(total, self.batch_size, self.shards)
         jobs = [
             ShardJob(
                 self.device,
@@ -196,7 +198,7 @@ class ShardedRolloutEngine:
         return batch
 
 
-def sharded_engine(
+def ray_sharded_rollout(
     cluster: ClusterSection,
     device: str,
     dtype: str,
@@ -206,7 +208,7 @@ def sharded_engine(
     model: PreTrainedModel,
     batch_size: int,
     name: str,
-) -> ShardedRolloutEngine | None:
+) -> RayShardedRollout | None:
     """The Ray-sharded sampling engine of policy_{policy_iteration} (saved at policy_dir;
     `model` is the stage's copy of it), or None when `cluster.ray_address` is unset: the stage
     then samples in process, as without Ray."""
@@ -215,6 +217,6 @@ def sharded_engine(
     label = f"{name}-policy{policy_iteration}"
     in_torch_memory = all(p.data_ptr() % 64 == 0 for p in model.parameters())
     runner = ray_runner(cluster, label)
-    return ShardedRolloutEngine(
+    return RayShardedRollout(
         cluster, device, dtype, threads, policy_dir, batch_size, runner, label, in_torch_memory
     )

@@ -59,7 +59,8 @@ class RolloutEngines:
         Labelling always caches prefixes (each step prefix is shared by N completions)."""
         spec = ROLLOUT_ENGINES[name]
         settings = self.section.settings_of(name)
-        caching = purpose == "label" or bool(getattr(settings, "prefix_caching", True))
+        capabilities = spec.capabilities(settings)
+        caching = purpose == "label" or capabilities.prefix_caching
         request = RolloutRequest(
             checkpoint_dir=checkpoint_dir,
             tokenizer=tokenizer,
@@ -73,14 +74,14 @@ class RolloutEngines:
             scratch_dir=self.scratch_dir,
             show_progress=show_progress,
         )
-        if not spec.keeps_process:
+        if not capabilities.keeps_process:
             return spec.build(request, settings)
         key = (name, caching)
         if self._kept is not None and self._kept_key != key:
             self.close()
         if self._kept is None:
             log.info("starting the %s rollout engine on %s", name, checkpoint_dir)
-            if self.ray_address is not None and getattr(settings, "placement", "") == "ray":
+            if self.ray_address is not None and capabilities.placed_on_ray:
                 start_ray(self.ray_address, 0, f"{name} engines")
             self._kept, self._kept_key = spec.build(request, settings), key
         else:
@@ -106,9 +107,10 @@ class SleepingEngine(Protocol):
 
 
 class SleepsAfterSampling:
-    """A GRPO step's sampler whose engine sleeps once the step's outputs are sampled
-    (engines.vllm.sleep_while_training): the update that follows on the same GPU gets the
-    engine's memory, and the engine's next request (the new weights) wakes it."""
+    """A GRPO step's sampler whose engine sleeps once the step's outputs are sampled (one that
+    declares sleeps_while_training: engines.vllm.sleep_while_training): the update that
+    follows on the same GPU gets the engine's memory, and the engine's next request (the new
+    weights) wakes it."""
 
     def __init__(self, engine: SleepingEngine) -> None:
         self.engine = engine

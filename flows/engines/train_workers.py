@@ -228,8 +228,8 @@ class RayWorkersUpdater:
             follower.receive_weights(self.model.state_dict())
 
     def _engines_reload_from_disk(self) -> bool:
-        vllm = self.engines.grpo_rollout == "vllm" and self.engines.vllm.weight_sync == "disk"
-        return vllm and self.sync_dir is not None
+        engine = self.engines.rollout_capabilities(self.engines.grpo_rollout)
+        return engine.reloads_updates and self.sync_dir is not None
 
     def _write_for_reload(self, follower: RolloutEngine) -> None:
         """Rank 0 writes the policy into a new directory that the engines reload (a new

@@ -52,7 +52,6 @@ from grpo_core.engines.cost import (
     adamw_training_state_bytes,
 )
 from grpo_core.engines.gold_rollout import GoldSolutionRollout
-from grpo_core.engines.registry import ROLLOUT_ENGINES
 from grpo_core.model.lora import ADAPTER_WEIGHTS, LoRAAdapters
 from grpo_core.model.policy import holds_weights, load_weights_into
 from reward_models.config import RMKind
@@ -181,7 +180,7 @@ def _training_data(
         engine = ctx.engines.engine(
             name, "grpo", checkpoint, model, tokenizer, batch, show_progress=False
         )
-        return engine, None if ROLLOUT_ENGINES[name].shares_model else engine
+        return engine, None if cfg.engines.rollout_capabilities(name).shares_model else engine
     if cfg.grpo.data_source == "gold":  # preflight checked every problem has a solution
         prompter = ctx.prompter(tokenizer)
         solutions = {prompter(p.question): prompter.gold_output(p.solution or "") for p in pool}

@@ -1,7 +1,9 @@
 """Rollout and train engines by name (`engines.rollout`, `engines.train`), each with what it
-needs installed, how it is built, and how it lives (a worker process kept for the run, or
-the trained model sampled in place). An engine's settings are `engines.<name>` when the
-config has that section (DeepSpeedConfig, VLLMSettings), else None.
+needs installed, how it is built, and, for a rollout engine, what it can do besides sampling
+(RolloutCapabilities: a worker process kept for the run or the trained model sampled in
+place, sampling inside GRPO, sleeping while it trains, Ray placement, prefix caching). An
+engine's settings are `engines.<name>` when the config has that section (DeepSpeedConfig,
+VLLMSettings), else None.
 
 Torch-free, so the config lists the names without importing torch: an engine's module is
 imported when the engine is built.
@@ -50,22 +52,50 @@ class RolloutRequest:
 
 
 @dataclass(frozen=True)
+class RolloutCapabilities:
+    """What the run does with a rollout engine besides sampling, as the engine declares it for
+    its settings (`RolloutEngineSpec.capabilities`); read from here, never from the settings.
+
+    keeps_process: it starts a process worth keeping (seconds to start): one per run, reused by
+    every stage through `load`, closed when the run ends. shares_model: it samples the model
+    object it is given, so the trainer's in-place update reaches it without
+    `receive_weights`. samples_in_grpo: the GRPO stage samples with it when it is
+    engines.rollout (else with IN_PROCESS_ENGINE on the stage's model).
+    sleeps_while_training: it frees its device memory (`sleep`) once a GRPO step's outputs
+    are sampled, while the update trains beside it. placed_on_ray: its workers start as Ray
+    actors, so the run joins cluster.ray_address before it starts. prefix_caching: it shares
+    KV entries between samples of a prefix (labelling always asks for it). reloads_updates:
+    with Ray training ranks, each updated policy reaches it as a checkpoint that rank 0
+    writes and it reloads (`load`), not as tensors.
+    """
+
+    keeps_process: bool = False
+    shares_model: bool = False
+    samples_in_grpo: bool = True
+    sleeps_while_training: bool = False
+    placed_on_ray: bool = False
+    prefix_caching: bool = True
+    reloads_updates: bool = False
+
+
+def _no_capabilities(settings: Any) -> RolloutCapabilities:
+    return RolloutCapabilities()
+
+
+@dataclass(frozen=True)
 class RolloutEngineSpec:
     """A registered rollout engine.
 
     build(request, settings): the engine. requires(settings): raises a SettingError naming
-    the fix when the engine cannot run here (checked before any stage). keeps_process: it
-    starts a process worth keeping (seconds to start): one per run, reused by every stage
-    through `load`, closed when the run ends. shares_model: it samples the model object it is
-    given, so the trainer's in-place update reaches it without `receive_weights`.
+    the fix when the engine cannot run here (checked before any stage). capabilities(settings):
+    what the run does with it besides sampling (RolloutCapabilities).
     """
 
     name: str
     description: str
     build: Callable[[RolloutRequest, Any], RolloutEngine]
     requires: Callable[[Any], None] = lambda settings: None
-    keeps_process: bool = False
-    shares_model: bool = False
+    capabilities: Callable[[Any], RolloutCapabilities] = _no_capabilities
 
 
 @dataclass(frozen=True)
@@ -81,6 +111,9 @@ class TrainEngineSpec:
 
 ROLLOUT_ENGINES: Registry[RolloutEngineSpec] = Registry("rollout engine")
 TRAIN_ENGINES: Registry[TrainEngineSpec] = Registry("train engine")
+
+# The engine a stage samples with on its own model when engines.rollout stays out of it.
+IN_PROCESS_ENGINE = "hf"
 
 
 # ---- hf --------------------------------------------------------------------------------------
@@ -104,14 +137,18 @@ def _build_hf(request: RolloutRequest, settings: None, *, decode: str = "lean") 
     )
 
 
+def _hf_capabilities(settings: None) -> RolloutCapabilities:
+    return RolloutCapabilities(shares_model=True)
+
+
 ROLLOUT_ENGINES.add(
-    "hf",
+    IN_PROCESS_ENGINE,
     RolloutEngineSpec(
-        "hf",
+        IN_PROCESS_ENGINE,
         "transformers in this process, on the stage's model (CPU or GPU), decoded by our own "
         "loop (a prompt prefilled once per group, a preallocated KV cache)",
         _build_hf,
-        shares_model=True,
+        capabilities=_hf_capabilities,
     ),
 )
 ROLLOUT_ENGINES.add(
@@ -121,7 +158,7 @@ ROLLOUT_ENGINES.add(
         "as hf, decoded by transformers' generate: for a model whose forward the hf loop "
         "cannot drive (same draws and log-probs, slower)",
         functools.partial(_build_hf, decode="generate"),
-        shares_model=True,
+        capabilities=_hf_capabilities,
     ),
 )
 
@@ -222,7 +259,7 @@ VLLM_PLACEMENTS.add("process", _vllm_processes)
 
 
 def _build_vllm(request: RolloutRequest, settings: VLLMSettings) -> RolloutEngine:
-    from grpo_core.engines.sharded_rollout import ShardedRolloutEngine
+    from grpo_core.engines.sharded_rollout import PromptShardedEngines
     from grpo_core.engines.vllm_rollout import VLLMRolloutEngine
 
     if settings.engines == 1 and settings.placement == "process":
@@ -230,12 +267,23 @@ def _build_vllm(request: RolloutRequest, settings: VLLMSettings) -> RolloutEngin
     options = [vllm_engine_options(request, settings, i) for i in range(settings.engines)]
     placed = VLLM_PLACEMENTS[settings.placement](options, settings)
     shared = settings.sync_timeout_s if settings.weight_sync == "memory" else None
-    return ShardedRolloutEngine(
+    return PromptShardedEngines(
         placed.members,
         placed.after_close,
         broadcast_timeout_s=shared,
         sync_host=placed.sync_host,
         sync_backend=engines_sync_backend(settings),
+    )
+
+
+def _vllm_capabilities(settings: VLLMSettings) -> RolloutCapabilities:
+    return RolloutCapabilities(
+        keeps_process=True,
+        samples_in_grpo=settings.in_grpo,
+        sleeps_while_training=settings.sleep_while_training,
+        placed_on_ray=settings.placement == "ray",
+        prefix_caching=settings.prefix_caching,
+        reloads_updates=settings.weight_sync == "disk",
     )
 
 
@@ -246,7 +294,7 @@ ROLLOUT_ENGINES.add(
         "a vLLM worker in its own environment (`make vllm-env`), kept for the whole run",
         _build_vllm,
         requires=_require_vllm,
-        keeps_process=True,
+        capabilities=_vllm_capabilities,
     ),
 )
 

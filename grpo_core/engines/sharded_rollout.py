@@ -1,7 +1,8 @@
-"""A rollout engine over several engines of one kind (engines.vllm.engines > 1): each sampling
-call's prompts are split into contiguous shards, one per engine, sampled at the same time,
-and the rows merged back in prompt order. Members seed each row by its prompt's place in the
-whole batch (`prompt_offset`), so the merged batch is the one a single engine samples.
+"""A rollout engine over several engines of one kind (engines.vllm.engines > 1),
+PromptShardedEngines: each sampling call's prompts are split into contiguous shards, one per
+engine, sampled at the same time, and the rows merged back in prompt order. Members seed each
+row by its prompt's place in the whole batch (`prompt_offset`), so the merged batch is the one
+a single engine samples.
 
 Updated weights reach the members by one broadcast over a group that holds this process and
 every member's worker (engines.vllm.weight_sync = memory), else member by member; or, from a
@@ -177,12 +178,13 @@ class BroadcastGroup:
         return together(self.members, send)
 
 
-def shard_bounds(n_prompts: int, n_shards: int) -> list[tuple[int, int]]:
-    """[start, end) of each non-empty contiguous shard of n_prompts over n_shards: sizes differ
-    by at most one, the longer shards first."""
-    if n_prompts < 0 or n_shards < 1:
-        raise ValueError(f"need n_prompts >= 0 and n_shards >= 1 (got {n_prompts}, {n_shards})")
-    size, longer = divmod(n_prompts, n_shards)
+def even_shards(n_items: int, n_shards: int) -> list[tuple[int, int]]:
+    """[start, end) of each non-empty contiguous shard of n_items over n_shards: sizes differ
+    by at most one, the longer shards first (a call's prompts over engines here; its batches
+    over Ray tasks in flows/engines/ray_shards.py)."""
+    if n_items < 0 or n_shards < 1:
+        raise ValueError(f"need n_items >= 0 and n_shards >= 1 (got {n_items}, {n_shards})")
+    size, longer = divmod(n_items, n_shards)
     bounds, start = [], 0
     for shard in range(n_shards):
         end = start + size + (1 if shard < longer else 0)
@@ -219,9 +221,11 @@ def on_all(members: Sequence[T], call: Callable[[T], R]) -> list[R]:
         return [future.result() for future in futures]
 
 
-class ShardedRolloutEngine:
-    """RolloutEngine over `members`: generate splits the prompts over them; load and
-    receive_weights go to every member; close closes them all."""
+class PromptShardedEngines:
+    """RolloutEngine over `members`, engines it holds for the run: generate splits each call's
+    prompts into one contiguous shard per member; load and receive_weights go to every
+    member; close closes them all. (Not flows' RayShardedRollout, which splits a call's rows
+    over Ray tasks that each load the checkpoint.)"""
 
     def __init__(
         self,
@@ -248,7 +252,7 @@ class ShardedRolloutEngine:
     def generate(
         self, prompts: list[str], n: int, params: SamplingParams, seed: int
     ) -> RolloutBatch:
-        bounds = shard_bounds(len(prompts), len(self.members))
+        bounds = even_shards(len(prompts), len(self.members))
 
         def sample(job: tuple[ShardMember, tuple[int, int]]) -> tuple[int, RolloutBatch]:
             member, (start, end) = job

@@ -263,7 +263,7 @@ class VLLMRolloutEngine:
         """This process's sync group with the worker, when the worker is in it."""
         return self._group.sender
 
-    # The steps of a broadcast that several engines share (ShardedRolloutEngine): each engine
+    # The steps of a broadcast that several engines share (PromptShardedEngines): each engine
     # is told to join or to receive, the trainer broadcasts once, then each engine's reply is
     # read (finish_sync).
 

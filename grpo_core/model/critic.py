@@ -1,9 +1,9 @@
 """PPO's value model (critic): a causal-LM backbone with one scalar head, read at every token.
 
-A transformers `AutoModelForTokenClassification` with `num_labels=1`, as the scalar-head
-reward models are (reward_models/models.py), so a critic starts from the policy's backbone
-under a new head or from a scalar-head ORM with its head. Saved in HF format (safetensors)
-with `critic.json` marking the directory as a critic.
+The scalar-head network of grpo_core/model/scalar_head.py, as the scalar_head reward models
+are, so a critic starts from the policy's backbone under a new head or from a scalar-head ORM
+with its head. Saved in HF format (safetensors) with `critic.json` marking the directory as a
+critic.
 """
 
 from __future__ import annotations
@@ -14,34 +14,14 @@ from typing import cast
 
 import torch
 from torch import Tensor, nn
-from transformers import (
-    AutoConfig,
-    AutoModelForTokenClassification,
-    PretrainedConfig,
-    PreTrainedModel,
-)
-from transformers.utils import logging as hf_logging
+from transformers import AutoModelForTokenClassification, PreTrainedModel
 
 from grpo_core.contracts.errors import MissingPathError
 from grpo_core.contracts.policy_batch import PolicyBatch
 from grpo_core.model.policy import DTYPES, reading_checkpoint
+from grpo_core.model.scalar_head import scalar_head_from_directory
 
 CRITIC_FILE = "critic.json"
-
-
-def _is_scalar_token_head(config: PretrainedConfig) -> bool:
-    """A token classifier with one label: its head already gives one scalar per token."""
-    archs = config.architectures or []
-    return config.num_labels == 1 and any(a.endswith("ForTokenClassification") for a in archs)
-
-
-def _value_head_config(config: PretrainedConfig) -> PretrainedConfig:
-    """Copy of a backbone config for one scalar per token, without dropout."""
-    out = config.__class__.from_dict(config.to_dict())
-    out.num_labels = 1
-    out.classifier_dropout = 0.0
-    out.architectures = None
-    return out
 
 
 class ValueModel(nn.Module):
@@ -77,30 +57,9 @@ class ValueModel(nn.Module):
     def from_backbone(cls, path: str | Path, dtype: str = "float32", seed: int = 0) -> ValueModel:
         """A critic from a model directory: a policy's backbone under a new scalar head drawn
         from `seed` (the global RNG untouched), or a scalar-head reward model with its head."""
-        path = Path(path)
-        if not (path / "config.json").is_file():
-            raise MissingPathError(f"critic backbone {path} is not a model directory")
-        with reading_checkpoint(path):
-            config = AutoConfig.from_pretrained(path, local_files_only=True)
-            keep_head = _is_scalar_token_head(config)
-            if not keep_head:
-                config = _value_head_config(config)
-            # the head is new by design: transformers' "newly initialized" report is noise
-            verbosity = hf_logging.get_verbosity()
-            hf_logging.set_verbosity_error()
-            try:
-                with torch.random.fork_rng(devices=[]):
-                    torch.manual_seed(seed)
-                    net = AutoModelForTokenClassification.from_pretrained(
-                        path,
-                        config=config,
-                        dtype=DTYPES[dtype],
-                        local_files_only=True,
-                        ignore_mismatched_sizes=not keep_head,
-                    )
-            finally:
-                hf_logging.set_verbosity(verbosity)
-        return cls(net)
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(seed)
+            return cls(scalar_head_from_directory(Path(path), dtype, "critic backbone"))
 
     def save(self, directory: str | Path, state_dict: dict[str, Tensor] | None = None) -> Path:
         """Weights (safetensors) and config into `directory`, marked as a critic; state_dict

@@ -15,11 +15,11 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 from flows.config_files import load_config
 from flows.engines import ray_shards
 from flows.engines.ray_shards import (
-    ShardedRolloutEngine,
+    RayShardedRollout,
     ShardJob,
     ShardRunner,
+    batch_aligned_shards,
     run_shards_in_process,
-    shard_bounds,
 )
 from flows.errors import ConfigError
 from flows.loop import execute_run
@@ -61,13 +61,13 @@ def policy() -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
     return model, tok
 
 
-def test_shard_bounds_are_whole_batches_covering_every_row_once() -> None:
-    assert shard_bounds(15, 4, 3) == [(0, 8), (8, 12), (12, 15)]
-    assert shard_bounds(24, 8, 2) == [(0, 16), (16, 24)]
-    assert shard_bounds(5, 8, 4) == [(0, 5)]  # one batch: one shard
-    assert shard_bounds(0, 8, 4) == []
+def test_batch_aligned_shards_are_whole_batches_covering_every_row_once() -> None:
+    assert batch_aligned_shards(15, 4, 3) == [(0, 8), (8, 12), (12, 15)]
+    assert batch_aligned_shards(24, 8, 2) == [(0, 16), (16, 24)]
+    assert batch_aligned_shards(5, 8, 4) == [(0, 5)]  # one batch: one shard
+    assert batch_aligned_shards(0, 8, 4) == []
     for total, batch, shards in [(100, 7, 3), (64, 8, 8), (9, 1, 4), (33, 4, 1000)]:
-        bounds = shard_bounds(total, batch, shards)
+        bounds = batch_aligned_shards(total, batch, shards)
         assert len(bounds) == min(shards, -(-total // batch))
         assert [a for a, _ in bounds[1:]] == [b for _, b in bounds[:-1]]
         assert bounds[0][0] == 0 and bounds[-1][1] == total
@@ -85,7 +85,7 @@ def test_row_slices_at_batch_boundaries_are_the_rows_of_the_whole_call(
     whole = engine.generate(prompts, 3, params, seed=11)
     parts = [
         engine.generate(prompts, 3, params, seed=11, rows=bounds)
-        for bounds in shard_bounds(len(whole), 4, 3)
+        for bounds in batch_aligned_shards(len(whole), 4, 3)
     ]
     assert [len(p) for p in parts] == [8, 4, 3]
     assert ray_shards.merge_batches(parts) == whole  # ids, texts and log-probs, bit for bit
@@ -93,7 +93,7 @@ def test_row_slices_at_batch_boundaries_are_the_rows_of_the_whole_call(
         engine.generate(prompts, 3, params, seed=11, rows=(4, 16))
 
 
-def test_sharded_engine_in_process_equals_the_hf_engine(
+def test_ray_sharded_rollout_in_process_equals_the_hf_engine(
     policy: tuple[PreTrainedModel, PreTrainedTokenizerBase], tmp_path: Path
 ) -> None:
     model, tok = policy
@@ -113,7 +113,7 @@ def test_sharded_engine_in_process_equals_the_hf_engine(
         expected = HFRolloutEngine(stage_model, tok, batch_size=4, show_progress=False).generate(
             prompts, 2, params, seed=5
         )
-        sharded = ShardedRolloutEngine(
+        sharded = RayShardedRollout(
             cfg.cluster, "cpu", "float32", 1, policy_dir, 4, runner, copy_weights=copy_weights
         )
         assert sharded.generate(prompts, 2, params, seed=5) == expected
@@ -125,7 +125,7 @@ def test_cluster_section_is_validated(
 ) -> None:
     cfg = micro_config(tmp_path, "c", "cluster.ray_address=''")
     assert cfg.cluster.ray_address is None  # a cleared Prefect form field means no Ray
-    unset = ray_shards.sharded_engine(
+    unset = ray_shards.ray_sharded_rollout(
         cfg.cluster, "cpu", "float32", 1, tmp_path, 0, policy[0], 8, "rollout"
     )
     assert unset is None

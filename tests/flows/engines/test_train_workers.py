@@ -31,7 +31,7 @@ from flows.engines.train_engines import build_policy_engine
 from flows.engines.train_workers import RankGroup, RayWorkersUpdater, ranks_live_for_run
 from grpo_core.contracts.errors import SettingError
 from grpo_core.contracts.policy_batch import PolicyBatch, build_policy_batch
-from grpo_core.engines.sharded_rollout import ShardedRolloutEngine
+from grpo_core.engines.sharded_rollout import PromptShardedEngines
 from grpo_core.engines.train import OPTIMIZER_STATE_FILE
 from grpo_core.model.config import PolicyConfig
 from grpo_core.model.policy import (
@@ -281,7 +281,7 @@ def test_rank_0_broadcasts_each_update_to_the_engines_without_the_stage_holding_
     model = load_policy(policy_dir)[0]
     start = {n: t.clone() for n, t in model.state_dict().items()}
     members = [GlooReceiver(), GlooReceiver()]
-    engines = ShardedRolloutEngine(members, broadcast_timeout_s=60)
+    engines = PromptShardedEngines(members, broadcast_timeout_s=60)
     updater = build_policy_updater(
         engines_section("torch"), grpo, 1, model, None, policy_dir, tmp_path / "jobs", "float32"
     )

@@ -14,7 +14,7 @@ import pytest
 from grpo_core.contracts.rollout import SamplingParams
 from grpo_core.engines.config import VLLMSettings
 from grpo_core.engines.registry import VLLM_PLACEMENTS
-from grpo_core.engines.sharded_rollout import ShardedRolloutEngine
+from grpo_core.engines.sharded_rollout import PromptShardedEngines
 from grpo_core.engines.vllm_env import find_vllm_python
 from grpo_core.engines.vllm_rollout import VLLMRolloutEngine
 from grpo_core.model.policy import load_policy
@@ -52,7 +52,7 @@ def test_two_engines_on_ray_actors_sample_what_one_samples(tmp_path: Path) -> No
     placed = VLLM_PLACEMENTS["ray"]([options, options], settings)
     members = placed.members
     assert placed.sync_host == "127.0.0.1"  # a local Ray: the broadcast meets on loopback
-    group = ShardedRolloutEngine(members, placed.after_close, broadcast_timeout_s=60)
+    group = PromptShardedEngines(members, placed.after_close, broadcast_timeout_s=60)
     try:
         actors = [m.actor for m in members]
         pids = ray.get([actor.pid.remote() for actor in actors])
@@ -179,7 +179,7 @@ def test_engines_and_ranks_on_two_simulated_nodes_store_the_one_node_rows(
         raise AssertionError("a stage sampled with Ray shards, not with the vLLM engines")
 
     monkeypatch.setitem(VLLM_PLACEMENTS._entries, "ray", placed_and_seen)
-    monkeypatch.setattr(ray_shards, "sharded_engine", no_ray_shards)
+    monkeypatch.setattr(ray_shards, "ray_sharded_rollout", no_ray_shards)
     on_ray = ("engines.vllm.placement=ray", "engines.vllm.num_cpus_per_engine=1")
     ranks = (*RANKS, "engines.workers.num_cpus_per_rank=0")
     with two_nodes(monkeypatch) as cluster, caplog.at_level("INFO"):

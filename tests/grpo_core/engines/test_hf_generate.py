@@ -66,7 +66,7 @@ def test_registry_builds_the_generate_engine_by_name(
     model, tok = policy
     request = RolloutRequest(tmp_path, tok, model=model, batch_size=2, show_progress=False)
     spec = ROLLOUT_ENGINES["hf_generate"]
-    assert spec.shares_model
+    assert spec.capabilities(None).shares_model
     assert type(spec.build(request, None)) is HFGenerateEngine
     assert type(ROLLOUT_ENGINES["hf"].build(request, None)) is HFRolloutEngine
 

@@ -16,11 +16,11 @@ from torch import Tensor
 
 from grpo_core.contracts.rollout import RolloutBatch, SamplingParams
 from grpo_core.engines.sharded_rollout import (
-    ShardedRolloutEngine,
+    PromptShardedEngines,
     TakesBroadcast,
+    even_shards,
     group_ranks,
     merge_shards,
-    shard_bounds,
 )
 from grpo_core.engines.weight_sync import WeightSender, manifest, unique_tensors
 from tests.rollout_members import GlooReceiver, PlaceSeededEngine
@@ -28,17 +28,17 @@ from tests.rollout_members import GlooReceiver, PlaceSeededEngine
 PARAMS = SamplingParams(max_new_tokens=4, temperature=1.0)
 
 
-def test_shard_bounds_by_hand() -> None:
-    assert shard_bounds(10, 3) == [(0, 4), (4, 7), (7, 10)]
-    assert shard_bounds(2, 4) == [(0, 1), (1, 2)]  # fewer prompts than engines: no empty shard
-    assert shard_bounds(0, 2) == []
+def test_even_shards_by_hand() -> None:
+    assert even_shards(10, 3) == [(0, 4), (4, 7), (7, 10)]
+    assert even_shards(2, 4) == [(0, 1), (1, 2)]  # fewer prompts than engines: no empty shard
+    assert even_shards(0, 2) == []
     with pytest.raises(ValueError, match="n_shards >= 1"):
-        shard_bounds(3, 0)
+        even_shards(3, 0)
 
 
 @given(st.integers(0, 500), st.integers(1, 40))
 def test_shards_cover_the_prompts_in_order_and_differ_by_at_most_one(n: int, k: int) -> None:
-    bounds = shard_bounds(n, k)
+    bounds = even_shards(n, k)
     assert [i for start, end in bounds for i in range(start, end)] == list(range(n))
     sizes = [end - start for start, end in bounds]
     assert len(bounds) == min(n, k) and (not sizes or max(sizes) - min(sizes) <= 1)
@@ -48,10 +48,10 @@ def test_shards_cover_the_prompts_in_order_and_differ_by_at_most_one(n: int, k: 
 def test_a_group_samples_what_one_engine_samples(prompts: list[str], engines: int) -> None:
     one = PlaceSeededEngine().generate(prompts, 3, PARAMS, seed=7)
     members = [PlaceSeededEngine() for _ in range(engines)]
-    assert ShardedRolloutEngine(members).generate(prompts, 3, PARAMS, seed=7) == one
+    assert PromptShardedEngines(members).generate(prompts, 3, PARAMS, seed=7) == one
     busy = [m.calls for m in members if m.calls]
     assert [call for calls in busy for call in calls] == [
-        (start, end - start) for start, end in shard_bounds(len(prompts), engines)
+        (start, end - start) for start, end in even_shards(len(prompts), engines)
     ]
 
 
@@ -67,7 +67,7 @@ def test_merge_moves_each_part_by_its_offset() -> None:
 def test_load_weights_and_close_reach_every_member() -> None:
     members = [PlaceSeededEngine(), PlaceSeededEngine(fail_close=True), PlaceSeededEngine()]
     stopped: list[bool] = []
-    group = ShardedRolloutEngine(members, after_close=lambda: stopped.append(True))
+    group = PromptShardedEngines(members, after_close=lambda: stopped.append(True))
     group.load(Path("policy_1"))
     weights = {"w": Tensor([1.0])}
     group.receive_weights(weights)
@@ -76,7 +76,7 @@ def test_load_weights_and_close_reach_every_member() -> None:
         group.close()
     assert all(m.closed for m in members) and stopped == [True]
     with pytest.raises(ValueError, match="at least one member"):
-        ShardedRolloutEngine([])
+        PromptShardedEngines([])
 
 
 def test_a_ray_engine_reserves_the_gpus_of_its_tensor_parallel_size() -> None:
@@ -100,7 +100,7 @@ def test_a_ray_engine_reserves_the_gpus_of_its_tensor_parallel_size() -> None:
 
 def test_one_broadcast_reaches_every_member_over_one_group() -> None:
     members = [GlooReceiver() for _ in range(3)]
-    group = ShardedRolloutEngine(members, broadcast_timeout_s=30)
+    group = PromptShardedEngines(members, broadcast_timeout_s=30)
     tied = torch.arange(6.0).reshape(2, 3)
     for step in range(2):  # the group is set up once, then reused
         weights = {"embed": tied + step, "lm_head": tied + step, "norm": torch.ones(3) * step}
@@ -140,7 +140,7 @@ class LocalSource:
 
 def test_a_weight_source_broadcasts_to_every_member_joining_each_source_once() -> None:
     members = [GlooReceiver() for _ in range(2)]
-    group = ShardedRolloutEngine(members, broadcast_timeout_s=30)
+    group = PromptShardedEngines(members, broadcast_timeout_s=30)
     assert isinstance(group, TakesBroadcast)
     rank_a = LocalSource({"w": torch.full((2, 2), 1.0), "b": torch.arange(3.0)})
     rank_b = LocalSource({"w": torch.full((2, 2), 2.0), "b": torch.arange(3.0) * 2})
@@ -153,7 +153,7 @@ def test_a_weight_source_broadcasts_to_every_member_joining_each_source_once() -
         got = [float(r["w"][0, 0]) for r in member.received]
         assert got == [1.0, 1.0, 2.0, 3.0, 2.0]
         assert torch.equal(member.received[2]["b"], torch.arange(3.0) * 2)
-    assert not ShardedRolloutEngine(members).receive_broadcast(rank_a)  # members sync alone
+    assert not PromptShardedEngines(members).receive_broadcast(rank_a)  # members sync alone
 
 
 def test_members_take_consecutive_ranks_one_per_tensor_parallel_rank() -> None:

@@ -17,7 +17,7 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 from grpo_core.contracts.errors import SettingError
 from grpo_core.contracts.rollout import RolloutBatch, Sampler, SamplingParams
 from grpo_core.engines.hf_rollout import HFRolloutEngine
-from grpo_core.engines.sharded_rollout import ShardedRolloutEngine, on_all
+from grpo_core.engines.sharded_rollout import PromptShardedEngines, on_all
 from grpo_core.engines.vllm_env import find_vllm_python
 from grpo_core.engines.vllm_rollout import WORKER_SCRIPT, VLLMRolloutEngine
 from grpo_core.model.config import PolicyConfig
@@ -239,7 +239,7 @@ def test_in_memory_sync_of_cuda_tensors_equals_a_fresh_load(
 
 
 @pytest.fixture(scope="module")
-def two_engines(checkpoints: tuple[Path, Path]) -> Iterator[ShardedRolloutEngine]:
+def two_engines(checkpoints: tuple[Path, Path]) -> Iterator[PromptShardedEngines]:
     """engines.vllm.engines = 2 with placement = process: two workers, started at once, that
     take each policy by one broadcast over a group of this process and both workers."""
     members = on_all(
@@ -248,7 +248,7 @@ def two_engines(checkpoints: tuple[Path, Path]) -> Iterator[ShardedRolloutEngine
             checkpoints[0], dtype="float32", llm_kwargs=LLM_KWARGS, env=WORKER_ENV
         ),
     )
-    group = ShardedRolloutEngine(members, broadcast_timeout_s=60)
+    group = PromptShardedEngines(members, broadcast_timeout_s=60)
     yield group
     group.close()
 
@@ -262,7 +262,7 @@ def assert_same_rows(got: RolloutBatch, want: RolloutBatch) -> None:
 
 
 def test_two_engines_sample_what_one_engine_samples(
-    engine: VLLMRolloutEngine, two_engines: ShardedRolloutEngine
+    engine: VLLMRolloutEngine, two_engines: PromptShardedEngines
 ) -> None:
     tok = engine.tokenizer
     workers = {member._process.pid for member in two_engines.members}  # type: ignore[attr-defined]
@@ -273,7 +273,7 @@ def test_two_engines_sample_what_one_engine_samples(
 
 
 def test_two_engines_take_each_updated_policy(
-    two_engines: ShardedRolloutEngine, checkpoints: tuple[Path, Path]
+    two_engines: PromptShardedEngines, checkpoints: tuple[Path, Path]
 ) -> None:
     model_b = load_policy(checkpoints[1])[0]
     try:

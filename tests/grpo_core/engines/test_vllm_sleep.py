@@ -15,7 +15,7 @@ from flows.errors import ConfigError
 from grpo_core.contracts.rollout import SamplingParams
 from grpo_core.engines import vllm_rollout
 from grpo_core.engines.registry import vllm_engine_options
-from grpo_core.engines.sharded_rollout import ShardedRolloutEngine
+from grpo_core.engines.sharded_rollout import PromptShardedEngines
 from grpo_core.model.policy import build_char_tokenizer
 from tests.flow_helpers import micro_config
 from tests.flows.engines.test_train_workers import saved_policy
@@ -59,7 +59,7 @@ def test_a_sleeping_worker_is_woken_by_its_next_request_only(
 
 def test_a_group_sleeps_every_member() -> None:
     members = [PlaceSeededEngine(), PlaceSeededEngine()]
-    ShardedRolloutEngine(members).sleep()
+    PromptShardedEngines(members).sleep()
     assert all(member.slept == 1 for member in members)
 
 
