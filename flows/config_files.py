@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import os
 from pathlib import Path
 from typing import Any
 
@@ -55,11 +56,13 @@ def preset_names() -> list[str]:
 
 
 def preset_path(name: str) -> Path:
-    """configs/<name>.yaml, or an error listing the presets."""
+    """configs/<name>.yaml, or an error listing the presets (for a name that is not a path)."""
     path = CONFIG_DIR / f"{name}.yaml"
-    if not path.is_file():
-        raise ConfigError(f"unknown preset {name!r}; presets: {', '.join(preset_names())}")
-    return path
+    if path.is_file():
+        return path
+    if Path(name).suffix in (".yaml", ".yml") or "/" in name or os.sep in name:
+        raise ConfigError(f"config file not found: {name}; give an existing YAML file or a preset")
+    raise ConfigError(f"unknown preset {name!r}; presets: {', '.join(preset_names())}")
 
 
 def _read_layers(path: str | Path, seen: tuple[Path, ...] = ()) -> list[dict[str, Any]]:

@@ -151,6 +151,8 @@ def test_malformed_input_is_a_config_error(tmp_path: Path) -> None:
         parse_override("grpo.steps")
     with pytest.raises(ConfigError, match="unknown preset 'nope'"):
         load_config("nope")
+    with pytest.raises(ConfigError, match=r"config file not found: .*missing\.yaml"):
+        load_config(tmp_path / "missing.yaml")
     bad = tmp_path / "bad.yaml"
     bad.write_text("- a list\n")
     with pytest.raises(ConfigError, match="mapping of sections"):
