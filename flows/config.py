@@ -146,7 +146,7 @@ class GRPOStageSection(_Section):
     @field_validator("preset")
     @classmethod
     def _registered_preset(cls, name: str | None) -> str | None:
-        return name if name is None else GRPO_PRESETS.check(name)
+        return GRPO_PRESETS.check(name) if name else None  # the form sends "" when cleared
 
     @model_validator(mode="before")
     @classmethod

@@ -91,6 +91,7 @@ def test_an_unknown_preset_is_one_line_listing_the_choices() -> None:
     assert "unknown GRPO preset 'a2c'" in line
     for name in GRPO_PRESETS:
         assert f"'{name}'" in line
+    assert load_config("micro", ["grpo.preset=''"]).grpo.preset is None  # a cleared form field
 
 
 def test_a_section_given_as_a_model_counts_the_fields_set_on_it() -> None:
