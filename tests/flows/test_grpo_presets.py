@@ -4,6 +4,7 @@ its value (even the default), from `--set`, YAML, a `base:` chain and the Prefec
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -16,6 +17,7 @@ from flows.config_files import (
     validate_config,
 )
 from flows.grpo_presets import GRPO_PRESETS
+from flows.prefect_flow import iterative_rl
 from grpo_core.algo.config import GRPOConfig
 
 DAPO_WITHOUT_DYNAMIC_SAMPLING = ["grpo.preset=dapo", "grpo.algo.dynamic_sampling=false"]
@@ -130,25 +132,28 @@ def test_a_stored_preset_run_resumes_as_it_started() -> None:
     assert stored_config_as_current(stored, current) == stored
 
 
-def _served() -> dict[str, object]:
+def _served() -> dict[str, Any]:
     return load_config("micro").model_dump(mode="json")
+
+
+def _as_prefect_validates(config: dict[str, Any]) -> ItergrpoConfig:
+    given: ItergrpoConfig = iterative_rl.validate_parameters({"config": config})["config"]
+    return given
 
 
 def test_a_preset_chosen_in_the_form_fills_the_fields_left_as_shown() -> None:
     """The Prefect form sends every field, filled in with the served config: the fields
     changed there are the ones set, so a preset chosen there sets the others it names."""
     form = _served()
-    form["grpo"]["preset"] = "dapo"  # type: ignore[index]
-    cfg = parameters_merged(_served(), validate_config(form))
+    form["grpo"]["preset"] = "dapo"
+    cfg = parameters_merged(_served(), _as_prefect_validates(form))
     assert (cfg.grpo.algo.dynamic_sampling, cfg.grpo.algo.eps_high) == (True, 0.28)
-    form["grpo"]["algo"]["eps_high"] = 0.25  # type: ignore[index]
-    assert parameters_merged(_served(), validate_config(form)).grpo.algo.eps_high == 0.25
+    form["grpo"]["algo"]["eps_high"] = 0.25
+    assert parameters_merged(_served(), _as_prefect_validates(form)).grpo.algo.eps_high == 0.25
 
 
 def test_partial_parameters_with_a_preset_keep_a_field_set_to_its_default() -> None:
-    given = ItergrpoConfig.model_validate(
-        {"grpo": {"preset": "dapo", "algo": {"dynamic_sampling": False}}}
-    )
+    given = _as_prefect_validates({"grpo": {"preset": "dapo", "algo": {"dynamic_sampling": False}}})
     cfg = parameters_merged(_served(), given)
     _dapo_kept_but_dynamic_sampling(cfg)
     assert cfg == load_config("micro", DAPO_WITHOUT_DYNAMIC_SAMPLING)
