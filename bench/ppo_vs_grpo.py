@@ -33,6 +33,7 @@ import torch
 from bench_models import save_bench_policy
 from torch import Tensor, nn
 
+from flows.config import GRPOStageSection
 from grpo_core.algo.config import GRPOConfig
 from grpo_core.algo.critic_update import CriticLearner, critic_optimizer_settings
 from grpo_core.algo.estimators import VERIFIER
@@ -47,7 +48,7 @@ from grpo_core.model.critic import ValueModel
 from grpo_core.model.policy import load_policy
 
 MARK = "BENCH_JSON "
-ARMS = {"grpo": "paper", "ppo": "ppo"}  # arm -> grpo.algo preset
+ARMS = {"grpo": "paper", "ppo": "ppo"}  # arm -> grpo.preset
 
 
 class Update:
@@ -98,12 +99,16 @@ def run_arm(arm: str, cfg: common.BenchConfig, model_dir: Path, device: str, ste
     model, tokenizer = load_policy(model_dir)
     model.to(device)
     reference = load_policy(model_dir)[0].eval().requires_grad_(False).to(device)
-    algo = GRPOConfig.from_preset(
-        ARMS[arm],
-        lr=common.LR,
-        micro_batch_size=common.PROMPTS_PER_STEP * common.GROUP_SIZE,
-        temperature=common.TEMPERATURE,
-    )
+    algo = GRPOStageSection.model_validate(
+        {
+            "preset": ARMS[arm],
+            "algo": {
+                "lr": common.LR,
+                "micro_batch_size": common.PROMPTS_PER_STEP * common.GROUP_SIZE,
+                "temperature": common.TEMPERATURE,
+            },
+        }
+    ).algo
     engine = TorchEngine(model, algo.optimizer_settings())
     critic = None
     if algo.estimator.needs_values:

@@ -22,7 +22,7 @@ from pydantic import (
 )
 
 from flows.cluster_config import ClusterSection
-from flows.grpo_presets import GRPO_STAGE_PRESETS, apply_preset
+from flows.grpo_presets import GRPO_PRESETS, apply_preset
 from flows.guards import GuardsConfig
 from flows.tracking.config import TrackingSection
 from grpo_core.algo.config import GRPOConfig
@@ -109,13 +109,12 @@ class GRPOStageSection(_Section):
 
     preset: str | None = Field(
         None,
-        description="Named settings (flows/grpo_presets.py), filling the fields they name that "
-        "are still at their defaults: 'sft' (gold solutions, coefficient 1), 'rft' (correct "
-        "samples of policy_0), 'online_rft' (correct samples of the current policy), "
-        "'grpo_os' / 'grpo_ps' (GRPO with outcome / PRM step rewards), or the update variants "
-        "'paper', 'dr_grpo', 'dapo', or 'ppo' (PPO with a critic and GAE). Empty: the "
-        "fields as given.",
-        json_schema_extra={"enum": [*GRPO_STAGE_PRESETS, None]},
+        description="Named settings (flows/grpo_presets.py, docs/presets.md): a preset sets "
+        "the fields it names over what was set before it (a base file, the --config file of a "
+        "--set preset), except the fields set beside it or after it, even to the default: "
+        + "; ".join(f"'{name}' ({preset.summary})" for name, preset in GRPO_PRESETS.items())
+        + ". Empty: the fields as given.",
+        json_schema_extra=lambda schema: schema.update(enum=[*GRPO_PRESETS, None]),
     )
     data_source: DataSource = Field(
         "online",
@@ -152,21 +151,14 @@ class GRPOStageSection(_Section):
 
     @field_validator("preset")
     @classmethod
-    def _known_preset(cls, name: str | None) -> str | None:
-        if name is not None and name not in GRPO_STAGE_PRESETS:
-            raise ValueError(f"unknown preset {name!r}: choose one of {list(GRPO_STAGE_PRESETS)}")
-        return name
+    def _registered_preset(cls, name: str | None) -> str | None:
+        return GRPO_PRESETS.check(name) if name else None  # the form sends "" when cleared
 
     @model_validator(mode="before")
     @classmethod
     def _apply_preset(cls, data: Any) -> Any:
-        if not isinstance(data, dict) or not data.get("preset"):
-            return data
-        name = data["preset"]
-        if name not in GRPO_STAGE_PRESETS:
-            return data  # the field's own check names the choices
-        defaults = GRPOStageSection().model_dump(mode="json")
-        return apply_preset(data, GRPO_STAGE_PRESETS[name], defaults)
+        """The preset fills the fields the raw input does not set (flows/grpo_presets.py)."""
+        return apply_preset(data) if isinstance(data, dict) else data
 
     @model_validator(mode="after")
     def _source_fits_estimator(self) -> GRPOStageSection:
@@ -174,7 +166,9 @@ class GRPOStageSection(_Section):
         source, spec = self.data_source, self.algo.estimator
         if source not in spec.data_sources:
             fitting = [n for n, s in ADVANTAGE_ESTIMATORS.items() if source in s.data_sources]
-            presets = [n for n, p in GRPO_STAGE_PRESETS.items() if p.get("data_source") == source]
+            presets = [
+                n for n, p in GRPO_PRESETS.items() if p.settings.get("data_source") == source
+            ]
             why = (
                 " (gold data gives every output of a group the same correct solution: a "
                 "group-relative estimator has nothing to compare)"

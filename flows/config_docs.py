@@ -20,7 +20,9 @@ Every field of a run's config, by section: its type, its default and what it doe
 in a YAML file (`itergrpo run --config my.yaml`; presets in `configs/`) or one at a time
 (`--set grpo.steps=20`); a Prefect deployment's form has the same fields. Fields of a
 component (`task`, `policy`, `reward_models`, ...) are defined next to the code that uses
-them.
+them. A YAML preset in `configs/` (`--config NAME`, with `base:`) is a whole run: task,
+model, budgets and every stage. `grpo.preset` names how the GRPO stage trains and sets only
+the `grpo` fields you did not set ([presets.md](presets.md#how-a-preset-applies)).
 
 This page is generated from the code (`python -m flows.config_docs > docs/configuration.md`);
 `tests/flows/test_config_docs.py` fails when it is out of date.

@@ -5,6 +5,8 @@ brought to this version's form for the resume comparison."""
 from __future__ import annotations
 
 import contextlib
+import copy
+import os
 from pathlib import Path
 from typing import Any
 
@@ -13,7 +15,8 @@ from pydantic import ValidationError
 
 from flows.config import ItergrpoConfig
 from flows.errors import ConfigError
-from grpo_core.algo.config import merge_trees, migrate_replaced_fields
+from flows.grpo_presets import layers_merged
+from grpo_core.algo.config import migrate_replaced_fields
 from reward_models.config import migrate_replaced_fields as migrate_replaced_rm_fields
 
 CONFIG_DIR = Path(__file__).resolve().parent.parent / "configs"
@@ -53,16 +56,18 @@ def preset_names() -> list[str]:
 
 
 def preset_path(name: str) -> Path:
-    """configs/<name>.yaml, or an error listing the presets."""
+    """configs/<name>.yaml, or an error listing the presets (for a name that is not a path)."""
     path = CONFIG_DIR / f"{name}.yaml"
-    if not path.is_file():
-        raise ConfigError(f"unknown preset {name!r}; presets: {', '.join(preset_names())}")
-    return path
+    if path.is_file():
+        return path
+    if Path(name).suffix in (".yaml", ".yml") or "/" in name or os.sep in name:
+        raise ConfigError(f"config file not found: {name}; give an existing YAML file or a preset")
+    raise ConfigError(f"unknown preset {name!r}; presets: {', '.join(preset_names())}")
 
 
-def _read_tree(path: str | Path, seen: tuple[Path, ...] = ()) -> dict[str, Any]:
-    """A YAML config (file or preset name) as a tree; `base: NAME` first loads that preset
-    and applies this file's sections on top, so a variant states only what differs."""
+def _read_layers(path: str | Path, seen: tuple[Path, ...] = ()) -> list[dict[str, Any]]:
+    """A YAML config (file or preset name) as its layers: with `base: NAME`, that preset's
+    layers first, then this file's sections, so a variant states only what differs."""
     file = Path(path)
     if not file.is_file():
         file = preset_path(str(path))
@@ -79,10 +84,10 @@ def _read_tree(path: str | Path, seen: tuple[Path, ...] = ()) -> dict[str, Any]:
         raise ConfigError(f"{file}: top level must be a mapping of sections")
     base = loaded.pop("base", None)
     if base is None:
-        return loaded
+        return [loaded]
     if not isinstance(base, str):
         raise ConfigError(f"{file}: base must be a preset name or YAML path (got {base!r})")
-    return merge_trees(_read_tree(base, (*seen, file.resolve())), loaded)
+    return [*_read_layers(base, (*seen, file.resolve())), loaded]
 
 
 def load_config(
@@ -93,12 +98,46 @@ def load_config(
 ) -> ItergrpoConfig:
     """Read YAML (a path or a preset name, with its `base` preset), apply `a.b=value`
     overrides, validate. migrate: the overrides are stored ones of an earlier run (an
-    ablation's suite), so fields renamed since are mapped to their new names first."""
-    tree = _read_tree(path) if path is not None else {}
+    ablation's suite), so fields renamed since are mapped to their new names first.
+    A `grpo.preset` sets its fields over the layers before the one naming it
+    (flows/grpo_presets.py)."""
+    layers = _read_layers(path) if path is not None else []
+    files = copy.deepcopy(layers_merged(layers))  # where set_path refuses a key below a value
+    sets: dict[str, Any] = {}
     for item in overrides:
         key, value = parse_override(item)
-        set_path(tree, key, value)
-    return validate_config(renamed_fields_mapped(tree) if migrate else tree)
+        set_path(files, key, value)
+        set_path(sets, key, value)
+    layers = [*layers, sets]
+    if migrate:
+        layers = [renamed_fields_mapped(layer) for layer in layers]
+    return validate_config(layers_merged(layers))
+
+
+def parameters_merged(served: dict[str, Any], given: ItergrpoConfig) -> ItergrpoConfig:
+    """A run's parameters (`given`, as Prefect validated them) on top of the config it was
+    served with (`served`, the whole tree the form shows): the fields they set, as `--set`
+    would. The UI form sends every section, filled in with `served`: there the fields set
+    are the ones changed in the form, so a preset chosen there sets the fields it names
+    that were left as shown."""
+    sent = given.model_dump(mode="json", exclude_unset=True)
+    if given.model_fields_set == set(ItergrpoConfig.model_fields):  # the form
+        sent = _changed(served, sent)
+    return validate_config(layers_merged([served, sent]))
+
+
+def _changed(shown: dict[str, Any], sent: dict[str, Any]) -> dict[str, Any]:
+    """The fields of `sent` whose values differ from `shown`'s."""
+    out: dict[str, Any] = {}
+    for key, value in sent.items():
+        was = shown.get(key)
+        if isinstance(value, dict) and isinstance(was, dict):
+            inner = _changed(was, value)
+            if inner:
+                out[key] = inner
+        elif key not in shown or value != was:
+            out[key] = value
+    return out
 
 
 def validate_config(tree: dict[str, Any]) -> ItergrpoConfig:

@@ -29,7 +29,7 @@ from prefect.logging.handlers import APILogHandler
 from prefect.states import Cancelled, State
 
 from flows.config import ItergrpoConfig
-from flows.config_files import validate_config
+from flows.config_files import parameters_merged
 from flows.context import RunContext
 from flows.deployment_messages import (
     is_deployment_run,
@@ -44,7 +44,6 @@ from flows.progress import PACKAGE_LOGGERS, log
 from flows.report import iteration_table, report_with_inline_plots
 from flows.stages import StageFn, StageResult
 from flows.tracking.record import mlflow_run
-from grpo_core.algo.config import merge_trees
 from storage.store import RunStore
 
 os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
@@ -144,12 +143,10 @@ def served_config(given: ItergrpoConfig, served: str | None) -> ItergrpoConfig:
     with (`served`, JSON; None outside a served deployment). Prefect replaces a parameter
     whole, so without this `--params '{"config": {"run": {"iterations": 1}}}'` ran the class
     defaults (another store, another task size) instead of the served preset with one
-    iteration. The UI form sends every field, so it is taken as it is."""
+    iteration. What a form submission sets: flows/config_files.py parameters_merged."""
     if not served:
         return given
-    return validate_config(
-        merge_trees(json.loads(served), given.model_dump(mode="json", exclude_unset=True))
-    )
+    return parameters_merged(json.loads(served), given)
 
 
 @contextlib.contextmanager

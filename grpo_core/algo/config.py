@@ -1,4 +1,5 @@
-"""GRPO update settings (pydantic, shown as a Prefect form) and the named presets."""
+"""GRPO update settings (pydantic, shown as a Prefect form); the named presets that set
+several of them at once are flows/grpo_presets.py's."""
 
 from __future__ import annotations
 
@@ -230,42 +231,6 @@ class GRPOConfig(BaseModel):
     def process_supervision(self) -> bool:
         """Rewards per reasoning step (a PRM scores each step), not one per output."""
         return self.estimator.needs_step_rewards
-
-    @classmethod
-    def from_preset(cls, name: str, **overrides: Any) -> GRPOConfig:
-        """A config from a named preset of GRPO_PRESETS, with field overrides."""
-        if name not in GRPO_PRESETS:
-            raise ValueError(f"unknown GRPO preset {name!r}: choose one of {sorted(GRPO_PRESETS)}")
-        return cls(**{**GRPO_PRESETS[name], **overrides})
-
-
-GRPO_PRESETS: dict[str, dict[str, Any]] = {
-    # DeepSeekMath section 4: beta 0.04, clip 0.2, per-sequence length norm, z-scored groups.
-    "paper": {
-        "beta": 0.04,
-        "eps_low": 0.2,
-        "eps_high": 0.2,
-        "loss_agg": "seq-mean-token-mean",
-        "adv_estimator": "grpo_outcome",
-        "mu": 1,
-        "lr": 1e-6,
-    },
-    # Dr. GRPO (Liu et al. 2025): no std division, constant length normaliser.
-    "dr_grpo": {"adv_estimator": "dr_grpo", "loss_agg": "seq-mean-token-sum-norm"},
-    # DAPO (Yu et al. 2025): clip-higher, token-level mean, no KL term, dynamic sampling and
-    # truncated outputs left out of the loss (its overlong reward is the `overlong` reward
-    # part: flows/grpo_presets.py sets its weight).
-    "dapo": {
-        "eps_high": 0.28,
-        "loss_agg": "token-mean",
-        "beta": 0.0,
-        "dynamic_sampling": True,
-        "mask_truncated": True,
-    },
-    # PPO with a critic (the seeds' baseline): GAE advantages, the KL penalty in the reward
-    # (grpo.algo.ppo.kl_coef) instead of the loss, token-level loss as verl and OpenRLHF.
-    "ppo": {"adv_estimator": "ppo", "beta": 0.0, "loss_agg": "token-mean"},
-}
 
 
 def merge_trees(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:

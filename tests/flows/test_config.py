@@ -14,6 +14,7 @@ from flows.config_files import (
     ConfigError,
     config_to_yaml,
     load_config,
+    parameters_merged,
     parse_override,
     stored_config_as_current,
     stored_config_migrated,
@@ -150,6 +151,8 @@ def test_malformed_input_is_a_config_error(tmp_path: Path) -> None:
         parse_override("grpo.steps")
     with pytest.raises(ConfigError, match="unknown preset 'nope'"):
         load_config("nope")
+    with pytest.raises(ConfigError, match=r"config file not found: .*missing\.yaml"):
+        load_config(tmp_path / "missing.yaml")
     bad = tmp_path / "bad.yaml"
     bad.write_text("- a list\n")
     with pytest.raises(ConfigError, match="mapping of sections"):
@@ -248,6 +251,7 @@ def test_presets_set_the_unified_paradigm_from_set_yaml_and_the_form(
 ) -> None:
     yaml_file = tmp_path / "c.yaml"
     yaml_file.write_text(f"base: micro\ngrpo:\n  preset: {preset}\n")
+    served = load_config("micro").model_dump(mode="json")
     form = load_config("micro").model_dump(mode="json")  # the UI form sends every field
     form["grpo"]["preset"] = preset
     for cfg in (load_config("micro", [f"grpo.preset={preset}"]), load_config(yaml_file)):
@@ -258,7 +262,7 @@ def test_presets_set_the_unified_paradigm_from_set_yaml_and_the_form(
             estimator,
             beta,
         )
-    assert validate_config(form).grpo.data_source == source
+    assert parameters_merged(served, validate_config(form)).grpo.data_source == source
 
 
 @pytest.mark.parametrize(

@@ -23,8 +23,16 @@ SCORES = torch.tensor([1.0, 0.0, 0.0, 1.0])
 
 
 def algo(**ppo: object) -> GRPOConfig:
-    return GRPOConfig.from_preset(
-        "ppo", micro_batch_size=2, mu=2, mini_batches_per_epoch=2, ppo={"critic_lr": 1e-2, **ppo}
+    return GRPOConfig.model_validate(
+        {  # the ppo preset's update (flows/grpo_presets.py)
+            "adv_estimator": "ppo",
+            "beta": 0.0,
+            "loss_agg": "token-mean",
+            "micro_batch_size": 2,
+            "mu": 2,
+            "mini_batches_per_epoch": 2,
+            "ppo": {"critic_lr": 1e-2, **ppo},
+        }
     )
 
 
