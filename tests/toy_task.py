@@ -39,9 +39,8 @@ class PlusOneTask:
             question = f"What is {k}+1?"
             if split_of(question, self.test_fraction) == split:
                 solution = f"{k}+1={k + 1}\n#### {k + 1}"
-                out.append(
-                    Problem(f"plus_one-{split}-{seed}-{len(out)}", question, str(k + 1), solution)
-                )
+                pid = f"plus_one-{split}-{seed}-{len(out)}"
+                out.append(Problem(pid, question, str(k + 1), solution))
         return out
 
     def is_correct(self, problem: Problem, completion: str) -> bool:
@@ -60,7 +59,7 @@ PLUS_ONE = TaskSpec(
     settings=PlusOneSettings,
     build=build,
     summary="toy: what is n+1",
-    answer_format="gsm8k",
+    answer_format="gsm8k",  # its gold answers' format: task.answer_format may be auto or this
 )
 
 

@@ -4,13 +4,16 @@ checked and built like a built-in one (docs/extending.md, "A new task")."""
 
 from __future__ import annotations
 
+import inspect
+from pathlib import Path
+
 import pytest
 from pydantic import ValidationError
 
 from grpo_core.data.tasks import TASKS, TaskConfig, make_task
 from grpo_core.data.tasks.arith import ArithTask
 from grpo_core.data.tasks.math_style import MathStyleTask
-from tests.toy_task import PlusOneTask, plus_one
+from tests.toy_task import PlusOneSettings, PlusOneTask, build, plus_one
 
 __all__ = ["plus_one"]  # the fixture, used by name
 
@@ -132,3 +135,9 @@ def test_an_unregistered_task_is_refused_naming_the_choices() -> None:
     assert "plus_one" not in TASKS  # the fixture unregistered it
     with pytest.raises(ValidationError, match=r"unknown task 'plus_one': choose one of \["):
         TaskConfig(name="plus_one")
+
+
+def test_the_extending_page_shows_the_toy_task_as_tested() -> None:
+    page = (Path(__file__).resolve().parents[3] / "docs" / "extending.md").read_text()
+    for part in (PlusOneSettings, PlusOneTask, build):
+        assert inspect.getsource(part) in page, part.__name__
