@@ -145,3 +145,18 @@ def test_stored_flat_overrides_of_an_ablation_load_into_sections() -> None:
     assert renamed_fields_mapped({"task": {"rg_task": "gsm_symbolic"}}) == {
         "task": {"reasoning_gym": {"dataset": "gsm_symbolic"}}
     }
+
+
+def test_flat_task_parameters_of_a_prefect_run_merge_into_their_sections(tmp_path: Path) -> None:
+    """A deployment's or a UI run's parameters in the flat shape (an earlier deployment's
+    defaults, a saved parameter set) change only the fields they name, in their sections."""
+    from flows.prefect_flow import iterative_rl, served_config
+
+    served = load_config("micro", [f"store.root={tmp_path}"])
+    flat = {"task": {"min_steps": 2, "rg_task": "gsm_symbolic"}}
+    given = iterative_rl.validate_parameters({"config": flat})["config"]
+    merged = served_config(given, served.model_dump_json())
+    arith = {**served.task.arith.model_dump(), "min_steps": 2}  # type: ignore[attr-defined]
+    assert merged.task.arith.model_dump() == arith  # type: ignore[attr-defined]
+    assert merged.task.reasoning_gym.dataset == "gsm_symbolic"  # type: ignore[attr-defined]
+    assert merged.model_copy(update={"task": served.task}) == served
