@@ -100,9 +100,10 @@ class TaskConfigBase(BaseModel):
         extra = self.model_extra if self.model_extra is not None else {}
         for key, value in extra.items():
             if key not in TASKS:
+                shared = ", ".join(TaskConfigBase.model_fields)
                 raise ValueError(
-                    f"task has no field {key!r}: its fields are {sorted(type(self).model_fields)}"
-                    f" and a section per task ({', '.join(TASKS.names())})"
+                    f"task has no field {key!r}: it has {shared} and a section per task for its "
+                    f"own knobs, task.<name> ({', '.join(TASKS.names())})"
                 )
             try:
                 extra[key] = TASKS[key].settings.model_validate(value)
