@@ -64,7 +64,7 @@ def main(argv: list[str] | None = None) -> int:
     cfg = validate_config(stored_config_migrated(store.run_config(args.run_id)))
     if cfg.task.name != "math_style":
         raise SystemExit(f"run {args.run_id} is on task {cfg.task.name}, not math_style")
-    kinds = [k for k in KINDS if k in cfg.task.math_kinds]
+    kinds = [k for k in KINDS if k in cfg.task.math_style.kinds]
     print(f"policy  {'':>6}" + "".join(f"{k:>22}" for k in [*kinds, "all"]))
     for k in range(cfg.run.iterations + 1):
         policy_dir = checkpoint_path(store.root, args.run_id, "policy", k)

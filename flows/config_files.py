@@ -17,6 +17,7 @@ from flows.config import ItergrpoConfig
 from flows.errors import ConfigError
 from flows.grpo_presets import layers_merged
 from grpo_core.algo.config import migrate_replaced_fields
+from grpo_core.data.tasks.registry import with_task_sections
 from reward_models.config import migrate_replaced_fields as migrate_replaced_rm_fields
 
 CONFIG_DIR = Path(__file__).resolve().parent.parent / "configs"
@@ -82,6 +83,7 @@ def _read_layers(path: str | Path, seen: tuple[Path, ...] = ()) -> list[dict[str
         raise ConfigError(f"{file}{where}: not valid YAML ({problem}); fix the file") from None
     if not isinstance(loaded, dict):
         raise ConfigError(f"{file}: top level must be a mapping of sections")
+    loaded = task_sections_of(loaded)  # before merging: a base and its variant may differ in shape
     base = loaded.pop("base", None)
     if base is None:
         return [loaded]
@@ -195,11 +197,18 @@ def stored_config_migrated(stored: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+def task_sections_of(tree: dict[str, Any]) -> dict[str, Any]:
+    """A config tree whose task section's flat keys of earlier versions (task.min_steps,
+    task.rg_task, task.path, ...) are moved into their task's section (task.arith.min_steps)."""
+    task = tree.get("task")
+    return {**tree, "task": with_task_sections(task)} if isinstance(task, dict) else tree
+
+
 def renamed_fields_mapped(tree: dict[str, Any]) -> dict[str, Any]:
     """A config tree (whole or partial) with fields renamed since mapped to their new names:
     grpo.algo.supervision / adv_scaling -> adv_estimator; reward_models.init / init_path /
-    prm_init -> reward_models.orm.source / prm.source."""
-    out = tree
+    prm_init -> reward_models.orm.source / prm.source; the flat task keys -> task.<name>.*."""
+    out = task_sections_of(tree)
     algo = tree.get("grpo", {}).get("algo")
     if isinstance(algo, dict):
         out = {**out, "grpo": {**tree["grpo"], "algo": migrate_replaced_fields(algo)}}

@@ -67,8 +67,8 @@ def _check_warm_start_solutions(cfg: ItergrpoConfig, task: Task) -> None:
     if unsolved is not None:
         raise PreflightError(
             f"run.warm_start trains on gold solutions, but task {task.name} problem "
-            f"{unsolved.problem_id!r} has none: map a solution column (task.columns.solution), "
-            "or set run.warm_start: false"
+            f"{unsolved.problem_id!r} has none: map a solution column "
+            "(task.local_files.columns.solution), or set run.warm_start: false"
         )
 
 
@@ -154,7 +154,7 @@ def _check_prompts(
         if not problems:
             raise PreflightError(
                 f"task {task.name} has no {split} problems: give it more data "
-                "(task.path / task.test_path) or a larger task.test_fraction"
+                "(task.local_files.path / test_path) or a larger task.test_fraction"
             )
         if len(problems) < n:
             log.warning(

@@ -22,7 +22,7 @@ def test_one_class_reward_data_stops_the_run_and_a_resume_goes_on(tmp_path: Path
     data = _gsm8k_file(tmp_path)
     store_dir = tmp_path / "store"
     untrained = ("--set", "run.warm_start=false", "--set", "run.iterations=1")
-    local = ("--set", "task.name=local_files", "--set", f"task.path={data}")
+    local = ("--set", "task.name=local_files", "--set", f"task.local_files.path={data}")
     stopped = cli(store_dir, "run", "--config", "micro", "--run-id", "g", *local, *untrained)
 
     assert stopped.returncode == 2, stopped.stderr[-3000:]
@@ -108,7 +108,7 @@ def test_a_guard_set_to_stop_stops_before_the_commit_and_the_run_goes_on_after(
     from tests.flow_helpers import micro_config
 
     data = _gsm8k_file(tmp_path) if guard == "equal_rewards" else None
-    local = ("task.name=local_files", f"task.path={data}") if data else ()
+    local = ("task.name=local_files", f"task.local_files.path={data}") if data else ()
     base = (*overrides, *local, "run.iterations=1")
     root = tmp_path / "store"
     with pytest.raises(GuardTripped, match=said):

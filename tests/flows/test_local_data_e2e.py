@@ -84,7 +84,7 @@ def test_micro_runs_on_local_data_and_judges_in_its_answer_format(
     code = main(
         [
             *("run", "--config", "micro", "--run-id", "local", "--no-prefect"),
-            *("--set", "task.name=local_files", "--set", f"task.path={data}"),
+            *("--set", "task.name=local_files", "--set", f"task.local_files.path={data}"),
             *("--store", str(store_dir)),
         ]
     )

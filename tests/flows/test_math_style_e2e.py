@@ -21,7 +21,7 @@ pytestmark = pytest.mark.slow
 # The preset's task on the micro policy, with budgets for its solutions (up to 90 characters).
 MATH_STYLE = (
     "task.name=math_style",
-    "task.math_max=2",
+    "task.math_style.max_number=2",
     *(
         f"{section}.max_new_tokens=96"
         for section in ("warm_start", "rollout", "labelling", "grpo", "evaluation")

@@ -1,6 +1,7 @@
-"""A micro run on a 7-row GSM8K-format file with 2 bad rows (`task.on_bad_rows: skip`): 5 train
-problems where each GRPO step asks for 6. Every step trains on the 5 there are, the run
-completes, a run killed mid-GRPO resumes to the same store, and the bad rows are reported once.
+"""A micro run on a 7-row GSM8K-format file with 2 bad rows
+(`task.local_files.on_bad_rows: skip`): 5 train problems where each GRPO step asks for 6. Every
+step trains on the 5 there are, the run completes, a run killed mid-GRPO resumes to the same
+store, and the bad rows are reported once.
 """
 
 from __future__ import annotations
@@ -42,9 +43,9 @@ def write_data(folder: Path) -> tuple[Path, Path]:
 def overrides(train: Path, test: Path) -> list[str]:
     return [
         "task.name=local_files",
-        f"task.path={train}",
-        f"task.test_path={test}",
-        "task.on_bad_rows=skip",
+        f"task.local_files.path={train}",
+        f"task.local_files.test_path={test}",
+        "task.local_files.on_bad_rows=skip",
         f"grpo.prompts_per_step={PER_STEP}",
         # 5 valid questions: the warm-started policy gets 19 of 20 rollouts right, too few
         # wrong labels to train an RM on, which the rm_labels guard rightly stops by default

@@ -13,10 +13,12 @@ import re
 from dataclasses import dataclass
 from functools import cache
 
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
 from grpo_core.data.answer_formats import ANSWER_FORMATS
 from grpo_core.data.answers import answers_match, extract_answer
 from grpo_core.data.reasoning_steps import split_steps
-from grpo_core.data.tasks.base import Problem, Split, TaskDataError
+from grpo_core.data.tasks.base import Problem, Split, TaskCommon, TaskDataError, TaskSpec
 from grpo_core.data.tasks.splits import split_of
 
 ENUMERABLE = 200_000  # largest family whose questions are listed to count a split
@@ -173,10 +175,10 @@ class ArithTask:
         if available is not None and n > available:
             raise TaskDataError(
                 f"arith has {available} different {split} questions with these knobs and "
-                f"task.distinct_test = true, but {n} were asked for: ask for fewer "
+                f"task.arith.distinct_test = true, but {n} were asked for: ask for fewer "
                 "(evaluation.n_prompts, reward_models.eval_prompts), widen the task "
-                "(task.operand_max, task.max_steps, task.operators), or set "
-                "task.distinct_test = false"
+                "(task.arith.operand_max, task.arith.max_steps, task.arith.operators), or "
+                "set task.arith.distinct_test = false"
             )
 
     @staticmethod
@@ -227,3 +229,67 @@ class ArithTask:
             labels.append(ok)
             k += 1
         return labels
+
+
+class ArithSettings(BaseModel):
+    """The arith task's knobs: how long its chains are and what they draw from."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    min_steps: int = Field(
+        default=2, ge=1, le=20, description="Fewest operations per chain (1-20)."
+    )
+    max_steps: int = Field(
+        default=4, ge=1, le=20, description="Most operations per chain (>= min_steps, <= 20)."
+    )
+    operand_max: int = Field(
+        default=9,
+        ge=1,
+        le=10**6,
+        description="Operands are drawn from 1..operand_max (9: one digit).",
+    )
+    operators: str = Field(
+        default="+-", description="Operators to draw from, a non-empty subset of '+-*'."
+    )
+    distinct_test: bool = Field(
+        default=False,
+        description="Draw no test question twice within an evaluation (the policy's, the "
+        "reward models' drift measurement); refused when the test split has fewer different "
+        "questions than asked. Off: test draws repeat (a small family has few). Training "
+        "draws always repeat.",
+    )
+
+    @model_validator(mode="after")
+    def _check(self) -> ArithSettings:
+        if self.min_steps > self.max_steps:
+            raise ValueError(
+                f"task.arith.min_steps ({self.min_steps}) must be <= task.arith.max_steps "
+                f"({self.max_steps}): lower min_steps or raise max_steps"
+            )
+        if not self.operators or set(self.operators) - set("+-*"):
+            raise ValueError(
+                f"task.arith.operators must be a non-empty subset of '+-*' (got "
+                f"{self.operators!r}): e.g. operators: '+-'"
+            )
+        return self
+
+
+def build(settings: ArithSettings, common: TaskCommon) -> ArithTask:
+    return ArithTask(
+        settings.min_steps,
+        settings.max_steps,
+        settings.operand_max,
+        settings.operators,
+        common.test_fraction,
+        distinct_test=settings.distinct_test,
+    )
+
+
+TASK = TaskSpec(
+    name="arith",
+    settings=ArithSettings,
+    build=build,
+    summary="built-in arithmetic chains",
+    answer_format=ArithTask.answer_format.name,
+    earlier_keys={k: k for k in ArithSettings.model_fields},
+)

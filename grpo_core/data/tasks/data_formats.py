@@ -1,18 +1,28 @@
-"""Data formats of local problem data by name (`task.data_format`): which columns hold the
-question, the worked solution and the final answer, and the answer format the data states
-answers in; `auto` recognises a format by the data's columns. Torch-free: the config lists
-the names."""
+"""Data formats of local problem data by name (`task.local_files.data_format`): which columns
+hold the question, the worked solution and the final answer, and the answer format the data
+states answers in; `auto` recognises a format by the data's columns. Torch-free: the config
+lists the names."""
 
 from __future__ import annotations
 
 import re
 from collections.abc import Callable, Collection
 from dataclasses import dataclass, replace
+from typing import Any
 
 from grpo_core.contracts.registry import Registry
 
 AUTO = "auto"
 ROLES = ("question", "solution", "answer")
+
+
+def with_auto(names: Callable[[], list[str]]) -> Callable[[dict[str, Any]], None]:
+    """Pydantic `json_schema_extra`: `auto` and a registry's names as the field's choices."""
+
+    def extra(schema: dict[str, Any]) -> None:
+        schema["enum"] = [AUTO, *names()]
+
+    return extra
 
 
 @dataclass(frozen=True)
@@ -88,9 +98,9 @@ def has_column(columns: Collection[str], name: str) -> bool:
 def resolve_columns(
     data_format: DataFormat, mapped: dict[str, str | None], columns: Collection[str]
 ) -> Columns:
-    """The format's columns with the user's mapping (`task.columns`) applied. An unmapped
-    optional role whose default column the data lacks has none: the answer column, or the
-    solution when there is an answer column (a dataset of problems and final answers)."""
+    """The format's columns with the user's mapping (`task.local_files.columns`) applied. An
+    unmapped optional role whose default column the data lacks has none: the answer column, or
+    the solution when there is an answer column (a dataset of problems and final answers)."""
     chosen = replace(data_format.columns, **{r: n for r, n in mapped.items() if n is not None})
     if mapped.get("answer") is None and chosen.answer and not has_column(columns, chosen.answer):
         chosen = replace(chosen, answer=None)
@@ -120,6 +130,7 @@ def recognise(columns: Collection[str], mapped: dict[str, str | None]) -> DataFo
         return DATA_FORMATS[winners[0]]
     formats = "; ".join(f"{name}: {f.description}" for name, f in DATA_FORMATS.items())
     return (
-        f"cannot tell the data format from its columns {sorted(columns)}: set task.data_format "
-        f"({formats}) and name your columns with task.columns.question / .solution / .answer"
+        f"cannot tell the data format from its columns {sorted(columns)}: set "
+        f"task.local_files.data_format ({formats}) and name your columns with "
+        "task.local_files.columns.question / .solution / .answer"
     )

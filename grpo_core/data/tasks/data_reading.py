@@ -102,7 +102,8 @@ def read_data(path: Path, file_reader: FileReader, field: str) -> dict[str | Non
     if suffix not in _OWN_SUFFIXES:
         raise TaskDataError(
             f"local_files path must end in .jsonl, .json, .jsonl.gz, .json.gz or .parquet, or "
-            f"be a datasets folder (got {path}); other files: task.file_reader: datasets"
+            f"be a datasets folder (got {path}); other files: "
+            "task.local_files.file_reader: datasets"
         )
     try:
         data = gzip.decompress(path.read_bytes()) if suffix.endswith(".gz") else path.read_bytes()
@@ -262,7 +263,8 @@ def _read_with_datasets(path: Path, builder: str | None) -> dict[str | None, Raw
         fix = (
             "point it at a save_to_disk folder or a folder of data files"
             if builder is None
-            else "fix the file (task.file_reader: itergrpo names each bad line of JSON lines)"
+            else "fix the file (task.local_files.file_reader: itergrpo names each bad line of "
+            "JSON lines)"
         )
         raise TaskDataError(
             f"{path}: datasets cannot read it ({type(cause).__name__}: {cause}); {fix}"

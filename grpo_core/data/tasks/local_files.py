@@ -21,8 +21,10 @@ import random
 from dataclasses import dataclass
 from pathlib import Path
 
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
 from grpo_core.data.answer_formats import ANSWER_FORMATS, AnswerFormat
-from grpo_core.data.tasks.base import Problem, Split, TaskDataError
+from grpo_core.data.tasks.base import Problem, Split, TaskCommon, TaskDataError, TaskSpec
 from grpo_core.data.tasks.data_formats import (
     AUTO,
     DATA_FORMATS,
@@ -31,6 +33,7 @@ from grpo_core.data.tasks.data_formats import (
     has_column,
     recognise,
     resolve_columns,
+    with_auto,
 )
 from grpo_core.data.tasks.data_reading import BadRow, FileReader, RawData, read_data
 from grpo_core.data.tasks.row_checks import (
@@ -76,8 +79,8 @@ def _check_mapped(raw: RawData, mapped: ColumnMap) -> None:
     for role, name in mapped.items():
         if name is not None and raw.columns and not has_column(raw.columns, name):
             raise TaskDataError(
-                f"task.columns.{role} is {name!r}, which is not a column of {raw.origin} "
-                f"(it has {raw.columns}): set it to one of them"
+                f"task.local_files.columns.{role} is {name!r}, which is not a column of "
+                f"{raw.origin} (it has {raw.columns}): set it to one of them"
             )
 
 
@@ -90,7 +93,8 @@ def _check_table_columns(raw: RawData, layout: Layout) -> None:
         raise TaskDataError(
             f"{raw.origin} lacks columns {missing} (has {raw.columns}); the "
             f"{layout.data_format.name} format reads {sorted(cols.named().values())}: name "
-            "yours with task.columns.question / .solution / .answer, or set task.data_format"
+            "yours with task.local_files.columns.question / .solution / .answer, or set "
+            "task.local_files.data_format"
         )
 
 
@@ -133,8 +137,8 @@ def load_rows(
     file_reader: FileReader = "itergrpo",
 ) -> list[GoldRow]:
     """Valid problems of one file or dataset (a DatasetDict: its train split)."""
-    splits = read_data(Path(path), file_reader, "task.path")
-    raw = _one_split(splits, Path(path), "task.path", "train")
+    splits = read_data(Path(path), file_reader, "task.local_files.path")
+    raw = _one_split(splits, Path(path), "task.local_files.path", "train")
     layout = layout_of(raw, data_format, columns or {}, answer_format)
     return check_rows(raw, layout, on_bad_rows)
 
@@ -157,16 +161,16 @@ def _train_and_test(
 ) -> tuple[RawData, RawData | None]:
     """The training data, and the test data when there is any: `test_path`'s, else the data's
     own `test` split, else None (a hash split). Other splits are not used (logged)."""
-    splits = read_data(path, file_reader, "task.path")
-    train = _one_split(splits, path, "task.path", "train")
+    splits = read_data(path, file_reader, "task.local_files.path")
+    train = _one_split(splits, path, "task.local_files.path", "train")
     unused = {str(s) for s in splits if s not in (None, "train", "test")}
     if test_path is not None and "test" in splits:
-        unused.add("test (task.test_path is the test split)")
+        unused.add("test (task.local_files.test_path is the test split)")
     if unused:
         log.info("%s: splits not used: %s", path, ", ".join(sorted(unused)))
     if test_path is not None:
-        test_splits = read_data(Path(test_path), file_reader, "task.test_path")
-        return train, _one_split(test_splits, Path(test_path), "task.test_path", "test")
+        test_splits = read_data(Path(test_path), file_reader, "task.local_files.test_path")
+        return train, _one_split(test_splits, Path(test_path), "task.local_files.test_path", "test")
     return train, splits.get("test")
 
 
@@ -241,3 +245,99 @@ class LocalFilesTask:
 
     def step_labels(self, problem: Problem, completion: str) -> list[bool] | None:
         return None
+
+
+class TaskColumns(BaseModel):
+    """Which column of local data holds each part of a problem; unset: the data format's."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    question: str | None = Field(
+        default=None, description="The question (gsm8k: 'question'; math: 'problem')."
+    )
+    solution: str | None = Field(
+        default=None,
+        description="The worked solution, trained on by warm start and read for the gold "
+        "answer when there is no answer column (gsm8k: 'answer', ending '#### <number>'; "
+        "math: 'solution', its last \\boxed{}).",
+    )
+    answer: str | None = Field(
+        default=None,
+        description="The final answer alone, used as the gold answer when a row has it "
+        "(gsm8k: none; math: 'answer' when the data has it). A dotted name "
+        "(reward_model.ground_truth) reads a field of a struct column, for every role.",
+    )
+
+
+class LocalFilesSettings(BaseModel):
+    """The local_files task's knobs: where the data is, how it is read and checked."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    path: str | None = Field(
+        default=None,
+        description="A .jsonl/.json(.gz)/.parquet file, or a folder written by datasets' "
+        "save_to_disk (a Dataset, or a DatasetDict whose train/test splits are used) or "
+        "holding data files that datasets.load_dataset reads (splits by file name). Required "
+        "when task.name is local_files.",
+    )
+    test_path: str | None = Field(
+        default=None,
+        description="Optional test data (a file or folder); else the data's own test split, "
+        "else a hash split of path by task.test_fraction.",
+    )
+    data_format: str = Field(
+        default=AUTO,
+        description="The data's format, which gives its default columns and answer format: "
+        + "; ".join(f"{name}: {f.description}" for name, f in DATA_FORMATS.items())
+        + ". auto: the format whose columns the data has.",
+        json_schema_extra=with_auto(DATA_FORMATS.names),
+    )
+    columns: TaskColumns = Field(
+        default_factory=TaskColumns,
+        description="The column of each part of a problem, where the data names them "
+        "otherwise than its format (task.local_files.columns.question: prompt).",
+    )
+    file_reader: FileReader = Field(
+        default="itergrpo",
+        description="Who reads a file. itergrpo: .jsonl/.json(.gz)/.parquet, bad rows named "
+        "FILE:LINE; datasets: datasets.load_dataset (also .csv, .arrow), rows named FILE row "
+        "N. Folders are always read with datasets.",
+    )
+    on_bad_rows: OnBadRows = Field(
+        default="error",
+        description="Rows that fail the load-time check (invalid JSON, a missing or empty "
+        "question or solution, no gold answer its answer format can read, one question with "
+        "two gold answers). error: stop before the run and list them by file:line or row; "
+        "skip: drop them with a warning.",
+    )
+
+    @field_validator("data_format")
+    @classmethod
+    def _known_format(cls, name: str) -> str:
+        return name if name == AUTO else DATA_FORMATS.check(name)
+
+
+def build(settings: LocalFilesSettings, common: TaskCommon) -> LocalFilesTask:
+    assert settings.path is not None  # the task's `needs`, checked with the config
+    return LocalFilesTask(
+        settings.path,
+        settings.test_path,
+        common.test_fraction,
+        settings.on_bad_rows,
+        common.answer_format,
+        settings.data_format,
+        settings.columns.model_dump(),
+        settings.file_reader,
+    )
+
+
+TASK = TaskSpec(
+    name="local_files",
+    settings=LocalFilesSettings,
+    build=build,
+    summary="GSM8K- or MATH-format data on local disk (jsonl/json/parquet files or a "
+    "datasets folder; docs/data.md)",
+    needs=("path",),
+    earlier_keys={k: k for k in LocalFilesSettings.model_fields},
+)

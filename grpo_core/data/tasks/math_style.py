@@ -19,9 +19,11 @@ from fractions import Fraction
 from functools import cache
 from typing import Literal, get_args
 
+from pydantic import BaseModel, ConfigDict, Field
+
 from grpo_core.data.answer_formats import ANSWER_FORMATS, last_boxed
 from grpo_core.data.reasoning_steps import split_steps
-from grpo_core.data.tasks.base import Problem, Split, TaskDataError
+from grpo_core.data.tasks.base import Problem, Split, TaskCommon, TaskDataError, TaskSpec
 from grpo_core.data.tasks.math_exprs import Surd, evaluate, rational, surd, to_latex
 from grpo_core.data.tasks.splits import split_of
 
@@ -169,8 +171,9 @@ class MathStyleTask:
         kinds = [k for k in self.kinds if pools[k]]
         if not kinds and n > 0:
             raise TaskDataError(
-                f"math_style has no {split} question with task.math_max = {self.largest}: "
-                "raise task.math_max or add kinds to task.math_kinds"
+                f"math_style has no {split} question with task.math_style.max_number = "
+                f"{self.largest}: raise task.math_style.max_number or add kinds to "
+                "task.math_style.kinds"
             )
         rng = random.Random(f"math_style/{split}/{seed}")
         out: list[Problem] = []
@@ -272,3 +275,38 @@ def _coordinate_line_checker(coordinates: dict[str, Surd]) -> Callable[[str], bo
         )
 
     return right
+
+
+class MathStyleSettings(BaseModel):
+    """The math_style task's knobs: which kinds of question and how large their numbers."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    kinds: list[MathKind] = Field(
+        default_factory=lambda: list(KINDS),
+        min_length=1,
+        description="Which kinds of question to draw (each problem's kind uniformly): "
+        "fraction_sum (\\frac{1}{2}+\\frac{1}{3}), radical_sum (\\sqrt{8}+\\sqrt{2}), "
+        "midpoint (of two points: a pair of fractions).",
+    )
+    max_number: int = Field(
+        default=4,
+        ge=2,
+        le=12,
+        description="Largest number in a question (2-12): fraction denominators "
+        "2..max_number, root coefficients 1..max_number, point coordinates 0..max_number.",
+    )
+
+
+def build(settings: MathStyleSettings, common: TaskCommon) -> MathStyleTask:
+    return MathStyleTask(tuple(settings.kinds), settings.max_number, common.test_fraction)
+
+
+TASK = TaskSpec(
+    name="math_style",
+    settings=MathStyleSettings,
+    build=build,
+    summary="built-in fraction sums, radical sums and midpoints with \\boxed{} LaTeX answers",
+    answer_format=MathStyleTask.answer_format.name,
+    earlier_keys={"math_kinds": "kinds", "math_max": "max_number"},
+)

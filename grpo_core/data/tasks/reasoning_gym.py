@@ -8,13 +8,16 @@ from __future__ import annotations
 
 import hashlib
 import json
-from typing import Any
+from typing import Any, Literal, get_args
+
+from pydantic import BaseModel, ConfigDict, Field
 
 from grpo_core.data.answer_formats import ANSWER_FORMATS
-from grpo_core.data.tasks.base import Problem, Split, TaskDataError
+from grpo_core.data.tasks.base import Problem, Split, TaskCommon, TaskDataError, TaskSpec
 from grpo_core.data.tasks.splits import split_of
 
-SUPPORTED = ("chain_sum", "basic_arithmetic", "gsm_symbolic")
+Dataset = Literal["chain_sum", "basic_arithmetic", "gsm_symbolic"]
+SUPPORTED: tuple[str, ...] = get_args(Dataset)
 
 
 def _import_reasoning_gym() -> Any:
@@ -46,20 +49,20 @@ def gold_solution(entry: dict[str, Any]) -> str | None:
 
 
 class ReasoningGymTask:
-    """One reasoning-gym dataset; `rg_kwargs` are its generator options (e.g. `max_terms`)."""
+    """One reasoning-gym dataset; `options` are its generator's options (e.g. `max_terms`)."""
 
     answer_format = ANSWER_FORMATS["gsm8k"]
 
     def __init__(
-        self, rg_task: str, rg_kwargs: dict[str, Any] | None = None, test_fraction: float = 0.2
+        self, dataset: str, options: dict[str, Any] | None = None, test_fraction: float = 0.2
     ) -> None:
-        if rg_task not in SUPPORTED:
-            raise ValueError(f"reasoning_gym rg_task must be one of {SUPPORTED} (got {rg_task!r})")
+        if dataset not in SUPPORTED:
+            raise ValueError(f"reasoning_gym dataset must be one of {SUPPORTED} (got {dataset!r})")
         self._rg = _import_reasoning_gym()
-        self.rg_task, self.rg_kwargs = rg_task, dict(rg_kwargs or {})
+        self.dataset, self.options = dataset, dict(options or {})
         self.test_fraction = test_fraction
-        self.name = f"reasoning_gym/{rg_task}"
-        self._scorer = self._rg.create_dataset(rg_task, size=1, seed=0, **self.rg_kwargs)
+        self.name = f"reasoning_gym/{dataset}"
+        self._scorer = self._rg.create_dataset(dataset, size=1, seed=0, **self.options)
 
     def problems(self, split: Split, n: int, seed: int) -> list[Problem]:
         """`n` problems of `split`, generated in chunks from derived seeds, split by hash."""
@@ -68,14 +71,14 @@ class ReasoningGymTask:
         while len(out) < n:
             if attempt > 50:
                 raise TaskDataError(
-                    f"reasoning_gym/{self.rg_task}: only {len(out)} distinct {split} problems "
-                    f"of {n} after {attempt} chunks; widen the generator options"
+                    f"reasoning_gym/{self.dataset}: only {len(out)} distinct {split} problems "
+                    f"of {n} after {attempt} chunks; widen task.reasoning_gym.options"
                 )
             derived = int(hashlib.sha256(f"{seed}/{split}/{attempt}".encode()).hexdigest()[:8], 16)
-            dataset = self._rg.create_dataset(
-                self.rg_task, size=chunk, seed=derived, **self.rg_kwargs
+            generated = self._rg.create_dataset(
+                self.dataset, size=chunk, seed=derived, **self.options
             )
-            for entry in dataset:
+            for entry in generated:
                 if len(out) == n:
                     break
                 if split_of(entry["question"], self.test_fraction) == split:
@@ -107,3 +110,29 @@ class ReasoningGymTask:
 
     def step_labels(self, problem: Problem, completion: str) -> list[bool] | None:
         return None
+
+
+class ReasoningGymSettings(BaseModel):
+    """The reasoning_gym task's knobs: which reasoning-gym dataset, with which options."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    dataset: Dataset = Field(default="chain_sum", description="Which reasoning-gym dataset.")
+    options: dict[str, Any] = Field(
+        default_factory=dict,
+        description="The dataset generator's options, e.g. {'min_terms': 2, 'max_terms': 2}.",
+    )
+
+
+def build(settings: ReasoningGymSettings, common: TaskCommon) -> ReasoningGymTask:
+    return ReasoningGymTask(settings.dataset, settings.options, common.test_fraction)
+
+
+TASK = TaskSpec(
+    name="reasoning_gym",
+    settings=ReasoningGymSettings,
+    build=build,
+    summary="a reasoning-gym dataset (needs itergrpo[real])",
+    answer_format=ReasoningGymTask.answer_format.name,
+    earlier_keys={"rg_task": "dataset", "rg_kwargs": "options"},
+)

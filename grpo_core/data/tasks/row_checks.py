@@ -28,7 +28,7 @@ log = logging.getLogger("grpo_core.data.tasks.local_files")  # the task's log, a
 OnBadRows = Literal["error", "skip"]
 _CANONICAL_NUMBER = re.compile(r"^-?\d+(\.\d+)?$")  # what normalize_number makes of a number
 _SHOWN = 5  # bad rows named in an error or warning
-_FIX = "fix or remove {these}, or set task.on_bad_rows: skip to drop {them}"
+_FIX = "fix or remove {these}, or set task.local_files.on_bad_rows: skip to drop {them}"
 _MISSING = object()
 
 
@@ -126,7 +126,7 @@ def _format_gold(
             other = (
                 f"the row has no '{columns.answer}'"
                 if columns.answer
-                else "the data has no answer column (task.columns.answer)"
+                else "the data has no answer column (task.local_files.columns.answer)"
             )
             raise _Bad(
                 f"'{columns.solution}' states no final answer ({answer_format.name}: "
@@ -212,7 +212,10 @@ def report_bad_rows(origin: str, bad: list[BadRow], total: int, on_bad_rows: OnB
     if len(bad) > _SHOWN:
         listed.append(f"... and {len(bad) - _SHOWN} more")
     if on_bad_rows == "skip":
-        message = f"{origin}: dropped {count} bad row(s) of {total} (task.on_bad_rows: skip): "
+        message = (
+            f"{origin}: dropped {count} bad row(s) of {total} "
+            "(task.local_files.on_bad_rows: skip): "
+        )
         message += "; ".join(listed)
         # The pre-flight, the run and each stage build the task: say it once per process.
         if message not in _REPORTED:

@@ -50,7 +50,7 @@ def _jsonl(tmp: Path, rows: list[str]) -> Path:
 
 
 def _local_task(path: Path) -> list[str]:
-    return ["--set", "task.name=local_files", "--set", f"task.path={path}"]
+    return ["--set", "task.name=local_files", "--set", f"task.local_files.path={path}"]
 
 
 GOOD_ROW = json.dumps({"question": "What is 1+1?", "answer": "1+1=2\n#### 2"})
@@ -96,7 +96,7 @@ CASES: dict[str, tuple[Case, str]] = {
         ],
         "neither a pad nor an EOS token",
     ),
-    "missing task.path": (
+    "missing task.local_files.path": (
         lambda tmp, store: _local_task(tmp / "missing.jsonl"),
         "missing.jsonl",
     ),
@@ -115,9 +115,9 @@ CASES: dict[str, tuple[Case, str]] = {
     "a mapped column the data lacks": (
         lambda tmp, store: [
             *_local_task(_jsonl(tmp, ANSWERS_ONLY)),
-            *("--set", "task.columns.question=prompt"),
+            *("--set", "task.local_files.columns.question=prompt"),
         ],
-        "task.columns.question is 'prompt', which is not a column of",
+        "task.local_files.columns.question is 'prompt', which is not a column of",
     ),
     "store is a file": (
         lambda tmp, store: ["--store", str(tmp / "file")],

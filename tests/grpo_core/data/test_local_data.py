@@ -44,7 +44,11 @@ def write_jsonl(path: Path, rows: list[Any]) -> Path:
 
 
 def local(path: Path, **fields: Any) -> Task:
-    return make_task(TaskConfig(name="local_files", path=str(path), **fields))
+    """The local_files task on `path`; `fields` of its section, or the shared test_fraction
+    and answer_format."""
+    shared = {k: fields.pop(k) for k in ("test_fraction", "answer_format") if k in fields}
+    section = {"path": str(path), **fields}
+    return make_task(TaskConfig(name="local_files", local_files=section, **shared))
 
 
 def problems(task: Task, split: str = "train") -> dict[str, Any]:
@@ -154,7 +158,7 @@ def test_auto_recognises_the_format_whose_columns_the_data_has(
 ) -> None:
     found = recognise(columns, {})
     if expected is None:
-        assert isinstance(found, str) and "set task.data_format" in found
+        assert isinstance(found, str) and "set task.local_files.data_format" in found
         assert str(sorted(columns)) in found
     else:
         assert not isinstance(found, str) and found.name == expected
@@ -182,7 +186,7 @@ def test_a_saved_dataset_dict_uses_its_own_train_and_test_splits(tmp_path: Path)
     assert task.answer_format.name == "boxed"
     assert set(problems(task, "train")) == {r["problem"] for r in train}
     assert set(problems(task, "test")) == {r["problem"] for r in test}
-    other = write_jsonl(tmp_path / "other.jsonl", extra)  # task.test_path comes first
+    other = write_jsonl(tmp_path / "other.jsonl", extra)  # task.local_files.test_path comes first
     task = local(tmp_path / "d", test_path=str(other))
     assert set(problems(task, "test")) == {"a validation question"}
 
@@ -194,7 +198,7 @@ def test_a_saved_dataset_is_hash_split_and_its_bad_rows_named_by_row(tmp_path: P
     with pytest.raises(TaskDataError) as err:
         local(tmp_path / "d")
     assert str(err.value).startswith(f"{tmp_path / 'd'} row 5: 'solution' states no final answer")
-    assert "no answer column (task.columns.answer)" in str(err.value)
+    assert "no answer column (task.local_files.columns.answer)" in str(err.value)
     task = local(tmp_path / "d", on_bad_rows="skip", test_fraction=0.5)
     train, test = problems(task, "train"), problems(task, "test")
     assert set(train) | set(test) == {r["problem"] for i, r in enumerate(rows) if i != 5}
@@ -333,14 +337,16 @@ def test_a_mapped_column_the_data_lacks_names_the_field_and_the_columns(
     with pytest.raises(TaskDataError) as err:
         local(path, columns={"question": "question_text"})
     assert str(err.value) == (
-        f"task.columns.question is 'question_text', which is not a column of {path} (it has "
-        "['problem', 'solution', 'level', 'type']): set it to one of them"
+        "task.local_files.columns.question is 'question_text', which is not a column of "
+        f"{path} (it has ['problem', 'solution', 'level', 'type']): set it to one of them"
     )
 
 
 def test_a_table_without_a_formats_column_is_refused_naming_the_fix(tmp_path: Path) -> None:
     pq.write_table(pa.Table.from_pylist([{"problem": "q", "level": "1"}]), tmp_path / "m.parquet")
-    with pytest.raises(TaskDataError, match=r"lacks columns \['solution'\].*task\.columns"):
+    with pytest.raises(
+        TaskDataError, match=r"lacks columns \['solution'\].*task\.local_files\.columns"
+    ):
         local(tmp_path / "m.parquet", data_format="math")
 
 
@@ -391,11 +397,14 @@ def test_a_bad_math_row_is_named_by_file_and_line_or_skipped(
     with pytest.raises(TaskDataError) as err:
         local(path, data_format="math")
     assert str(err.value).startswith(f"{path}:4: {problem}")
-    assert "task.on_bad_rows: skip" in str(err.value)
+    assert "task.local_files.on_bad_rows: skip" in str(err.value)
     with caplog.at_level(logging.WARNING, logger=LOG):
         task = local(path, data_format="math", on_bad_rows="skip")
     assert set(everything(task)) == {r["problem"] for r in good}
-    assert f"dropped 1 bad row(s) of 7 (task.on_bad_rows: skip): {path}:4: {problem}" in caplog.text
+    assert (
+        f"dropped 1 bad row(s) of 7 (task.local_files.on_bad_rows: skip): {path}:4: {problem}"
+        in caplog.text
+    )
 
 
 def test_a_question_written_twice_with_two_boxed_answers_is_a_conflict(tmp_path: Path) -> None:
@@ -425,13 +434,14 @@ def test_load_rows_reads_one_file_with_the_same_rules(tmp_path: Path) -> None:
 
 
 def test_the_config_offers_auto_and_each_format_and_refuses_others() -> None:
-    schema = TaskConfig.model_json_schema()["properties"]
-    assert schema["data_format"]["enum"] == ["auto", *DATA_FORMATS.names()]
-    assert schema["answer_format"]["enum"][0] == "auto"
+    schema = TaskConfig.model_json_schema()
+    local_files = schema["$defs"]["LocalFilesSettings"]["properties"]
+    assert local_files["data_format"]["enum"] == ["auto", *DATA_FORMATS.names()]
+    assert schema["properties"]["answer_format"]["enum"][0] == "auto"
     with pytest.raises(ValidationError, match="unknown data format 'csv'"):
-        TaskConfig(name="local_files", path="x", data_format="csv")
+        TaskConfig(name="local_files", local_files={"path": "x", "data_format": "csv"})
     with pytest.raises(ValidationError):
-        TaskConfig(name="local_files", path="x", columns={"questoin": "q"})
+        TaskConfig(name="local_files", local_files={"path": "x", "columns": {"questoin": "q"}})
     with pytest.raises(ValidationError, match=r"set task\.answer_format: auto or gsm8k"):
         TaskConfig(name="arith", answer_format="boxed")
     assert TaskConfig(name="arith").answer_format == "auto"
@@ -441,7 +451,7 @@ def test_a_missing_path_names_the_field(tmp_path: Path) -> None:
     from grpo_core.contracts.errors import MissingPathError
 
     write_jsonl(tmp_path / "train.jsonl", MATH_ROWS)
-    with pytest.raises(MissingPathError, match=r"nope\.jsonl: fix task\.test_path"):
+    with pytest.raises(MissingPathError, match=r"nope\.jsonl: fix task\.local_files\.test_path"):
         LocalFilesTask(tmp_path / "train.jsonl", test_path=tmp_path / "nope.jsonl")
 
 

@@ -166,7 +166,7 @@ def test_a_split_without_questions_is_a_task_data_error() -> None:
         try:
             sizes[split] = len(single.problems(split, 3, seed=0))
         except TaskDataError as err:
-            assert "task.math_max" in str(err)
+            assert "task.math_style.max_number" in str(err)
             sizes[split] = 0
     assert sorted(sizes.values()) == [0, 3]
 
@@ -255,7 +255,7 @@ def test_step_labels_by_hand(question: str, completion: str, labels: list[bool])
 
 
 def test_task_config_builds_math_style_with_its_own_answer_format() -> None:
-    cfg = TaskConfig(name="math_style", math_kinds=["radical_sum"], math_max=3)
+    cfg = TaskConfig(name="math_style", math_style={"kinds": ["radical_sum"], "max_number": 3})
     assert cfg.answer_format == "auto"  # the task's own
     task = make_task(cfg)
     assert isinstance(task, MathStyleTask) and task.answer_format.name == "boxed"
@@ -266,7 +266,7 @@ def test_task_config_builds_math_style_with_its_own_answer_format() -> None:
         TaskConfig(name="math_style", answer_format="gsm8k")
     with pytest.raises(ValidationError, match=r"task\.answer_format: auto or gsm8k"):
         TaskConfig(name="arith", answer_format="boxed")
-    with pytest.raises(ValidationError, match="math_kinds"):
-        TaskConfig(name="math_style", math_kinds=["integrals"])
-    with pytest.raises(ValidationError, match="math_max"):
-        TaskConfig(name="math_style", math_max=1)
+    with pytest.raises(ValidationError, match=r"math_style\.kinds"):
+        TaskConfig(name="math_style", math_style={"kinds": ["integrals"]})
+    with pytest.raises(ValidationError, match=r"math_style\.max_number"):
+        TaskConfig(name="math_style", math_style={"max_number": 1})

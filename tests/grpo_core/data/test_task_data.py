@@ -23,7 +23,8 @@ def good_lines() -> list[bytes]:
 
 
 def build(tmp_path: Path, on_bad_rows: str = "error", name: str = "data.jsonl") -> Task:
-    cfg = TaskConfig(name="local_files", path=str(tmp_path / name), on_bad_rows=on_bad_rows)
+    section = {"path": str(tmp_path / name), "on_bad_rows": on_bad_rows}
+    cfg = TaskConfig(name="local_files", local_files=section)
     return make_task(cfg)
 
 
@@ -184,14 +185,16 @@ def test_separate_test_file_is_checked_too(tmp_path: Path) -> None:
     (tmp_path / "test.jsonl").write_bytes(b'{"question": "q", "answer": "#### x"}')
     cfg = TaskConfig(
         name="local_files",
-        path=str(tmp_path / "train.jsonl"),
-        test_path=str(tmp_path / "test.jsonl"),
+        local_files={
+            "path": str(tmp_path / "train.jsonl"),
+            "test_path": str(tmp_path / "test.jsonl"),
+        },
     )
     with pytest.raises(TaskDataError, match=r"test\.jsonl:1: gold answer"):
         make_task(cfg)
 
 
 def test_on_bad_rows_accepts_only_error_or_skip() -> None:
-    assert TaskConfig().on_bad_rows == "error"
-    with pytest.raises(ValidationError):
-        TaskConfig(on_bad_rows="ignore")
+    assert TaskConfig().local_files.on_bad_rows == "error"  # type: ignore[attr-defined]
+    with pytest.raises(ValidationError, match=r"local_files\.on_bad_rows"):
+        TaskConfig(local_files={"on_bad_rows": "ignore"})

@@ -44,7 +44,7 @@ def test_distinct_test_draws_skip_repeats_and_refuse_more_than_the_split_has() -
         distinct.problems("test", 204, seed=0)
     # training draws repeat: the warm start draws thousands of a few hundred questions
     assert len({p.question for p in distinct.problems("train", 2000, seed=0)}) < 2000
-    made = make_task(TaskConfig(operand_max=3, distinct_test=True))
+    made = make_task(TaskConfig(arith={"operand_max": 3, "distinct_test": True}))
     assert made.distinct_test  # type: ignore[attr-defined]
 
 
@@ -96,14 +96,14 @@ def test_arith_corrupt_injects_one_wrong_step() -> None:
 
 
 def test_task_config_validates_and_builds() -> None:
-    assert make_task(TaskConfig(max_steps=3)).name == "arith"
-    with pytest.raises(ValidationError, match="min_steps"):
-        TaskConfig(min_steps=5, max_steps=2)
-    with pytest.raises(ValidationError):
-        TaskConfig(operators="/")
-    with pytest.raises(ValidationError):
+    assert make_task(TaskConfig(arith={"max_steps": 3})).name == "arith"
+    with pytest.raises(ValidationError, match=r"task\.arith\.min_steps \(5\) must be <="):
+        TaskConfig(arith={"min_steps": 5, "max_steps": 2})
+    with pytest.raises(ValidationError, match=r"task\.arith\.operators must be"):
+        TaskConfig(arith={"operators": "/"})
+    with pytest.raises(ValidationError, match="task has no field 'unknown_knob'"):
         TaskConfig.model_validate({"unknown_knob": 1})
-    with pytest.raises(ValidationError, match="path"):
+    with pytest.raises(ValidationError, match=r"task\.local_files\.path is required"):
         TaskConfig(name="local_files")
 
 
@@ -124,7 +124,8 @@ def test_local_files_reads_gsm8k_format(tmp_path: Path, fmt: str) -> None:
         import pyarrow.parquet as pq
 
         pq.write_table(pa.Table.from_pylist(rows), path)
-    task = make_task(TaskConfig(name="local_files", path=str(path), test_fraction=0.5))
+    cfg = TaskConfig(name="local_files", local_files={"path": str(path)}, test_fraction=0.5)
+    task = make_task(cfg)
     train, test = task.problems("train", 100, 0), task.problems("test", 100, 0)
     assert len(train) + len(test) == len(rows)
     assert not {p.question for p in train} & {p.question for p in test}
@@ -137,7 +138,10 @@ def test_local_files_reads_gsm8k_format(tmp_path: Path, fmt: str) -> None:
 def test_reasoning_gym_adapter() -> None:
     pytest.importorskip("reasoning_gym", reason="reasoning-gym not installed (itergrpo[real])")
     task = make_task(
-        TaskConfig(name="reasoning_gym", rg_task="chain_sum", rg_kwargs={"max_terms": 3})
+        TaskConfig(
+            name="reasoning_gym",
+            reasoning_gym={"dataset": "chain_sum", "options": {"max_terms": 3}},
+        )
     )
     train, test = task.problems("train", 20, 0), task.problems("test", 20, 0)
     assert train == task.problems("train", 20, 0)
@@ -146,9 +150,8 @@ def test_reasoning_gym_adapter() -> None:
     assert task.is_correct(p, f"work\n#### {p.answer}")
     assert not task.is_correct(p, "no answer")
     assert all(q.solution is not None and task.is_correct(q, q.solution) for q in train)
-    gsm = make_task(TaskConfig(name="reasoning_gym", rg_task="gsm_symbolic")).problems(
-        "train", 2, 0
-    )
+    gsm_symbolic = TaskConfig(name="reasoning_gym", reasoning_gym={"dataset": "gsm_symbolic"})
+    gsm = make_task(gsm_symbolic).problems("train", 2, 0)
     assert gsm[0].solution is not None and gsm[0].solution.rstrip().endswith(gsm[0].answer)
 
 
