@@ -262,3 +262,19 @@ def test_a_run_stored_before_run_stages_resumes_and_the_plan_is_read_by_the_iter
             upgrade_config=functools.partial(stored_config_as_current, current=fewer),
             stage_readers=stages_reading,
         )
+
+
+def test_preflight_reads_a_reward_models_source_only_when_the_plan_trains_it(
+    tmp_path: Path,
+) -> None:
+    from flows.preflight_data import check_policy_and_data
+    from grpo_core.contracts.errors import UserError
+
+    missing = [
+        f"reward_models.orm.source={tmp_path / 'no-rm'}",
+        "reward_models.orm.format=classifier",
+    ]
+    with pytest.raises(UserError, match=r"reward_models\.orm"):
+        check_policy_and_data(micro_config(tmp_path, "rm", *missing))
+    verifier_only = ["run.stages=[rollout, grpo, evaluate]", "grpo.rewards.orm=0"]
+    check_policy_and_data(micro_config(tmp_path, "rm", *missing, *verifier_only))
