@@ -191,9 +191,10 @@ def unmet_need(iteration_stages: Sequence[str], iterations: int, cfg: Any) -> st
     writes, as a one-line error naming the fix; None when every stage finds what it reads."""
     checkpoints: set[tuple[str, int]] = set()
     tables: set[tuple[str, int]] = set()
-    for name, k in stage_plan(iteration_stages, iterations):
-        spec = STAGES[name]
-        needs = spec.needs(cfg)
+    plan = stage_plan(iteration_stages, iterations)
+    needs_of = {name: STAGES[name].needs(cfg) for name, _ in plan}
+    for name, k in plan:
+        spec, needs = STAGES[name], needs_of[name]
         for role, offset in sorted(needs.checkpoints):
             if (role, k + offset) not in checkpoints:
                 why = needs.why.get((role, offset))
