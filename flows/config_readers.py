@@ -10,8 +10,7 @@ anything is committed).
 
 from __future__ import annotations
 
-from flows.stages import STAGES
-from flows.stages.registry import covers
+from flows.stages.registry import STAGES, covers
 
 # Read by no stage's outputs: a guard only decides whether a stage may commit.
 READ_BY_NO_STAGE = ("guards.",)

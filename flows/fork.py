@@ -19,8 +19,7 @@ from flows.config import ItergrpoConfig
 from flows.config_files import PLACEMENT_SECTIONS, stored_config_as_current
 from flows.config_readers import first_iteration_reading, stages_reading
 from flows.plan import planned_stages
-from flows.stages import STAGES
-from flows.stages.registry import Stage
+from flows.stages.registry import STAGES, Stage
 from storage.fork import fork_run
 from storage.store import RunStore, config_diff
 
