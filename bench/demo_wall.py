@@ -16,6 +16,7 @@ slow hour reads as one.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import tempfile
 import time
@@ -29,9 +30,10 @@ os.environ.setdefault("DO_NOT_TRACK", "1")
 
 from machine_speed import reference_line
 
-from flows import loop
 from flows.config_files import load_config
+from flows.loop import execute_run
 from flows.report import format_iteration_table, iteration_table
+from flows.stages.registry import STAGES, StageSpec, registered
 from storage.store import RunStore
 
 # (start, end) in time.perf_counter() seconds
@@ -40,9 +42,9 @@ Span = tuple[float, float]
 StageTimes = dict[tuple[str, int], Span]
 
 
-def timed_stage_functions(times: StageTimes) -> dict[str, Any]:
-    """Wrap each stage function so its own span (inside any Prefect task) is recorded."""
-    original = dict(loop.STAGE_FUNCTIONS)
+def timed_stages(times: StageTimes) -> list[StageSpec]:
+    """Each registered stage with its function wrapped so its own span (inside any Prefect
+    task) is recorded; registered in place of the stage for the run."""
 
     def wrap(name: str, fn: Callable[..., Any]) -> Callable[..., Any]:
         def timed(ctx: Any, iteration: int, progress: Any) -> Any:
@@ -54,25 +56,21 @@ def timed_stage_functions(times: StageTimes) -> dict[str, Any]:
 
         return timed
 
-    loop.STAGE_FUNCTIONS.update({name: wrap(name, fn) for name, fn in original.items()})
-    return original
+    return [dataclasses.replace(spec, impl=wrap(name, spec.fn)) for name, spec in STAGES.items()]
 
 
 def run_once(mode: str, overrides: list[str], root: Path) -> tuple[Span, StageTimes, str]:
     run_id = f"bench-{mode}"
     cfg = load_config("demo", [*overrides, f"store.root={root}", f"run.run_id={run_id}"])
     times: StageTimes = {}
-    original = timed_stage_functions(times)
     start = time.perf_counter()
-    try:
+    with registered(*timed_stages(times)):
         if mode == "prefect":
             from flows.prefect_flow import iterative_rl
 
             iterative_rl(cfg)
         else:
-            loop.execute_run(cfg)
-    finally:
-        loop.STAGE_FUNCTIONS.update(original)
+            execute_run(cfg)
     run_span = (start, time.perf_counter())
     return run_span, times, format_iteration_table(iteration_table(RunStore(root), run_id))
 

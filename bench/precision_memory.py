@@ -53,14 +53,14 @@ def prepare(store: Path, dtype: str) -> None:
     """policy_0 of the run, in `dtype` (the warm-start stage, without its SFT)."""
     from flows.context import RunContext
     from flows.names import WARM_START
-    from flows.stages import STAGE_FUNCTIONS
+    from flows.stages import STAGES
     from storage.store import RunStore
 
     cfg = _config(store, dtype)
     run_store = RunStore(store)
     with run_store.open_run("mem", cfg.model_dump(mode="json")) as run:  # type: ignore[attr-defined]
         ctx = RunContext(cfg, run_store, run)  # type: ignore[arg-type]
-        STAGE_FUNCTIONS[WARM_START](ctx, 0, lambda fraction, text: None)
+        STAGES[WARM_START].fn(ctx, 0, lambda fraction, text: None)
         ctx.close()
 
 
@@ -68,7 +68,7 @@ def grpo_stage_alone(store: Path, dtype: str) -> dict[str, float]:
     """Run the GRPO stage of iteration 0 in this (fresh) process; its figures."""
     from flows.context import RunContext
     from flows.names import GRPO
-    from flows.stages import STAGE_FUNCTIONS
+    from flows.stages import STAGES
     from storage.store import RunStore
 
     cfg = _config(store, dtype)
@@ -80,7 +80,7 @@ def grpo_stage_alone(store: Path, dtype: str) -> dict[str, float]:
         params = sum(p.numel() * p.element_size() for p in model.parameters())
         del model
         start = time.perf_counter()
-        STAGE_FUNCTIONS[GRPO](ctx, 0, lambda fraction, text: None)
+        STAGES[GRPO].fn(ctx, 0, lambda fraction, text: None)
         seconds = time.perf_counter() - start
         ctx.close()
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss

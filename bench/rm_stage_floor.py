@@ -29,7 +29,7 @@ from flows.guards import GuardChecks
 from flows.loop import call_directly
 from flows.names import LABEL, ORM, PRM, ROLLOUT, WARM_START
 from flows.runtime import apply_threads
-from flows.stages import STAGE_FUNCTIONS, train_rm
+from flows.stages import STAGES, train_rm
 from storage.store import RunStore
 
 RUN_ID = "rm-floor"
@@ -50,7 +50,7 @@ def labelled_store(root: Path) -> None:
         ctx = RunContext(cfg, store, record)
         try:
             for name in (WARM_START, ROLLOUT, LABEL):
-                call_directly(ctx)(name, 0, STAGE_FUNCTIONS[name])
+                call_directly(ctx)(name, 0, STAGES[name].fn)
         finally:
             ctx.close()
 

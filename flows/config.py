@@ -24,6 +24,13 @@ from pydantic import (
 from flows.cluster_config import ClusterSection
 from flows.grpo_presets import GRPO_PRESETS, apply_preset
 from flows.guards import GuardsConfig
+from flows.names import ITERATION_STAGES
+from flows.stages.registry import (
+    STAGES,
+    check_iteration_stages,
+    iteration_stages_schema,
+    unmet_need,
+)
 from flows.tracking.config import TrackingSection
 from grpo_core.algo.config import GRPOConfig
 from grpo_core.algo.estimators import ADVANTAGE_ESTIMATORS, DataSource
@@ -70,6 +77,17 @@ class RunSection(_Section):
     warm_start: bool = Field(
         True, description="Run supervised warm start (SFT) before iteration 0."
     )
+    stages: list[str] = Field(
+        default_factory=lambda: list(ITERATION_STAGES),
+        min_length=1,
+        description="The stages of each iteration, in order (the warm_start stage runs once "
+        "before them; each stage must find what it reads written by those before it): "
+        + "; ".join(f"'{name}' ({spec.summary})" for name, spec in STAGES.items() if not spec.once)
+        + ".",
+        json_schema_extra=iteration_stages_schema,
+    )
+
+    _stages_are_registered = field_validator("stages")(check_iteration_stages)
 
 
 class StoreSection(_Section):
@@ -344,6 +362,15 @@ class ItergrpoConfig(_Section):
                 "advantage would be 0: give at least one a weight > 0 (the paper rewards with "
                 "the ORM: grpo.rewards.orm: 1)"
             )
+        return self
+
+    @model_validator(mode="after")
+    def _stages_find_what_they_read(self) -> ItergrpoConfig:
+        """Each stage of the plan reads checkpoints and tables the stages before it write
+        (their registrations declare both: flows/stages/__init__.py)."""
+        problem = unmet_need(self.run.stages, self.run.iterations, self)
+        if problem:
+            raise ValueError(problem)
         return self
 
     @model_validator(mode="after")

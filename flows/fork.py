@@ -18,12 +18,11 @@ from typing import Any
 from flows.config import ItergrpoConfig
 from flows.config_files import PLACEMENT_SECTIONS, stored_config_as_current
 from flows.config_readers import first_iteration_reading, stages_reading
-from flows.loop import planned_stages
-from flows.names import CRITIC, GRPO, ORM, POLICY, POLICY_LORA, PRM, TRAIN_RM, WARM_START
+from flows.plan import planned_stages
+from flows.stages.registry import STAGES, Stage
 from storage.fork import fork_run
 from storage.store import RunStore, config_diff
 
-Stage = tuple[str, int]
 # Keys that never make two runs compute differently (placement, and the run's own name).
 # Each ends with "." and is matched against key + ".": a section, or exactly one key.
 NOT_RESULTS = (*(f"{section}." for section in PLACEMENT_SECTIONS), "run.run_id.")
@@ -65,18 +64,11 @@ def shareable_prefix(
 
 
 def checkpoints_written(stages: Iterable[Stage]) -> list[tuple[str, int]]:
-    """(role, iteration) of the checkpoints `stages` write (flows/names.py): policy_0; RM_k;
-    policy_{k+1} with its LoRA adapters and PPO critic. A stage's own resume points (GRPO
-    progress, launcher jobs) are not needed once it is committed."""
-    out: list[tuple[str, int]] = []
-    for stage, k in stages:
-        if stage == WARM_START:
-            out.append((POLICY, 0))
-        elif stage == TRAIN_RM:
-            out += [(ORM, k), (PRM, k)]
-        elif stage == GRPO:
-            out += [(POLICY, k + 1), (POLICY_LORA, k + 1), (CRITIC, k + 1)]
-    return out
+    """(role, iteration) of the checkpoints `stages` write, as their registrations declare
+    (flows/stages/__init__.py): policy_0; RM_k; policy_{k+1} with its LoRA adapters and PPO
+    critic. A stage's own resume points (GRPO progress, launcher jobs) are not needed once it
+    is committed."""
+    return [(role, k + offset) for stage, k in stages for role, offset in STAGES[stage].writes]
 
 
 def prefix_from(store: RunStore, source: str, target: ItergrpoConfig) -> list[Stage]:
@@ -106,7 +98,7 @@ def describe(stages: list[Stage]) -> str:
     """`warm_start..evaluate of iteration 0` (the first and last stage shared)."""
 
     def one(stage: Stage) -> str:
-        return stage[0] if stage[0] == WARM_START else f"{stage[0]} of iteration {stage[1]}"
+        return stage[0] if STAGES[stage[0]].once else f"{stage[0]} of iteration {stage[1]}"
 
     first, last = one(stages[0]), one(stages[-1])
     return first if len(stages) == 1 else f"{first}..{last}"

@@ -1,5 +1,6 @@
-"""Algorithm 1 as a loop over stage functions; who executes a stage (plain call or Prefect
-task) is injected, so the same loop runs in tests, from the CLI and in the Prefect flow."""
+"""Algorithm 1 as a loop over the run's plan of registered stages (flows/plan.py); who
+executes a stage (plain call or Prefect task) is injected, so the same loop runs in tests,
+from the CLI and in the Prefect flow."""
 
 from __future__ import annotations
 
@@ -15,11 +16,11 @@ from flows.config_readers import stages_reading
 from flows.context import RunContext
 from flows.engines.availability import check_engines
 from flows.interrupts import INTERRUPT, graceful_sigint, stopped_by_a_signal, with_fault_hook
-from flows.names import EVALUATE, ITERATION_STAGES, WARM_START
+from flows.plan import ends_an_iteration, planned_stages
 from flows.progress import ProgressFn, iteration_label, no_progress
 from flows.report import write_report
 from flows.runtime import apply_threads, name_deepspeed_accelerator
-from flows.stages import STAGE_FUNCTIONS, StageFn, StageResult
+from flows.stages import STAGES, StageFn, StageResult
 from flows.tracking.run_tracking import RunTracking, TrackedRun, check_trackers
 from storage.store import RunStore
 
@@ -29,14 +30,6 @@ log = logging.getLogger("itergrpo")
 FAILURE_MESSAGE_CHARS = 300
 # execute(stage_name, iteration, fn) -> result. The default calls fn directly.
 Executor = Callable[[str, int, StageFn], StageResult]
-
-
-def planned_stages(cfg: ItergrpoConfig) -> list[tuple[str, int]]:
-    """Every (stage, iteration) of the run, in order. The warm start also evaluates policy_0."""
-    plan = [(WARM_START, 0)]
-    for k in range(cfg.run.iterations):
-        plan.extend((name, k) for name in ITERATION_STAGES)
-    return plan
 
 
 def seconds_left(remaining: list[str], last_seconds: dict[str, float]) -> float | None:
@@ -74,15 +67,16 @@ def run_loop(
     last_seconds: dict[str, float] = {}
     for position, (name, iteration) in enumerate(plan):
         INTERRUPT.check()
+        spec = STAGES[name]
         if run.is_committed(iteration, name):
             result = StageResult(name, iteration, skipped=True)
         else:
-            where = "policy_0" if name == WARM_START else iteration_label(iteration, n)
+            where = "policy_0" if spec.once else iteration_label(iteration, n)
             log.info("%s: %s", where, name)
             if on_stage_start is not None:
                 on_stage_start(name, iteration)
             start = time.perf_counter()
-            result = execute(name, iteration, STAGE_FUNCTIONS[name])
+            result = execute(name, iteration, spec.fn)
             result.seconds = last_seconds[name] = time.perf_counter() - start
             left = seconds_left([s for s, _ in plan[position + 1 :]], last_seconds)
             eta = f", about {_minutes(left)} left" if left else ""
@@ -95,7 +89,7 @@ def run_loop(
                 eta,
             )
         results.append(result)
-        if name == EVALUATE:
+        if ends_an_iteration(cfg, name):
             run.set_status("running", iterations_done=iteration + 1)
         if on_stage_done is not None:
             on_stage_done(result)

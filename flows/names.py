@@ -7,14 +7,15 @@ import re
 from datetime import UTC, datetime
 from typing import Final
 
-# Stage names as they appear in the `stages` table and in Parquet file names.
+# Stage names as they appear in the `stages` table and in Parquet file names; each is
+# registered with what it declares in flows/stages/__init__.py.
 WARM_START = "warm_start"
 ROLLOUT = "rollout"
 LABEL = "label"
 TRAIN_RM = "train_rm"
 GRPO = "grpo"
 EVALUATE = "evaluate"
-ITERATION_STAGES = (ROLLOUT, LABEL, TRAIN_RM, GRPO, EVALUATE)
+ITERATION_STAGES = (ROLLOUT, LABEL, TRAIN_RM, GRPO, EVALUATE)  # run.stages' default: Algorithm 1
 EVAL_SPLIT: Final = "test"  # the held-out split every evaluation (policy and RMs) samples
 TRAIN_SPLIT: Final = "train"  # the split rollouts, GRPO and so the reward models draw prompts from
 

@@ -42,7 +42,7 @@ from flows.names import default_run_id
 from flows.preflight import preflight
 from flows.progress import PACKAGE_LOGGERS, log
 from flows.report import iteration_table, report_with_inline_plots
-from flows.stages import StageFn, StageResult
+from flows.stages import STAGES, StageFn, StageResult
 from flows.tracking.record import mlflow_run
 from storage.store import RunStore
 
@@ -102,11 +102,13 @@ def _run_stage_in_task(name: str, iteration: int, fn: StageFn, ctx: RunContext) 
 
 
 def prefect_executor(ctx: RunContext) -> Executor:
-    """Each stage as a Prefect task of the flow run (thin: the stage function does the work)."""
+    """Each stage as a Prefect task of the flow run, named and described by its registration
+    (thin: the stage function does the work)."""
 
     def execute(name: str, iteration: int, fn: StageFn) -> StageResult:
         stage_task = task(
             name=name,
+            description=STAGES[name].summary,
             task_run_name=f"{name}-iter{iteration}",
             cache_policy=NO_CACHE,
             retries=0,
@@ -127,7 +129,7 @@ def _publish_stage(cfg: ItergrpoConfig, result: StageResult) -> None:
             key=artifact_key(cfg.run.run_id, "guards"),
             description=f"what the guards found in {result.stage} of iteration {result.iteration}",
         )
-    if result.stage not in ("evaluate", "warm_start", "train_rm"):
+    if not STAGES[result.stage].changes_iteration_table:
         return
     rows = iteration_table(RunStore(cfg.store.resolved_root()), cfg.run.run_id)
     if rows:

@@ -14,6 +14,7 @@ from transformers import AutoTokenizer, PreTrainedTokenizerBase
 from flows.config import ItergrpoConfig
 from flows.errors import PreflightError
 from flows.names import EVAL_SPLIT, ORM, POLICY, PRM, TRAIN_SPLIT, WARM_START
+from flows.plan import plan_writes
 from flows.progress import log
 from flows.runtime import derive_seed
 from grpo_core.data.tasks.base import Split, Task
@@ -72,13 +73,19 @@ def _check_warm_start_solutions(cfg: ItergrpoConfig, task: Task) -> None:
         )
 
 
-def _check_reward_models(cfg: ItergrpoConfig, policy: PreTrainedTokenizerBase | None) -> None:
-    """Each RM's source is a model of its format, with the head and tokens the format reads
-    (from its config and tokenizer; reward_models/sources.py)."""
-    rms = cfg.reward_models
+def _rms_in_plan(cfg: ItergrpoConfig) -> list[RMKind]:
+    """The reward models the run has and its plan writes (train_rm trains each, or keeps a
+    frozen one's source): a plan without it (run.stages) never reads their sources."""
     kinds: tuple[RMKind, ...] = (ORM, PRM)
+    return [k for k in kinds if cfg.reward_models.uses(k) and plan_writes(cfg, k)]
+
+
+def _check_reward_models(cfg: ItergrpoConfig, policy: PreTrainedTokenizerBase | None) -> None:
+    """Each RM's source in the plan is a model of its format, with the head and tokens the format
+    reads (from its config and tokenizer; reward_models/sources.py)."""
+    rms = cfg.reward_models
     root, run_id = cfg.store.resolved_root(), cfg.run.run_id or ""
-    for kind in [k for k in kinds if rms.uses(k)]:
+    for kind in _rms_in_plan(cfg):
         if (checkpoint_path(root, run_id, kind, 0) / META_FILE).is_file():
             continue  # RM_0 is in the store: a resumed run never reads the source again
         check_source(rms.settings(kind), kind, policy, rms.max_length)
@@ -148,7 +155,7 @@ def _check_prompts(
         cfg.evaluation.max_new_tokens,
         cfg.labelling.max_new_tokens,
     )
-    rm_used = cfg.reward_models.use_orm or cfg.reward_models.use_prm
+    rm_used = bool(_rms_in_plan(cfg))
     for split, n in wants.items():
         problems = task.problems(split, n, seed=cfg.run.seed)
         if not problems:

@@ -37,7 +37,7 @@ from flows.loop import Executor, failure_record, planned_stages, tracked_run
 from flows.names import EVAL_SPLIT, GRPO, WARM_START
 from flows.progress import no_progress
 from flows.runtime import apply_threads, name_deepspeed_accelerator
-from flows.stages import STAGE_FUNCTIONS
+from flows.stages import STAGES
 from flows.tracking.run_tracking import RunTracking, check_trackers
 from storage.errors import ConfigMismatchError, StoreError
 from storage.run_writer import RunWriter
@@ -220,7 +220,7 @@ def _shared_policy_0(
     start = time.perf_counter()
     ctx = RunContext(cfg, store, record)
     try:
-        make_executor(ctx)(WARM_START, 0, STAGE_FUNCTIONS[WARM_START])
+        make_executor(ctx)(WARM_START, 0, STAGES[WARM_START].fn)
     finally:
         ctx.close()
     log.info("ablation %s: policy_0 done in %.1f s", plan.ablation_id, time.perf_counter() - start)

@@ -1,35 +1,189 @@
-"""Stage functions `stage(ctx, iteration, progress) -> StageResult`, one module per stage.
+"""The built-in stages, registered with what they declare (flows/stages/registry.py says what
+each declaration means), in the order of an iteration.
 
-Each stage reads its inputs from the store and checkpoints (through the run context),
-calls the component libraries, writes its rows inside one stage attempt and commits. A stage
-that crashes leaves nothing visible; checkpoints it wrote are overwritten by the rerun.
-STAGE_FUNCTIONS is the table the loop runs, by the stage names of flows/names.py.
+A stage is one module here with `stage(ctx, iteration, progress) -> StageResult`: it reads its
+inputs from the store and checkpoints (through the run context), calls the component
+libraries, writes its rows inside one stage attempt and commits. A stage that crashes leaves
+nothing visible; checkpoints it wrote are overwritten by the rerun. Its function is named by
+path, so this registration stays torch-free.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from typing import TYPE_CHECKING
 
-from flows.context import RunContext
-from flows.names import EVALUATE, GRPO, LABEL, ROLLOUT, TRAIN_RM, WARM_START
-from flows.progress import ProgressFn
-from flows.stages.evaluate import evaluate_stage
-from flows.stages.grpo import grpo_stage
-from flows.stages.label import label_stage
+from flows.names import (
+    CRITIC,
+    EVALUATE,
+    GRPO,
+    LABEL,
+    ORM,
+    POLICY,
+    POLICY_LORA,
+    PRM,
+    ROLLOUT,
+    TRAIN_RM,
+    WARM_START,
+)
+from flows.stages.registry import STAGES, Checkpoint, Needs, StageFn, StageSpec, register_stage
 from flows.stages.results import StageResult
-from flows.stages.rollout import rollout_stage
-from flows.stages.train_rm import train_rm_stage
-from flows.stages.warm_start import warm_start_stage
+from reward_models.parts import REWARD_PARTS
 
-StageFn = Callable[[RunContext, int, ProgressFn], StageResult]
+if TYPE_CHECKING:
+    from flows.config import ItergrpoConfig
 
-STAGE_FUNCTIONS: dict[str, StageFn] = {
-    WARM_START: warm_start_stage,
-    ROLLOUT: rollout_stage,
-    LABEL: label_stage,
-    TRAIN_RM: train_rm_stage,
-    GRPO: grpo_stage,
-    EVALUATE: evaluate_stage,
-}
+# Config keys. Every stage of an iteration reads how the run samples (rollout.*), rewards
+# (reward_models.*) and trains (grpo.*): a stage reads the outputs of those before it, so a
+# change there changes them all. Not the warm start: it builds (or loads) policy_0 and
+# evaluates it, so ablation arms that differ only in the iterations share it (flows/fork.py).
+_ITERATION_KEYS = ("grpo.", "reward_models.", "rollout.")
+# How the GRPO stage trains: the stages after it read the merged policy it stores.
+_LORA_KEYS = ("grpo.lora.",)
+# Where each RM starts, its format and tokens, and how RMs train: train_rm alone (the GRPO
+# stage loads the stored RM_k, whose own files say what it is).
+_RM_TRAINING_KEYS = (
+    "reward_models.orm.",
+    "reward_models.prm.",
+    *(
+        f"reward_models.{name}"
+        for name in (
+            "lr",
+            "epochs",
+            "continual_epochs",
+            "prm_epochs",
+            "prm_continual_epochs",
+            "batch_size",
+            "prm_label",
+            "replay_ratio",
+            "seed",
+            "retrain",
+            "eval_prompts",
+            "eval_samples",
+        )
+    ),
+)
+_POLICY_K: Checkpoint = (POLICY, 0)
 
-__all__ = ["STAGE_FUNCTIONS", "StageFn", "StageResult"]
+
+def _samples_policy_k(cfg: ItergrpoConfig) -> Needs:
+    return Needs(checkpoints=frozenset({_POLICY_K}))
+
+
+def _label_needs(cfg: ItergrpoConfig) -> Needs:
+    """policy_k (Math-Shepherd completions) and the rollouts it labels."""
+    return Needs(checkpoints=frozenset({_POLICY_K}), tables=frozenset({"prompts", "rollouts"}))
+
+
+def _train_rm_needs(cfg: ItergrpoConfig) -> Needs:
+    """policy_k (its fresh outputs measure the drift) and, for each RM it trains, the labels
+    of its iteration and the rollouts they label (a frozen RM is its source)."""
+    rms = cfg.reward_models
+    trained = [kind for kind in (ORM, PRM) if rms.uses(kind) and rms.settings(kind).train]
+    why: dict[Checkpoint | str, str] = {
+        f"{kind}_labels": f"reward_models.{kind}.train" for kind in trained
+    }
+    labels = {f"{kind}_labels" for kind in trained}
+    tables = frozenset({*labels, "rollouts"} if labels else ())
+    return Needs(checkpoints=frozenset({_POLICY_K}), tables=tables, why=why)
+
+
+def _grpo_needs(cfg: ItergrpoConfig) -> Needs:
+    """policy_k, and RM_k of each kind its scored reward parts, its estimator or its critic read
+    (what reward_models/grpo_reward.py's models_needed and flows/stages/critic.py load)."""
+    rewards, algo = cfg.grpo.rewards, cfg.grpo.algo
+    why: dict[Checkpoint | str, str] = {}
+    for name, part in REWARD_PARTS.items():
+        weight = rewards.weight(name)
+        for kind in sorted(part.needs) if part.always or weight > 0 else []:
+            why.setdefault((kind, 0), f"grpo.rewards.{name} = {weight}")
+    if algo.process_supervision:
+        why.setdefault((PRM, 0), f"grpo.algo.adv_estimator = {algo.adv_estimator}")
+    if algo.estimator.needs_values and algo.ppo.critic_init == ORM:
+        why.setdefault((ORM, 0), "grpo.algo.ppo.critic_init = orm")
+    rms = frozenset(key for key in why if isinstance(key, tuple))
+    return Needs(checkpoints=rms | {_POLICY_K}, why=why)
+
+
+def _evaluates_policy_k_plus_1(cfg: ItergrpoConfig) -> Needs:
+    return Needs(checkpoints=frozenset({(POLICY, 1)}))
+
+
+register_stage(
+    StageSpec(
+        WARM_START,
+        "flows.stages.warm_start:warm_start_stage",
+        "policy_0: SFT on gold solutions (run.warm_start), saved and evaluated",
+        commits=frozenset({"eval", "eval_problems", "metrics"}),
+        # and the sampler's batch: its evaluation samples in batches of rollout.batch_size
+        reads=("warm_start.", "evaluation.", "rollout.batch_size"),
+        writes=((POLICY, 0),),
+        once=True,
+        changes_iteration_table=True,
+    )
+)
+register_stage(
+    StageSpec(
+        ROLLOUT,
+        "flows.stages.rollout:rollout_stage",
+        "G samples per train prompt from policy_k, the raw material of the RM labels",
+        commits=frozenset({"prompts", "rollouts", "metrics"}),
+        reads=_ITERATION_KEYS,
+        ignores=_LORA_KEYS + _RM_TRAINING_KEYS,
+        needs=_samples_policy_k,
+    )
+)
+register_stage(
+    StageSpec(
+        LABEL,
+        "flows.stages.label:label_stage",
+        "ORM labels from the verifier, PRM labels by Math-Shepherd completions",
+        commits=frozenset({"orm_labels", "prm_labels", "metrics"}),
+        reads=(*_ITERATION_KEYS, "labelling."),
+        ignores=_LORA_KEYS + _RM_TRAINING_KEYS,
+        needs=_label_needs,
+    )
+)
+register_stage(
+    StageSpec(
+        TRAIN_RM,
+        "flows.stages.train_rm:train_rm_stage",
+        "RM_k: continual training on new and replayed labels, and its drift from RM_k-1",
+        commits=frozenset({"rm_train", "eval", "metrics"}),
+        reads=_ITERATION_KEYS,
+        ignores=_LORA_KEYS,
+        # iteration 0 trains RM_0 whatever retrain says; only later ones keep RM_0 instead
+        # (without this, Fig. 6's two arms would share no iteration: flows/fork.py)
+        reads_from={"reward_models.retrain": 1},
+        writes=((ORM, 0), (PRM, 0)),
+        needs=_train_rm_needs,
+        changes_iteration_table=True,
+    )
+)
+register_stage(
+    StageSpec(
+        GRPO,
+        "flows.stages.grpo:grpo_stage",
+        "policy_k+1: GRPO steps from policy_k, rewarded by the verifier and RM_k",
+        commits=frozenset({"policy_samples", "metrics"}),
+        reads=_ITERATION_KEYS,
+        ignores=_RM_TRAINING_KEYS,
+        writes=((POLICY, 1), (POLICY_LORA, 1), (CRITIC, 1)),
+        needs=_grpo_needs,
+        metrics_per_step=True,
+    )
+)
+register_stage(
+    StageSpec(
+        EVALUATE,
+        "flows.stages.evaluate:evaluate_stage",
+        "policy_k+1 on held-out prompts: greedy accuracy, Pass@K, Maj@K",
+        commits=frozenset({"eval", "eval_problems"}),
+        reads=(*_ITERATION_KEYS, "evaluation."),
+        ignores=_LORA_KEYS + _RM_TRAINING_KEYS,
+        needs=_evaluates_policy_k_plus_1,
+        policy_offset=1,
+        changes_iteration_table=True,
+    )
+)
+
+__all__ = ["STAGES", "StageFn", "StageResult", "StageSpec"]

@@ -10,7 +10,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from flows.names import EVALUATE, GRPO, WARM_START
+from flows.stages.registry import STAGES
 from storage.store import RunStore
 
 # MLflow accepts letters, digits, '_', '-', '.', ' ', '/' (and ':' off Windows) in a key.
@@ -61,24 +61,24 @@ def eval_metric_name(metric: str, k: int | None) -> str:
 
 
 def stage_policy_iteration(stage: str, iteration: int) -> int:
-    """The policy a stage's per-iteration values describe: the evaluation of iteration k
-    measures policy_{k+1}; the warm start policy_0; the other stages sample policy_k."""
-    if stage == WARM_START:
-        return 0
-    return iteration + 1 if stage == EVALUATE else iteration
+    """The policy a stage's per-iteration values describe, as it declares (policy_offset): the
+    evaluation of iteration k measures policy_{k+1}; the warm start (iteration 0) policy_0;
+    the other stages sample policy_k."""
+    return iteration + STAGES[stage].policy_offset
 
 
 def stage_points(
     store: RunStore, run_id: str, stage: str, iteration: int, grpo_steps: int
 ) -> list[MetricPoint]:
-    """Every value the committed `stage` of `iteration` stored: its `metrics` rows (a GRPO
-    step's at its global step, the rest at the policy's iteration) and its `eval` rows (at
-    their policy_iteration)."""
+    """Every value the committed `stage` of `iteration` stored: its `metrics` rows (a step's
+    at its global step where the stage's metrics are per step, as GRPO's; the rest at the
+    policy's iteration) and its `eval` rows (at their policy_iteration)."""
     policy = stage_policy_iteration(stage, iteration)
+    per_step = STAGES[stage].metrics_per_step
     points = []
     metrics = store.read("metrics", run_id=run_id, iterations=[iteration], stage=stage)
     for row in metrics.to_pylist():
-        if stage == GRPO and row["step"] is not None:
+        if per_step and row["step"] is not None:
             step = global_step(iteration, int(row["step"]), grpo_steps)
         else:
             step = policy
