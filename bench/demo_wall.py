@@ -33,7 +33,8 @@ from machine_speed import reference_line
 from flows.config_files import load_config
 from flows.loop import execute_run
 from flows.report import format_iteration_table, iteration_table
-from flows.stages.registry import STAGES, StageSpec, registered
+from flows.stage_registry import StageSpec, registered
+from flows.stage_table import STAGES
 from storage.store import RunStore
 
 # (start, end) in time.perf_counter() seconds

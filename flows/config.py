@@ -25,7 +25,7 @@ from flows.cluster_config import ClusterSection
 from flows.grpo_presets import GRPO_PRESETS, apply_preset
 from flows.guards import GuardsConfig
 from flows.names import ITERATION_STAGES
-from flows.stages.registry import (
+from flows.stage_table import (
     STAGES,
     check_iteration_stages,
     iteration_stages_schema,
@@ -367,7 +367,7 @@ class ItergrpoConfig(_Section):
     @model_validator(mode="after")
     def _stages_find_what_they_read(self) -> ItergrpoConfig:
         """Each stage of the plan reads checkpoints and tables the stages before it write
-        (their registrations declare both: flows/stages/__init__.py)."""
+        (their registrations declare both: flows/stage_table.py)."""
         problem = unmet_need(self.run.stages, self.run.iterations, self)
         if problem:
             raise ValueError(problem)

@@ -3,14 +3,14 @@
 A run that failed in a stage may be rerun with a field changed, without --force-config, when
 no committed stage read that field: the stages that did commit would have computed the same
 with the new value, so the run still equals a clean run with the new config. Each stage
-declares the keys it reads in its registration (flows/stages/__init__.py); a key no stage
+declares the keys it reads in its registration (flows/stage_table.py); a key no stage
 declares counts as read by every stage (the safe default: such a field refuses the rerun once
 anything is committed).
 """
 
 from __future__ import annotations
 
-from flows.stages.registry import STAGES, covers
+from flows.stage_table import STAGES, covers
 
 # Read by no stage's outputs: a guard only decides whether a stage may commit.
 READ_BY_NO_STAGE = ("guards.",)

@@ -19,7 +19,7 @@ from flows.config import ItergrpoConfig
 from flows.config_files import PLACEMENT_SECTIONS, stored_config_as_current
 from flows.config_readers import first_iteration_reading, stages_reading
 from flows.plan import planned_stages
-from flows.stages.registry import STAGES, Stage
+from flows.stage_table import STAGES, Stage
 from storage.fork import fork_run
 from storage.store import RunStore, config_diff
 
@@ -65,7 +65,7 @@ def shareable_prefix(
 
 def checkpoints_written(stages: Iterable[Stage]) -> list[tuple[str, int]]:
     """(role, iteration) of the checkpoints `stages` write, as their registrations declare
-    (flows/stages/__init__.py): policy_0; RM_k; policy_{k+1} with its LoRA adapters and PPO
+    (flows/stage_table.py): policy_0; RM_k; policy_{k+1} with its LoRA adapters and PPO
     critic. A stage's own resume points (GRPO progress, launcher jobs) are not needed once it
     is committed."""
     return [(role, k + offset) for stage, k in stages for role, offset in STAGES[stage].writes]

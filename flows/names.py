@@ -8,7 +8,7 @@ from datetime import UTC, datetime
 from typing import Final
 
 # Stage names as they appear in the `stages` table and in Parquet file names; each is
-# registered with what it declares in flows/stages/__init__.py.
+# registered with what it declares in flows/stage_table.py.
 WARM_START = "warm_start"
 ROLLOUT = "rollout"
 LABEL = "label"

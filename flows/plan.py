@@ -1,11 +1,11 @@
 """The plan of a run: its (stage, iteration) pairs in execution order, read by the loop, forks
 and ablations. The warm start runs first, then `run.stages` in every iteration; the config
-checks that each stage finds what it reads (flows/stages/registry.py)."""
+checks that each stage finds what it reads (flows/stage_registry.py)."""
 
 from __future__ import annotations
 
 from flows.config import ItergrpoConfig
-from flows.stages.registry import STAGES, Stage, stage_plan
+from flows.stage_table import STAGES, Stage, stage_plan
 
 
 def planned_stages(cfg: ItergrpoConfig) -> list[Stage]:

@@ -12,7 +12,7 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 from flows.context import RunContext
 from flows.names import EVAL_SPLIT, EVALUATE
 from flows.progress import ProgressFn, log
-from flows.stages.results import StageResult
+from flows.stage_results import StageResult
 from grpo_core.contracts.progress import rounded
 from grpo_core.model.evaluate import evaluate_policy
 from storage.run_writer import StageAttempt

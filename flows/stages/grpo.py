@@ -32,9 +32,9 @@ from flows.guards import GuardChecks
 from flows.interrupts import INTERRUPT
 from flows.names import GRPO, GRPO_PROGRESS, POLICY, POLICY_LORA, TRAIN_SPLIT
 from flows.progress import ProgressFn, log
+from flows.stage_results import StageResult, mean, metric_rows
 from flows.stages.critic import commit_critic, open_critic, save_critic_progress
 from flows.stages.grpo_steps import check_step_rewards, policy_sample_rows, report_step
-from flows.stages.results import StageResult, mean, metric_rows
 from grpo_core.algo.critic_update import CriticLearner
 from grpo_core.algo.step import (
     SKIPPED,

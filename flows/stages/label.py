@@ -8,8 +8,8 @@ import math
 from flows.context import RunContext
 from flows.names import LABEL
 from flows.progress import ProgressFn, iteration_label, log
+from flows.stage_results import StageResult, mean, metric_rows, row_dicts
 from flows.stages.health_lines import label_balance_line
-from flows.stages.results import StageResult, mean, metric_rows, row_dicts
 from flows.stages.train_rm import labelled_samples
 from reward_models.labelling import PrmLabel, label_agreement, orm_labels, prm_labels_monte_carlo
 

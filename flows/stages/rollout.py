@@ -6,7 +6,7 @@ from __future__ import annotations
 from flows.context import RunContext
 from flows.names import POLICY, ROLLOUT, TRAIN_SPLIT
 from flows.progress import ProgressFn
-from flows.stages.results import StageResult, mean, metric_rows
+from flows.stage_results import StageResult, mean, metric_rows
 from grpo_core.contracts.rollout import SamplingParams
 
 

@@ -23,8 +23,8 @@ from flows.guards import RM_AUROC, RM_LABELS, GuardChecks, auroc_finding, label_
 from flows.model_io import save_reward_model
 from flows.names import EVAL_SPLIT, ORM, POLICY, PRM, TRAIN_RM, TRAIN_SPLIT
 from flows.progress import ProgressFn, iteration_label, log
+from flows.stage_results import StageResult, metric_rows, row_dicts
 from flows.stages.health_lines import STALE, auroc_line
-from flows.stages.results import StageResult, metric_rows, row_dicts
 from grpo_core.contracts.numerics import require_finite
 from grpo_core.contracts.progress import rounded
 from grpo_core.contracts.rollout import RolloutBatch, SamplingParams

@@ -9,8 +9,8 @@ from flows.context import RunContext
 from flows.model_io import save_model, to_device
 from flows.names import POLICY, WARM_START
 from flows.progress import ProgressFn
+from flows.stage_results import StageResult, metric_rows
 from flows.stages.evaluate import policy_eval_rows
-from flows.stages.results import StageResult, metric_rows
 from grpo_core.engines.hf_rollout import HFRolloutEngine
 from grpo_core.model.policy import build_policy
 from grpo_core.model.warm_start import warm_start

@@ -10,7 +10,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from flows.stages.registry import STAGES
+from flows.stage_table import STAGES
 from storage.store import RunStore
 
 # MLflow accepts letters, digits, '_', '-', '.', ' ', '/' (and ':' off Windows) in a key.

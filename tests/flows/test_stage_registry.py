@@ -22,9 +22,9 @@ from flows.loop import Executor, call_directly, execute_run
 from flows.names import GRPO, ITERATION_STAGES, LABEL, ORM, POLICY, ROLLOUT, WARM_START
 from flows.plan import planned_stages
 from flows.progress import ProgressFn
+from flows.stage_registry import Needs, StageSpec, registered
+from flows.stage_results import mean, metric_rows
 from flows.stages import STAGES, StageFn, StageResult
-from flows.stages.registry import Needs, StageSpec, registered
-from flows.stages.results import mean, metric_rows
 from flows.tracking.points import MetricPoint, stage_points
 from reward_models.grpo_reward import models_needed
 from storage.errors import ConfigMismatchError

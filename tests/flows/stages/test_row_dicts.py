@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from flows.stages.results import row_dicts
+from flows.stage_results import row_dicts
 from reward_models.labelling import OrmLabel, PrmLabel
 from reward_models.training import TrainedRow
 

@@ -1,7 +1,7 @@
 """Stages by name, each with what it declares: its function, the tables it commits, the config
 keys it reads, the checkpoints it writes and those it needs, and how its rows are reported.
 The loop, the Prefect flow, forks, the rerun rule, tracking and the config's `run.stages` read
-these declarations; the built-in stages register in flows/stages/__init__.py.
+these declarations; the built-in stages register in flows/stage_table.py.
 
 Torch-free, so a config loads (and a plan is refused) without importing torch: a stage's
 function is named by its import path ("module:function") and imported on first use.
@@ -17,7 +17,7 @@ from functools import cached_property
 from typing import Any
 
 from flows.progress import ProgressFn
-from flows.stages.results import StageResult
+from flows.stage_results import StageResult
 from grpo_core.contracts.registry import Registry
 
 # stage(ctx, iteration, progress) -> StageResult. ctx is the run's RunContext (flows/context.py);
