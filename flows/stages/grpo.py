@@ -30,7 +30,7 @@ from flows.engines.policy_updaters import (
 from flows.engines.sampling import SleepingEngine, SleepsAfterSampling
 from flows.guards import GuardChecks
 from flows.interrupts import INTERRUPT
-from flows.names import GRPO, GRPO_PROGRESS, POLICY, POLICY_LORA, TRAIN_SPLIT
+from flows.names import CRITIC, GRPO, GRPO_PROGRESS, POLICY, POLICY_LORA, TRAIN_SPLIT
 from flows.progress import ProgressFn, log
 from flows.stages.critic import commit_critic, open_critic, save_critic_progress
 from flows.stages.grpo_steps import check_step_rewards, policy_sample_rows, report_step
@@ -40,6 +40,7 @@ from grpo_core.algo.step import (
     SKIPPED,
     grpo_step,
     prompt_indices_at,
+    step_parts,
 )
 from grpo_core.contracts.rollout import RolloutEngine, Sampler
 from grpo_core.data.tasks.base import Problem
@@ -287,6 +288,15 @@ def _train_policy(
             reward_models,
             algo.process_supervision,
         )
+        steps = step_parts(
+            sampler,
+            updater,
+            algo,
+            group_size=g.group_size,
+            max_new_tokens=g.max_new_tokens,
+            pad_token_id=tokenizer.pad_token_id,
+            critic=critic,
+        )
         for step in range(start, g.steps):
             started = time.perf_counter()
             if updated:  # the sampling engine (or the stage's model) gets the updated policy
@@ -295,18 +305,12 @@ def _train_policy(
             prompts = [prompter(p.question) for p in drawn]
             more_prompts = functools.partial(_extra_round, cursor, drawn, prompter, rewarder)
             out = grpo_step(
+                steps,
                 prompts,
-                sampler,
                 functools.partial(rewarder, list(drawn), prompts),
-                updater,
-                algo,
-                group_size=g.group_size,
-                max_new_tokens=g.max_new_tokens,
-                pad_token_id=tokenizer.pad_token_id,
                 seed=ctx.seed(GRPO, k, step),
                 where=f"GRPO iteration {k}, step {step}",
                 more_prompts=more_prompts,
-                critic=critic,
             )
             kept = out.kept_prompts or range(len(prompts))
             problems = [drawn[i] for i in kept]
@@ -331,7 +335,7 @@ def _train_policy(
                 )
             INTERRUPT.check()
         save_policy(ctx.checkpoint(POLICY, k + 1), model, tokenizer, updater)
-        commit_critic(ctx, k, critic)
+        commit_critic(ctx.checkpoint(CRITIC, k + 1), critic)
         if adapters is not None:  # policy_{k+1} is stored merged; the adapters beside it
             save_checkpoint(ctx.checkpoint(POLICY_LORA, k + 1), adapters.save, overwrite=True)
     finally:
