@@ -240,9 +240,18 @@ def _run_step(parts: GRPOParts, steps: StepParts, step: int) -> tuple[StepOutcom
 
 
 def _save_progress(parts: GRPOParts, done: int, samples: list[Row], metrics: list[Row]) -> None:
+    """The progress checkpoint after `done` steps: the next one resumes from here."""
     save_progress(
-        *(parts.outputs.progress, parts.model, parts.tokenizer, parts.updater, done),
-        *(samples, metrics, parts.cursor.position, parts.critic, parts.adapters),
+        parts.outputs.progress,
+        parts.model,
+        parts.tokenizer,
+        parts.updater,
+        done,
+        samples,
+        metrics,
+        parts.cursor.position,
+        parts.critic,
+        parts.adapters,
     )
 
 
