@@ -42,7 +42,7 @@ from flows.config_files import load_config
 from flows.engines.policy_updaters import build_policy_updater
 from grpo_core.algo.estimators import VERIFIER
 from grpo_core.algo.rewards import StepRewards
-from grpo_core.algo.step import grpo_step
+from grpo_core.algo.step import grpo_step, step_parts
 from grpo_core.contracts.rollout import RolloutBatch, SamplingParams
 from grpo_core.data import answer_formats
 from grpo_core.data.math_equivalence import MathVerifier
@@ -169,17 +169,15 @@ def bench_grpo(cfg: Any, task: Any, policy_dir: Path, steps: int) -> None:
                 return StepRewards(total=correct, parts={VERIFIER: correct}, rm=None)
 
             update = _timed_update(updater)
-            grpo_step(
-                prompts,
+            parts = step_parts(
                 sampler,
-                verifier_reward,
                 update,
                 g.algo,
                 group_size=g.group_size,
                 max_new_tokens=g.max_new_tokens,
                 pad_token_id=tokenizer.pad_token_id,
-                seed=step,
             )
+            grpo_step(parts, prompts, verifier_reward, seed=step)
             update_seconds += update.seconds
         wall = time.perf_counter() - start
         updater.close()

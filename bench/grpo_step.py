@@ -40,7 +40,7 @@ from torch import Tensor, nn
 from grpo_core.algo.config import GRPOConfig
 from grpo_core.algo.estimators import VERIFIER
 from grpo_core.algo.rewards import StepRewards
-from grpo_core.algo.step import grpo_step
+from grpo_core.algo.step import grpo_step, step_parts
 from grpo_core.algo.update import grpo_update
 from grpo_core.contracts.policy_batch import PolicyBatch
 from grpo_core.contracts.rollout import RolloutBatch, Sampler, SamplingParams
@@ -234,6 +234,14 @@ def run_ours(
         HFRolloutEngine(setup.model, setup.tokenizer, show_progress=False), times
     )
     policy = BenchUpdate(setup.engine, setup.reference, algo)
+    parts = step_parts(
+        sampler,
+        policy,
+        algo,
+        group_size=common.GROUP_SIZE,
+        max_new_tokens=cfg.max_new_tokens,
+        pad_token_id=setup.tokenizer.pad_token_id,
+    )
     prompts = common.make_prompts(cfg)
     steps: list[dict[str, Any]] = []
     for step in range(common.WARMUP_STEPS + common.TIMED_STEPS):
@@ -241,17 +249,8 @@ def run_ours(
         with maybe_profile(profile and step == common.WARMUP_STEPS):
             start, cpu_start = time.perf_counter(), time.process_time()
             step_prompts = prompts[step * common.PROMPTS_PER_STEP :][: common.PROMPTS_PER_STEP]
-            out = grpo_step(
-                step_prompts,
-                sampler,
-                functools.partial(arith_rewards, step_prompts),
-                policy,
-                algo,
-                group_size=common.GROUP_SIZE,
-                max_new_tokens=cfg.max_new_tokens,
-                pad_token_id=setup.tokenizer.pad_token_id,
-                seed=step,
-            )
+            reward = functools.partial(arith_rewards, step_prompts)
+            out = grpo_step(parts, step_prompts, reward, seed=step)
             total = time.perf_counter() - start
             cpu_total = time.process_time() - cpu_start
         times["other"] = total - sum(times[k] for k in OUR_PHASES if k != "other")

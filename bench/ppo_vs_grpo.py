@@ -38,7 +38,7 @@ from grpo_core.algo.config import GRPOConfig
 from grpo_core.algo.critic_update import CriticLearner, critic_optimizer_settings
 from grpo_core.algo.estimators import VERIFIER
 from grpo_core.algo.rewards import StepRewards
-from grpo_core.algo.step import grpo_step
+from grpo_core.algo.step import grpo_step, step_parts
 from grpo_core.algo.update import grpo_update
 from grpo_core.contracts.policy_batch import PolicyBatch
 from grpo_core.contracts.rollout import RolloutBatch
@@ -116,6 +116,15 @@ def run_arm(arm: str, cfg: common.BenchConfig, model_dir: Path, device: str, ste
         critic_engine = TorchEngine(value_model, critic_optimizer_settings(algo))
         critic = CriticLearner(value_model, critic_engine, model, reference, algo)
     sampler = HFRolloutEngine(model, tokenizer, show_progress=False)
+    parts = step_parts(
+        sampler,
+        Update(engine, reference, algo),
+        algo,
+        group_size=common.GROUP_SIZE,
+        max_new_tokens=cfg.max_new_tokens,
+        pad_token_id=tokenizer.pad_token_id,
+        critic=critic,
+    )
     prompts = common.make_prompts(cfg)
     seconds: list[float] = []
     for step in range(common.WARMUP_STEPS + steps):
@@ -124,18 +133,8 @@ def run_arm(arm: str, cfg: common.BenchConfig, model_dir: Path, device: str, ste
         if device != "cpu":
             torch.cuda.synchronize()
         start = time.perf_counter()
-        out = grpo_step(
-            step_prompts,
-            sampler,
-            functools.partial(arith_rewards, step_prompts),
-            Update(engine, reference, algo),
-            algo,
-            group_size=common.GROUP_SIZE,
-            max_new_tokens=cfg.max_new_tokens,
-            pad_token_id=tokenizer.pad_token_id,
-            seed=step,
-            critic=critic,
-        )
+        reward = functools.partial(arith_rewards, step_prompts)
+        out = grpo_step(parts, step_prompts, reward, seed=step)
         if device != "cpu":
             torch.cuda.synchronize()
         if step >= common.WARMUP_STEPS:

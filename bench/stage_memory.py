@@ -1,13 +1,12 @@
-"""What the GRPO stage process holds when Ray ranks train the policy and vLLM samples it: its
-own copy of policy_k (as before the skeleton; forced here) against the meta-device skeleton
-it holds now, read from the stage's stored `peak_memory_mib` (on CPU: the highest resident
-set size above the stage's start) with the machine-speed reference.
+"""What the GRPO stage process holds when Ray ranks train the policy and vLLM samples it: the
+meta-device skeleton of policy_k it holds (the ranks hold the weights), read from the stage's
+stored `peak_memory_mib` (on CPU: the highest resident set size above the stage's start)
+with the machine-speed reference.
 
     OMP_NUM_THREADS=1 .venv/bin/python bench/stage_memory.py     # needs ray and make vllm-env
 
 `skeleton, disk sync` is the skeleton with engines.vllm.weight_sync = disk (rank 0 writes each
-update for the engine to reload); `skeleton, disk sync via the stage` forces the path before
-b99a29f, where the stage took rank 0's weights and wrote them itself.
+update for the engine to reload).
 
 One fresh run per variant of the micro preset with bench/train_workers.py's `small` shape
 (8 layers x 512), one iteration, two torch ranks, one vLLM worker process on the CPU.
@@ -15,11 +14,15 @@ One fresh run per variant of the micro preset with bench/train_workers.py's `sma
 `--timeline` also samples this process's resident set every 20 ms with the last log line
 seen, and prints where the GRPO stage's rise happened: each rise (and fall) summed under the
 log line that preceded it, digits folded, so that a stage's steps add up under one line.
+The GRPO stage then runs as set-up and steps (flows/stages/grpo.py) with its sampler,
+rewarder and updater wrapped to log a line before and after each call; a step's progress
+save comes after the step's own log line (`GRPO iter # step #: ...`), so its rise sums there.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import itertools
 import logging
 import os
@@ -36,17 +39,18 @@ from machine_speed import reference_line
 from train_workers import CONFIG_SETS
 
 from flows.config_files import load_config
-from flows.engines.train_workers import RayWorkersUpdater
-from flows.loop import execute_run
-from flows.names import POLICY
-from flows.stages import grpo as grpo_stage_module
-from grpo_core.engines.cost import MIB, resident_bytes
+from flows.context import RunContext
+from flows.loop import Executor, call_directly, execute_run
+from flows.names import GRPO, POLICY
+from flows.progress import ProgressFn
+from flows.stages import StageResult
+from flows.stages.grpo import commit_grpo, setup_grpo, train_grpo
+from grpo_core.engines.cost import MIB, PeakMemory, resident_bytes
 from storage.checkpoints import checkpoint_path
 from storage.store import RunStore
 
-VARIANTS = ["policy copy", "skeleton", "skeleton, disk sync", "skeleton, disk sync via the stage"]
-# engines.vllm.weight_sync = disk: rank 0 writes each update for the engines to reload; "via
-# the stage" forces the path before b99a29f (the stage takes rank 0's weights and writes them).
+VARIANTS = ["skeleton", "skeleton, disk sync"]
+# engines.vllm.weight_sync = disk: rank 0 writes each update for the engines to reload
 DISK_SYNC = ["engines.vllm.weight_sync=disk"]
 VLLM_ON_CPU = [
     "engines.rollout=vllm",
@@ -116,11 +120,6 @@ class RssTimeline(logging.Handler):
         return lines
 
 
-GRPO_STEP = grpo_stage_module.grpo_step
-SAVE_PROGRESS = grpo_stage_module._save_progress
-HAND_ON = RayWorkersUpdater.hand_on
-
-
 def traced(name: str, call: Any) -> Any:
     """`call` with a log line before and after it."""
     say = logging.getLogger("bench.stage_memory").info
@@ -134,53 +133,54 @@ def traced(name: str, call: Any) -> Any:
     return run
 
 
-def traced_grpo_step(*args: Any, **kwargs: Any) -> Any:
-    """grpo_step with log lines around its sampling, rewards and update."""
-    prompts, sampler, reward, policy, *rest = args
-
-    class Sampler:
-        generate = staticmethod(traced("sampling (vLLM)", sampler.generate))
-
-    class Update:
-        update = staticmethod(traced("update (on the ranks)", policy.update))
-
-    rewarded = traced("rewards (reward models in the stage)", reward)
-    return GRPO_STEP(prompts, Sampler(), rewarded, Update(), *rest, **kwargs)
+class TracedSampler:
+    def __init__(self, inner: Any) -> None:
+        self.generate = traced("sampling (vLLM)", inner.generate)
 
 
-def trace_stage(on: bool) -> None:
-    """Log lines around each part of a GRPO step (on), or the stage as it is (off)."""
-    patches = {
-        (grpo_stage_module, "grpo_step"): (traced_grpo_step, GRPO_STEP),
-        (grpo_stage_module, "_save_progress"): (
-            traced("progress save", SAVE_PROGRESS),
-            SAVE_PROGRESS,
-        ),
-        (RayWorkersUpdater, "hand_on"): (traced("hand on the weights (sync)", HAND_ON), HAND_ON),
-    }
-    for (owner, name), (new, old) in patches.items():
-        setattr(owner, name, new if on else old)
+class TracedUpdater:
+    """The stage's updater with log lines around its update and its hand-on of the weights."""
+
+    def __init__(self, inner: Any) -> None:
+        self.inner = inner
+        self.update = traced("update (on the ranks)", inner.update)
+        self.hand_on = traced("hand on the weights (sync)", inner.hand_on)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
 
 
-def stage_memory(variant: str, root: Path) -> dict[str, Any]:
+def traced_grpo_stage(ctx: RunContext, k: int, progress: ProgressFn) -> StageResult:
+    """The GRPO stage, log lines around each part of its steps: sampling, rewards, update,
+    the weights' hand-on."""
+    with PeakMemory(ctx.device) as peak:
+        parts = setup_grpo(ctx, k)
+        parts = dataclasses.replace(
+            parts,
+            sampler=TracedSampler(parts.sampler),
+            rewarder=traced("rewards (reward models in the stage)", parts.rewarder),
+            updater=TracedUpdater(parts.updater),
+        )
+        samples, metrics = train_grpo(parts, progress)
+    return commit_grpo(ctx, k, samples, metrics, peak.mib)
+
+
+def traced_stages(ctx: RunContext) -> Executor:
+    """Stages called directly, the GRPO stage as traced_grpo_stage."""
+    direct = call_directly(ctx)
+    return lambda name, k, fn: direct(name, k, traced_grpo_stage if name == GRPO else fn)
+
+
+def stage_memory(variant: str, root: Path, timeline: bool) -> dict[str, Any]:
     """One run; the GRPO stage's stored peak memory, its weights' size, and its wall."""
-    decide = grpo_stage_module.stage_holds_policy_weights
-    from_disk = RayWorkersUpdater._engines_reload_from_disk
-    if variant == "policy copy":
-        grpo_stage_module.stage_holds_policy_weights = lambda *a: True  # type: ignore[assignment]
-    if variant.endswith("via the stage"):
-        RayWorkersUpdater._engines_reload_from_disk = lambda self: False  # type: ignore[method-assign]
-    try:
-        run_id = "mem-" + re.sub(r"[^a-z]+", "-", variant)
-        sets = [*CONFIG_SETS["small"], *VLLM_ON_CPU, *RANKS, f"store.root={root}"]
-        if "disk sync" in variant:
-            sets += DISK_SYNC
-        started = time.perf_counter()
-        execute_run(load_config("micro", [*sets, f"run.run_id={run_id}"]))
-        seconds = time.perf_counter() - started
-    finally:
-        grpo_stage_module.stage_holds_policy_weights = decide  # type: ignore[assignment]
-        RayWorkersUpdater._engines_reload_from_disk = from_disk  # type: ignore[method-assign]
+    run_id = "mem-" + re.sub(r"[^a-z]+", "-", variant)
+    sets = [*CONFIG_SETS["small"], *VLLM_ON_CPU, *RANKS, f"store.root={root}"]
+    if "disk sync" in variant:
+        sets += DISK_SYNC
+    started = time.perf_counter()
+    cfg = load_config("micro", [*sets, f"run.run_id={run_id}"])
+    execute_run(cfg, make_executor=traced_stages if timeline else None)
+    seconds = time.perf_counter() - started
     rows = RunStore(root).read("metrics", run_id=run_id).to_pylist()
     peak = [r["value"] for r in rows if r["stage"] == "grpo" and r["name"] == "peak_memory_mib"]
     policy = checkpoint_path(root, run_id, POLICY, 1) / "model.safetensors"
@@ -196,10 +196,8 @@ def main() -> None:
     print(reference_line(), flush=True)
     rows = []
     for variant in args.variants:
-        trace_stage(args.timeline)
         with tempfile.TemporaryDirectory() as tmp, RssTimeline() as timeline:
-            got = stage_memory(variant, Path(tmp))
-        trace_stage(False)
+            got = stage_memory(variant, Path(tmp), args.timeline)
         if args.timeline:
             print(f"\n{variant}:", *timeline.stage_report(), sep="\n", flush=True)
         rows.append(

@@ -10,11 +10,12 @@ Each row is the GRPO stages of one fresh run of the `micro` preset (`--iteration
 20-step warm start, 2 GRPO steps, reward-model guards that warn). The multi-rank paths run
 DeepSpeed ZeRO-2 on 2 gloo ranks: `ray` kept for the run (engines.workers.lifetime: run),
 `ray per stage` started by each GRPO stage, `launcher` a deepspeed job per step; `one
-process` is engines.train: torch in the stage. set-up: per GRPO stage, getting the ranks
-(the Ray start, the actors and their process group: once per run for `ray`) and building
-the updater; nothing for the other paths, whose jobs start at each step. step: the whole
-GRPO step (sampling, rewards, update), update: the update alone, both medians over all
-stages' steps.
+process` is engines.train: torch in the stage. set-up: per GRPO stage, `setup_grpo` (policy_k
+and RM_k loaded, the sampler, getting the ranks: the Ray start, the actors and their process
+group, once per run for `ray`; and building the updater). step: the stage's stored
+step_seconds (the weights handed to the sampler, sampling, rewards, update), update: the
+update alone, both medians over all stages' steps. The GRPO stage runs as set-up and steps
+(flows/stages/grpo.py) with its updater wrapped to time each update.
 
     OMP_NUM_THREADS=1 .venv/bin/python bench/train_workers.py --configs micro --iterations 2 \
         --paths ray "ray per stage"
@@ -23,6 +24,7 @@ stages' steps.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import socket
 import statistics
@@ -38,8 +40,12 @@ from machine_speed import load, reference_line
 
 from flows.config_files import load_config
 from flows.context import RunContext
-from flows.loop import execute_run
-from flows.stages import grpo as grpo_stage_module
+from flows.loop import Executor, call_directly, execute_run
+from flows.names import GRPO
+from flows.progress import ProgressFn
+from flows.stages import StageResult
+from flows.stages.grpo import commit_grpo, setup_grpo, train_grpo
+from grpo_core.engines.cost import STEP_SECONDS, PeakMemory
 
 PATHS = ["one process", "ray", "ray per stage", "launcher"]
 
@@ -83,58 +89,47 @@ def path_sets(path: str) -> list[str]:
     return [*ds, *ranks, f"engines.workers.lifetime={lifetime}"]
 
 
+class TimedUpdater:
+    """A GRPO stage's policy updater whose update seconds are appended to `seconds`."""
+
+    def __init__(self, inner: Any, seconds: list[float]) -> None:
+        self.inner, self.seconds = inner, seconds
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+    def update(self, *args: Any, **kwargs: Any) -> Any:
+        start = time.perf_counter()
+        try:
+            return self.inner.update(*args, **kwargs)
+        finally:
+            self.seconds.append(time.perf_counter() - start)
+
+
 def time_stages(config: str, path: str, root: Path, iterations: int) -> dict[str, Any]:
     """One run; each GRPO stage's set-up, and the step and update seconds."""
     setup: list[float] = []
     steps: list[float] = []
     updates: list[float] = []
-    build, step = grpo_stage_module.build_policy_updater, grpo_stage_module.grpo_step
-    get_ranks = RunContext.training_ranks
-    getting = [0.0]  # this stage's seconds in ctx.training_ranks (the run's ranks start there)
 
-    def timed_ranks(self: RunContext) -> Any:
-        start = time.perf_counter()
-        try:
-            return get_ranks(self)
-        finally:
-            getting[0] = time.perf_counter() - start
+    def timed_grpo(ctx: RunContext, k: int, progress: ProgressFn) -> StageResult:
+        with PeakMemory(ctx.device) as peak:
+            start = time.perf_counter()
+            parts = setup_grpo(ctx, k)
+            setup.append(time.perf_counter() - start)
+            parts = dataclasses.replace(parts, updater=TimedUpdater(parts.updater, updates))
+            samples, metrics = train_grpo(parts, progress)
+        steps.extend(row["value"] for row in metrics if row["name"] == STEP_SECONDS)
+        return commit_grpo(ctx, k, samples, metrics, peak.mib)
 
-    def timed_build(*args: Any, **kwargs: Any) -> Any:
-        start = time.perf_counter()
-        updater = build(*args, **kwargs)
-        setup.append(getting[0] + time.perf_counter() - start)
-        getting[0] = 0.0
-        update = updater.update
+    def executor(ctx: RunContext) -> Executor:
+        direct = call_directly(ctx)
+        return lambda name, k, fn: direct(name, k, timed_grpo if name == GRPO else fn)
 
-        def timed_update(*a: Any, **k: Any) -> Any:
-            begin = time.perf_counter()
-            try:
-                return update(*a, **k)
-            finally:
-                updates.append(time.perf_counter() - begin)
-
-        updater.update = timed_update
-        return updater
-
-    def timed_step(*args: Any, **kwargs: Any) -> Any:
-        start = time.perf_counter()
-        try:
-            return step(*args, **kwargs)
-        finally:
-            steps.append(time.perf_counter() - start)
-
-    grpo_stage_module.build_policy_updater = timed_build  # type: ignore[assignment]
-    grpo_stage_module.grpo_step = timed_step  # type: ignore[assignment]
-    RunContext.training_ranks = timed_ranks  # type: ignore[method-assign]
-    try:
-        run_id = f"bench-{config}-{path.replace(' ', '-')}"
-        sets = [*CONFIG_SETS[config], *path_sets(path), f"store.root={root}"]
-        sets.append(f"run.iterations={iterations}")
-        execute_run(load_config("micro", [*sets, f"run.run_id={run_id}"]))
-    finally:
-        grpo_stage_module.build_policy_updater = build  # type: ignore[assignment]
-        grpo_stage_module.grpo_step = step  # type: ignore[assignment]
-        RunContext.training_ranks = get_ranks  # type: ignore[method-assign]
+    run_id = f"bench-{config}-{path.replace(' ', '-')}"
+    sets = [*CONFIG_SETS[config], *path_sets(path), f"store.root={root}"]
+    sets.append(f"run.iterations={iterations}")
+    execute_run(load_config("micro", [*sets, f"run.run_id={run_id}"]), make_executor=executor)
     return {
         "setup": setup,
         "step": statistics.median(steps),

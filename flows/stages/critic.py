@@ -76,8 +76,9 @@ def save_critic_progress(directory: Path, learner: CriticLearner | None) -> None
     save_training_state(saved, optimizer_state=state, rng_state=None)
 
 
-def commit_critic(ctx: RunContext, k: int, learner: CriticLearner | None) -> None:
-    """The trained critic as critic_{k+1}, atomically (iteration k+1 continues from it)."""
+def commit_critic(path: Path, learner: CriticLearner | None) -> None:
+    """The trained critic as critic_{k+1} at `path`, atomically (iteration k+1 continues
+    from it)."""
     if learner is None:
         return
     critic, weights = learner.critic, learner.weights()
@@ -85,4 +86,4 @@ def commit_critic(ctx: RunContext, k: int, learner: CriticLearner | None) -> Non
     def write(tmp: Path) -> None:
         critic.save(tmp, weights)
 
-    save_checkpoint(ctx.checkpoint(CRITIC, k + 1), write, overwrite=True)
+    save_checkpoint(path, write, overwrite=True)

@@ -1,26 +1,29 @@
 """The GRPO stage of iteration k: M steps of online sampling -> reward -> advantages -> update.
 
-policy_k is both the starting point and the frozen reference (reference := policy); with
-grpo.lora, new adapters on policy_k train and the reference is policy_k with them off. The
-stage checkpoints weights, optimizer, RNG and the step cursor every `checkpoint_every`
-steps; a rerun resumes from there, and the rows of finished steps travel with the
-checkpoint so the committed `policy_samples` hold every step exactly once.
+Built like a recipe: `setup_grpo` builds the stage's parts once (policy_k, its LoRA adapters,
+the reference, RM_k, the sampler, the updater, the critic, the rewarder, the resume point),
+`train_grpo` runs the steps on them, `commit_grpo` stores the rows. policy_k is both the
+starting point and the frozen reference (with grpo.lora: new adapters on policy_k train and
+the reference is policy_k with them off). The stage checkpoints weights, optimizer, RNG and
+the step cursor every `checkpoint_every` steps (grpo_progress.py); a rerun resumes from
+there, and the rows of finished steps travel with the checkpoint so the committed
+`policy_samples` hold every step exactly once.
 """
 
 from __future__ import annotations
 
 import functools
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
-import pyarrow as pa
-import pyarrow.parquet as pq
+from torch import nn
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
+from flows.config import GRPOStageSection
 from flows.context import RunContext
-from flows.engines.lora_updater import ADAPTERS_DIR, LoRAUpdater
+from flows.engines.lora_updater import LoRAUpdater
 from flows.engines.policy_updaters import (
     LAUNCH_JOBS,
     PolicyUpdater,
@@ -30,17 +33,22 @@ from flows.engines.policy_updaters import (
 from flows.engines.sampling import SleepingEngine, SleepsAfterSampling
 from flows.guards import GuardChecks
 from flows.interrupts import INTERRUPT
-from flows.names import GRPO, GRPO_PROGRESS, POLICY, POLICY_LORA, TRAIN_SPLIT
+from flows.names import CRITIC, GRPO, GRPO_PROGRESS, POLICY, POLICY_LORA, TRAIN_SPLIT
 from flows.progress import ProgressFn, log
 from flows.stage_results import StageResult, mean, metric_rows
-from flows.stages.critic import commit_critic, open_critic, save_critic_progress
+from flows.stages.critic import commit_critic, open_critic
+from flows.stages.grpo_progress import (
+    ResumePoint,
+    Row,
+    resume_point,
+    resume_weights,
+    save_policy,
+    save_progress,
+)
+from flows.stages.grpo_prompts import PromptCursor, extra_round
 from flows.stages.grpo_steps import check_step_rewards, policy_sample_rows, report_step
 from grpo_core.algo.critic_update import CriticLearner
-from grpo_core.algo.step import (
-    SKIPPED,
-    grpo_step,
-    prompt_indices_at,
-)
+from grpo_core.algo.step import SKIPPED, StepOutcome, StepParts, grpo_step, step_parts
 from grpo_core.contracts.rollout import RolloutEngine, Sampler
 from grpo_core.data.tasks.base import Problem
 from grpo_core.engines.cost import (
@@ -52,154 +60,141 @@ from grpo_core.engines.cost import (
     adamw_training_state_bytes,
 )
 from grpo_core.engines.gold_rollout import GoldSolutionRollout
-from grpo_core.model.lora import ADAPTER_WEIGHTS, LoRAAdapters
-from grpo_core.model.policy import holds_weights, load_weights_into
+from grpo_core.model.lora import LoRAAdapters
+from grpo_core.model.prompts import Prompter
 from reward_models.config import RMKind
 from reward_models.grpo_reward import GRPORewarder, models_needed
 from reward_models.models import RewardModel
-from storage.checkpoints import (
-    TRAINING_STATE_FILE,
-    capture_rng_state,
-    load_training_state,
-    restore_rng_state,
-    save_checkpoint,
-    save_training_state,
-)
-
-SAMPLES_FILE = "policy_samples.parquet"
-METRICS_FILE = "metrics.parquet"
+from storage.checkpoints import save_checkpoint
 
 
-def _load_reward_models(ctx: RunContext, k: int) -> dict[RMKind, RewardModel]:
-    """RM_k of each kind the scored reward parts and the estimator read."""
-    grpo = ctx.cfg.grpo
-    needed = models_needed(grpo.rewards, grpo.algo.process_supervision)
-    return {
-        kind: RewardModel.load(
-            ctx.require_checkpoint(kind, k), device=ctx.device, dtype=ctx.cfg.reward_models.dtype
-        ).eval()
-        for kind in sorted(needed)
-    }
+@dataclass(frozen=True)
+class GRPOOutputs:
+    """Where iteration k's GRPO stage writes: its progress checkpoint, policy_{k+1}, and
+    beside it the adapters (grpo.lora) and critic_{k+1} (PPO)."""
+
+    progress: Path
+    policy: Path
+    policy_lora: Path
+    critic: Path
 
 
-def _save_progress(
-    path: Path,
-    model: Any,
-    tokenizer: Any,
-    updater: PolicyUpdater,
-    next_step: int,
-    sample_rows: list[dict[str, Any]],
-    metric_log: list[dict[str, Any]],
-    next_prompt: int,
-    critic: CriticLearner | None = None,
-    adapters: LoRAAdapters | None = None,
-) -> None:
-    def write(tmp: Path) -> None:
-        if adapters is not None:  # LoRA: the base is policy_k's checkpoint, never changed
-            adapters.save(tmp / ADAPTERS_DIR)
-        else:
-            updater.save_weights(model, tmp)
-        tokenizer.save_pretrained(tmp)
-        save_training_state(
-            tmp,
-            optimizer_state=updater.save_state(tmp),
-            rng_state=capture_rng_state(),
-            extra={"next_step": next_step, "next_prompt": next_prompt},
-        )
-        pq.write_table(pa.Table.from_pylist(sample_rows), tmp / SAMPLES_FILE)
-        pq.write_table(pa.Table.from_pylist(metric_log), tmp / METRICS_FILE)
-        save_critic_progress(tmp, critic)
+@dataclass(frozen=True)
+class GRPOParts:
+    """What iteration k's GRPO stage builds once (setup_grpo) and its steps use. A bench or a
+    test swaps a part with dataclasses.replace to time or watch it."""
 
-    save_checkpoint(path, write, overwrite=True)
-
-
-def save_policy(
-    path: Path, model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, updater: PolicyUpdater
-) -> None:
-    """policy_{k+1}: the updater's weights and the tokenizer, atomically."""
-
-    def write(tmp: Path) -> None:
-        updater.save_weights(model, tmp)
-        tokenizer.save_pretrained(tmp)
-
-    save_checkpoint(path, write, overwrite=True)
-
-
-def _resume_weights(path: Path, model: Any, adapters: LoRAAdapters | None = None) -> bool:
-    """Load the weights of the stage's last progress checkpoint, if there is one (with LoRA:
-    its adapters).
-
-    Before the engine is built: DeepSpeed copies the weights into its optimizer at start.
-    """
-    if adapters is not None:
-        saved = path / ADAPTERS_DIR
-        if not (saved / ADAPTER_WEIGHTS).is_file() or adapters.differences(saved):
-            if (path / TRAINING_STATE_FILE).is_file():  # grpo.lora changed since: start over
-                log.info("GRPO: %s was saved with other grpo.lora settings; starting over", path)
-            return False
-        adapters.load(saved)
-        return True
-    if not (path / "config.json").is_file():
-        return False
-    if holds_weights(model):  # else the training ranks load them (updater.load_state)
-        load_weights_into(model, path)
-    return True
-
-
-def _resume_point(
-    path: Path, updater: PolicyUpdater, per_step: int
-) -> tuple[int, list[dict[str, Any]], list[dict[str, Any]], int]:
-    """(next step, its sample rows, its metric rows, the prompt cursor) of the last progress
-    checkpoint; a checkpoint of a version without the cursor had it at step x per_step."""
-    state = load_training_state(path)
-    updater.load_state(path, state["optimizer_state"])
-    restore_rng_state(state["rng_state"])
-    samples = pq.read_table(path / SAMPLES_FILE).to_pylist()
-    metrics = pq.read_table(path / METRICS_FILE).to_pylist()
-    log.info("GRPO: resuming at step %d from %s", state["extra"]["next_step"], path)
-    next_step = int(state["extra"]["next_step"])
-    return next_step, samples, metrics, int(state["extra"].get("next_prompt", next_step * per_step))
-
-
-def _training_data(
-    ctx: RunContext,
-    k: int,
-    model: PreTrainedModel,
-    tokenizer: PreTrainedTokenizerBase,
-    pool: list[Problem],
-) -> tuple[Sampler, RolloutEngine | None]:
-    """Where grpo.data_source says the outputs come from: the current policy (online), the
-    warm-started policy_0 (RFT: the same distribution every step), or gold solutions (SFT);
-    and the engine that must be given each updated policy (None: none follows the policy, or
-    it samples `model` itself, which the update changes in place)."""
-    cfg = ctx.cfg
-    batch = cfg.rollout.batch_size
-    if cfg.grpo.data_source == "online":
-        name = cfg.engines.grpo_rollout
-        checkpoint = ctx.checkpoint(POLICY, k)
-        engine = ctx.engines.engine(
-            name, "grpo", checkpoint, model, tokenizer, batch, show_progress=False
-        )
-        return engine, None if cfg.engines.rollout_capabilities(name).shares_model else engine
-    if cfg.grpo.data_source == "gold":  # preflight checked every problem has a solution
-        prompter = ctx.prompter(tokenizer)
-        solutions = {prompter(p.question): prompter.gold_output(p.solution or "") for p in pool}
-        return GoldSolutionRollout(tokenizer, solutions), None
-    policy_0 = ctx.policy(0)[0].eval().requires_grad_(False)
-    name, checkpoint = cfg.engines.rollout, ctx.checkpoint(POLICY, 0)
-    engine = ctx.engines.engine(
-        name, "grpo", checkpoint, policy_0, tokenizer, batch, show_progress=False
-    )
-    return engine, None
+    iteration: int
+    settings: GRPOStageSection
+    model: PreTrainedModel  # policy_k, trained in place (a skeleton when ranks hold it)
+    tokenizer: PreTrainedTokenizerBase
+    adapters: LoRAAdapters | None  # grpo.lora: what trains (the base is frozen)
+    reference: nn.Module | None  # pi_ref = policy_k; None: no KL term computed here
+    reward_models: dict[RMKind, RewardModel]  # RM_k of each kind the reward reads
+    sampler: Sampler
+    follower: RolloutEngine | None  # the engine given each updated policy
+    updater: PolicyUpdater
+    critic: CriticLearner | None  # PPO's
+    rewarder: GRPORewarder
+    prompter: Prompter
+    cursor: PromptCursor  # advances as steps draw prompts
+    resume: ResumePoint
+    outputs: GRPOOutputs
+    step_seed: Callable[[int], int]
 
 
 def grpo_stage(ctx: RunContext, iteration: int, progress: ProgressFn) -> StageResult:
     """M GRPO steps on policy_k against reference policy_k and rm_k -> policy_{k+1}."""
-    cfg, k = ctx.cfg, iteration
     with PeakMemory(ctx.device) as peak:  # the stage's models and steps (a resumed one: since)
-        sample_rows, metric_log = _train_policy(ctx, k, progress)
-    checks = check_step_rewards(GuardChecks(cfg.guards, ctx.run_id), k, metric_log)
-    metric_log += metric_rows(GRPO, {**checks.metrics, PEAK_MEMORY_MIB: peak.mib})
+        sample_rows, metric_log = train_grpo(setup_grpo(ctx, iteration), progress)
+    return commit_grpo(ctx, iteration, sample_rows, metric_log, peak.mib)
+
+
+def setup_grpo(ctx: RunContext, k: int) -> GRPOParts:
+    """The parts of iteration k's GRPO stage, resumed from its progress checkpoint if any.
+    Their order matters (see the comments): a resumed stage is byte-identical to one that
+    never stopped."""
+    g = ctx.cfg.grpo
+    model, tokenizer, adapters = _policy_k(ctx, k)
+    reference = _reference(ctx, k, adapters)
+    reward_models = _load_reward_models(ctx, k)
+    outputs = _outputs(ctx, k)
+    # the weights before the update engine is built: DeepSpeed copies them at its start
+    resumed = resume_weights(outputs.progress, model, adapters)
+    pool = ctx.task.problems(TRAIN_SPLIT, g.steps * g.prompts_per_step, seed=ctx.seed(GRPO, k))
+    # The sampling engine first: vLLM engines on Ray actors that start a local Ray own it for
+    # the run; started after the training ranks, they would stop with the ranks' Ray.
+    sampler, follower = _training_data(ctx, k, model, tokenizer, pool)
+    updater = _policy_updater(ctx, k, model, reference, adapters)
+    try:
+        resume = ResumePoint()  # restoring one restores the RNG: every draw after continues
+        if resumed:
+            resume = resume_point(outputs.progress, updater, g.prompts_per_step)
+        critic = open_critic(ctx, k, model, reference, outputs.progress, resumed)
+        cursor, prompter = PromptCursor(pool, resume.next_prompt), ctx.prompter(tokenizer)
+        rewarder = _rewarder(ctx, tokenizer, reward_models)
+    except BaseException:
+        updater.close()
+        raise
+    return GRPOParts(
+        iteration=k,
+        settings=g,
+        model=model,
+        tokenizer=tokenizer,
+        adapters=adapters,
+        reference=reference,
+        reward_models=reward_models,
+        sampler=sampler,
+        follower=follower,
+        updater=updater,
+        critic=critic,
+        rewarder=rewarder,
+        prompter=prompter,
+        cursor=cursor,
+        resume=resume,
+        outputs=outputs,
+        step_seed=functools.partial(ctx.seed, GRPO, k),
+    )
+
+
+def train_grpo(parts: GRPOParts, progress: ProgressFn) -> tuple[list[Row], list[Row]]:
+    """The stage's steps from parts.resume on, with a progress checkpoint every
+    grpo.checkpoint_every steps (and on an interrupt); then policy_{k+1} saved (with the
+    adapters, the critic) and parts.updater closed. Returns the `policy_samples` rows and the
+    metric rows, per step and of the training state."""
+    g, k, resume = parts.settings, parts.iteration, parts.resume
+    sample_rows, metric_log = list(resume.sample_rows), list(resume.metric_rows)
+    updated = resume.resumed  # the policy differs from what the sampling engine was given
+    try:
+        steps = _step_parts(parts)
+        for step in range(resume.next_step, g.steps):
+            started = time.perf_counter()
+            if updated:  # the sampling engine (or the stage's model) gets the updated policy
+                parts.updater.hand_on(parts.follower)
+            out, problems = _run_step(parts, steps, step)
+            updated = updated or out.skipped is None
+            seconds = time.perf_counter() - started  # sampling, reward, the update(s)
+            metric_log += metric_rows(GRPO, {**out.stats, STEP_SECONDS: seconds}, step)
+            sample_rows += policy_sample_rows(step, problems, out, g.group_size)
+            report_step(k, step, g.steps, out, progress)
+            done = step + 1
+            if done % g.checkpoint_every == 0 or done == g.steps or INTERRUPT.requested:
+                _save_progress(parts, done, sample_rows, metric_log)
+            INTERRUPT.check()
+        _save_outputs(parts)
+    finally:
+        parts.updater.close()
+    trained = [parts.model] if parts.critic is None else [parts.model, parts.critic.critic]
+    state_mib = sum(adamw_training_state_bytes(m) for m in trained) / MIB
+    return sample_rows, metric_log + metric_rows(GRPO, {TRAINING_STATE_MIB: state_mib})
+
+
+def commit_grpo(
+    ctx: RunContext, k: int, sample_rows: list[Row], metric_log: list[Row], peak_mib: float
+) -> StageResult:
+    """The guards on the steps' rewards, then the stage's rows committed; its summary."""
+    checks = check_step_rewards(GuardChecks(ctx.cfg.guards, ctx.run_id), k, metric_log)
+    metric_log = metric_log + metric_rows(GRPO, {**checks.metrics, PEAK_MEMORY_MIB: peak_mib})
     with ctx.run.stage(k, GRPO) as attempt:
         attempt.write("policy_samples", sample_rows)
         attempt.write("metrics", metric_log)
@@ -215,159 +210,176 @@ def grpo_stage(ctx: RunContext, iteration: int, progress: ProgressFn) -> StageRe
     return StageResult(GRPO, k, metrics=summary, warnings=checks.warnings)
 
 
-def _train_policy(
-    ctx: RunContext, k: int, progress: ProgressFn
-) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-    """The stage's steps, resumed from its progress checkpoint; policy_{k+1} (and the critic)
-    saved. Returns its `policy_samples` rows and its metric rows, per step and its training
-    state."""
-    cfg = ctx.cfg
-    g, algo = cfg.grpo, cfg.grpo.algo
+def _step_parts(parts: GRPOParts) -> StepParts:
+    g = parts.settings
+    return step_parts(
+        parts.sampler,
+        parts.updater,
+        g.algo,
+        group_size=g.group_size,
+        max_new_tokens=g.max_new_tokens,
+        pad_token_id=parts.tokenizer.pad_token_id,
+        critic=parts.critic,
+    )
+
+
+def _run_step(parts: GRPOParts, steps: StepParts, step: int) -> tuple[StepOutcome, list[Problem]]:
+    """Step `step` on the cursor's next prompts (dynamic sampling's extra rounds: the ones
+    after); its outcome and the problem of each group it kept."""
+    drawn = parts.cursor.take(parts.settings.prompts_per_step)
+    prompts = [parts.prompter(p.question) for p in drawn]
+    reward = functools.partial(parts.rewarder, list(drawn), prompts)
+    more = functools.partial(extra_round, parts.cursor, drawn, parts.prompter, parts.rewarder)
+    where = f"GRPO iteration {parts.iteration}, step {step}"
+    out = grpo_step(
+        steps, prompts, reward, seed=parts.step_seed(step), where=where, more_prompts=more
+    )
+    kept = out.kept_prompts or range(len(prompts))
+    return out, [drawn[i] for i in kept]
+
+
+def _save_progress(parts: GRPOParts, done: int, samples: list[Row], metrics: list[Row]) -> None:
+    """The progress checkpoint after `done` steps: the next one resumes from here."""
+    save_progress(
+        parts.outputs.progress,
+        parts.model,
+        parts.tokenizer,
+        parts.updater,
+        done,
+        samples,
+        metrics,
+        parts.cursor.position,
+        parts.critic,
+        parts.adapters,
+    )
+
+
+def _save_outputs(parts: GRPOParts) -> None:
+    """policy_{k+1} (stored merged under grpo.lora, the adapters beside it) and critic_{k+1}."""
+    save_policy(parts.outputs.policy, parts.model, parts.tokenizer, parts.updater)
+    commit_critic(parts.outputs.critic, parts.critic)
+    if parts.adapters is not None:
+        save_checkpoint(parts.outputs.policy_lora, parts.adapters.save, overwrite=True)
+
+
+def _policy_k(
+    ctx: RunContext, k: int
+) -> tuple[PreTrainedModel, PreTrainedTokenizerBase, LoRAAdapters | None]:
+    """policy_k (a meta-device skeleton when the training ranks alone hold its weights), its
+    tokenizer, and with grpo.lora the new adapters on it that train (the base: the reference)."""
+    g = ctx.cfg.grpo
     policy_dir = ctx.require_checkpoint(POLICY, k)
-    keeps_weights = stage_holds_policy_weights(cfg.engines, g)
+    keeps_weights = stage_holds_policy_weights(ctx.cfg.engines, g)
     model, tokenizer = ctx.policy(k, weights=keeps_weights)
     if not keeps_weights:
         log.info("GRPO: policy_%d's weights live on the training ranks only", k)
-    adapters = None
-    if g.lora.enabled:  # new adapters on policy_k each iteration: the base is the reference
-        adapters = LoRAAdapters(model, g.lora, ctx.seed(GRPO, k, "lora"), policy_dir)
-    reference = None
-    # no KL term or penalty: no reference (no forward pass, no memory); launched jobs and Ray
-    # training ranks load their own for the loss, but PPO's KL penalty is computed here
-    if algo.needs_reference and (cfg.engines.updates_in_process or algo.estimator.needs_values):
-        reference = (
-            ctx.policy(k)[0].eval().requires_grad_(False)
-            if adapters is None
-            else adapters.reference()  # the adapted model with adapters off: no second copy
+    if not g.lora.enabled:
+        return model, tokenizer, None
+    return model, tokenizer, LoRAAdapters(model, g.lora, ctx.seed(GRPO, k, "lora"), policy_dir)
+
+
+def _outputs(ctx: RunContext, k: int) -> GRPOOutputs:
+    return GRPOOutputs(
+        progress=ctx.checkpoint(GRPO_PROGRESS, k),
+        policy=ctx.checkpoint(POLICY, k + 1),
+        policy_lora=ctx.checkpoint(POLICY_LORA, k + 1),
+        critic=ctx.checkpoint(CRITIC, k + 1),
+    )
+
+
+def _reference(ctx: RunContext, k: int, adapters: LoRAAdapters | None) -> nn.Module | None:
+    """pi_ref = policy_k, where this process computes a KL term: none without a KL term or
+    penalty (no forward pass, no memory); launched jobs and Ray training ranks load their own
+    for the loss, but PPO's KL penalty is computed here."""
+    cfg, algo = ctx.cfg, ctx.cfg.grpo.algo
+    if not algo.needs_reference:
+        return None
+    if not (cfg.engines.updates_in_process or algo.estimator.needs_values):
+        return None
+    if adapters is not None:  # the adapted model with adapters off: no second copy
+        return adapters.reference()
+    return ctx.policy(k)[0].eval().requires_grad_(False)
+
+
+def _load_reward_models(ctx: RunContext, k: int) -> dict[RMKind, RewardModel]:
+    """RM_k of each kind the scored reward parts and the estimator read."""
+    grpo = ctx.cfg.grpo
+    needed = models_needed(grpo.rewards, grpo.algo.process_supervision)
+    return {
+        kind: RewardModel.load(
+            ctx.require_checkpoint(kind, k), device=ctx.device, dtype=ctx.cfg.reward_models.dtype
+        ).eval()
+        for kind in sorted(needed)
+    }
+
+
+def _rewarder(
+    ctx: RunContext, tokenizer: PreTrainedTokenizerBase, reward_models: dict[RMKind, RewardModel]
+) -> GRPORewarder:
+    """Scores a step's outputs: the grpo.rewards parts, RM_k's among them."""
+    g = ctx.cfg.grpo
+    return GRPORewarder(
+        ctx.task, g.rewards, tokenizer, g.max_new_tokens, reward_models, g.algo.process_supervision
+    )
+
+
+def _training_data(
+    ctx: RunContext,
+    k: int,
+    model: PreTrainedModel,
+    tokenizer: PreTrainedTokenizerBase,
+    pool: list[Problem],
+) -> tuple[Sampler, RolloutEngine | None]:
+    """Where grpo.data_source says the outputs come from: the current policy (online), the
+    warm-started policy_0 (RFT: the same distribution every step), or gold solutions (SFT);
+    and the engine that must be given each updated policy (None: none follows the policy, or
+    it samples `model` itself, which the update changes in place). An engine that sleeps while
+    the update trains (engines.vllm.sleep_while_training) is put to sleep after sampling."""
+    cfg = ctx.cfg
+    batch = cfg.rollout.batch_size
+    if cfg.grpo.data_source == "online":
+        name = cfg.engines.grpo_rollout
+        checkpoint = ctx.checkpoint(POLICY, k)
+        engine = ctx.engines.engine(
+            name, "grpo", checkpoint, model, tokenizer, batch, show_progress=False
         )
-    reward_models = _load_reward_models(ctx, k)
-    progress_dir = ctx.checkpoint(GRPO_PROGRESS, k)
-    resumed = _resume_weights(progress_dir, model, adapters)
-    pool = ctx.task.problems(TRAIN_SPLIT, g.steps * g.prompts_per_step, seed=ctx.seed(GRPO, k))
-    # The sampling engine first: vLLM engines on Ray actors that start a local Ray own it for
-    # the run; started after the training ranks, they would stop with the ranks' Ray.
-    sampler, follower = _training_data(ctx, k, model, tokenizer, pool)
-    settings = cfg.engines.settings_of(cfg.engines.grpo_rollout)
-    if getattr(settings, "sleep_while_training", False) and isinstance(follower, SleepingEngine):
-        sampler = SleepsAfterSampling(follower)
-    jobs_dir = ctx.checkpoint(LAUNCH_JOBS, k)
+        can = cfg.engines.rollout_capabilities(name)
+        follower = None if can.shares_model else engine
+        if can.sleeps_while_training and isinstance(follower, SleepingEngine):
+            return SleepsAfterSampling(follower), follower
+        return engine, follower
+    if cfg.grpo.data_source == "gold":  # preflight checked every problem has a solution
+        prompter = ctx.prompter(tokenizer)
+        solutions = {prompter(p.question): prompter.gold_output(p.solution or "") for p in pool}
+        return GoldSolutionRollout(tokenizer, solutions), None
+    policy_0 = ctx.policy(0)[0].eval().requires_grad_(False)
+    name, checkpoint = cfg.engines.rollout, ctx.checkpoint(POLICY, 0)
+    engine = ctx.engines.engine(
+        name, "grpo", checkpoint, policy_0, tokenizer, batch, show_progress=False
+    )
+    return engine, None
+
+
+def _policy_updater(
+    ctx: RunContext,
+    k: int,
+    model: PreTrainedModel,
+    reference: nn.Module | None,
+    adapters: LoRAAdapters | None,
+) -> PolicyUpdater:
+    """The stage's update path (engines.train, deepspeed launcher or Ray ranks); with
+    grpo.lora, it trains the adapters and hands on the merged policy."""
+    cfg = ctx.cfg
     updater = build_policy_updater(
         cfg.engines,
-        g,
+        cfg.grpo,
         ctx.threads,
         model,
         reference,
-        policy_dir,
-        jobs_dir,
+        ctx.checkpoint(POLICY, k),
+        ctx.checkpoint(LAUNCH_JOBS, k),
         cfg.policy.dtype,
         ray_address=cfg.cluster.ray_address,
         ranks=ctx.training_ranks(),
     )
-    if adapters is not None:
-        updater = LoRAUpdater(updater, adapters)
-    start = 0
-    sample_rows: list[dict[str, Any]] = []
-    metric_log: list[dict[str, Any]] = []
-    next_prompt = 0
-    if resumed:
-        start, sample_rows, metric_log, next_prompt = _resume_point(
-            progress_dir, updater, g.prompts_per_step
-        )
-    critic = open_critic(ctx, k, model, reference, progress_dir, resumed)
-    cursor = PromptCursor(pool, next_prompt)
-    prompter = ctx.prompter(tokenizer)
-    updated = resumed  # the policy differs from what the sampling engine was given
-    try:
-        rewarder = GRPORewarder(
-            ctx.task,
-            g.rewards,
-            tokenizer,
-            g.max_new_tokens,
-            reward_models,
-            algo.process_supervision,
-        )
-        for step in range(start, g.steps):
-            started = time.perf_counter()
-            if updated:  # the sampling engine (or the stage's model) gets the updated policy
-                updater.hand_on(follower)
-            drawn = cursor.take(g.prompts_per_step)
-            prompts = [prompter(p.question) for p in drawn]
-            more_prompts = functools.partial(_extra_round, cursor, drawn, prompter, rewarder)
-            out = grpo_step(
-                prompts,
-                sampler,
-                functools.partial(rewarder, list(drawn), prompts),
-                updater,
-                algo,
-                group_size=g.group_size,
-                max_new_tokens=g.max_new_tokens,
-                pad_token_id=tokenizer.pad_token_id,
-                seed=ctx.seed(GRPO, k, step),
-                where=f"GRPO iteration {k}, step {step}",
-                more_prompts=more_prompts,
-                critic=critic,
-            )
-            kept = out.kept_prompts or range(len(prompts))
-            problems = [drawn[i] for i in kept]
-            updated = updated or out.skipped is None
-            seconds = time.perf_counter() - started  # sampling, reward, the update(s)
-            metric_log += metric_rows(GRPO, {**out.stats, STEP_SECONDS: seconds}, step)
-            sample_rows += policy_sample_rows(step, problems, out, g.group_size)
-            report_step(k, step, g.steps, out, progress)
-            done = step + 1
-            if done % g.checkpoint_every == 0 or done == g.steps or INTERRUPT.requested:
-                _save_progress(
-                    progress_dir,
-                    model,
-                    tokenizer,
-                    updater,
-                    done,
-                    sample_rows,
-                    metric_log,
-                    cursor.position,
-                    critic,
-                    adapters,
-                )
-            INTERRUPT.check()
-        save_policy(ctx.checkpoint(POLICY, k + 1), model, tokenizer, updater)
-        commit_critic(ctx, k, critic)
-        if adapters is not None:  # policy_{k+1} is stored merged; the adapters beside it
-            save_checkpoint(ctx.checkpoint(POLICY_LORA, k + 1), adapters.save, overwrite=True)
-    finally:
-        updater.close()
-    trained = [model] if critic is None else [model, critic.critic]
-    state_mib = sum(adamw_training_state_bytes(m) for m in trained) / MIB
-    return sample_rows, metric_log + metric_rows(GRPO, {TRAINING_STATE_MIB: state_mib})
-
-
-def _extra_round(
-    cursor: PromptCursor,
-    drawn: list[Problem],
-    prompter: Any,
-    rewarder: GRPORewarder,
-    round_index: int,
-    count: int,
-) -> tuple[list[str], Any]:
-    """Dynamic sampling's further prompts: the next `count` of the cursor, appended to the
-    step's `drawn` problems (StepOutcome.kept_prompts indexes them), with their reward. A
-    step never draws a problem twice: once it has drawn the whole pool, no more come."""
-    extra = cursor.take(min(count, len(cursor.pool) - len(drawn)))
-    drawn.extend(extra)
-    texts = [prompter(p.question) for p in extra]
-    return texts, functools.partial(rewarder, extra, texts)
-
-
-@dataclass
-class PromptCursor:
-    """The stage's place in its prompt pool: each step takes prompts_per_step from here, and
-    dynamic sampling's extra rounds the further ones they need; stored with the progress
-    checkpoint so a resumed stage draws exactly the prompts the uninterrupted one would."""
-
-    pool: list[Problem]
-    position: int = 0
-
-    def take(self, count: int) -> list[Problem]:
-        """The next `count` problems (wrapping round the pool; at most the whole pool)."""
-        problems = [self.pool[i] for i in prompt_indices_at(len(self.pool), self.position, count)]
-        self.position += count
-        return problems
+    return updater if adapters is None else LoRAUpdater(updater, adapters)

@@ -27,16 +27,6 @@ def kl_penalty(logp: Tensor, ref_logp: Tensor, kind: KLEstimator = "k3") -> Tens
     raise ValueError(f"KL estimator must be 'k1', 'k2' or 'k3' (got {kind!r})")
 
 
-def ppo_kl_shaped_reward(
-    reward: Tensor | float, logp: Tensor, ref_logp: Tensor, beta: float
-) -> Tensor:
-    """PPO reward shaping, spec section 2: r_t - beta * log(pi_theta / pi_ref).
-
-    GRPO puts the KL in the loss instead (kl_penalty); this is the spec's contrast, kept as a
-    formula with its test vector for PPO-style baselines."""
-    return reward - beta * (logp - ref_logp)
-
-
 def clip_ratio(ratio: Tensor, eps_low: float = 0.2, eps_high: float = 0.2) -> Tensor:
     """clip(ratio, 1 - eps_low, 1 + eps_high), spec section 1."""
     return ratio.clamp(1.0 - eps_low, 1.0 + eps_high)

@@ -1,15 +1,16 @@
 """One GRPO step (paper Algorithm 1, one pass of its inner loop): sample G outputs per prompt,
 reward them, turn rewards into token advantages, update the policy, report metrics.
 
-The GRPO stage (flows/stages/grpo.py) and the step benchmark (bench/grpo_step.py) both call
-`grpo_step`; what differs between them (the engines, the reward, checkpoints and rows) is
-passed in. A degenerate batch (no prompt to draw, no response token to learn from) is a
-skipped step with its reason in the metrics, never a NaN or an exception.
+The GRPO stage (flows/stages/grpo.py) and the step benchmarks (bench/grpo_step.py...) both
+call `grpo_step` with the parts every step of theirs shares (`StepParts`: the engines, and
+the strategies grpo.algo picks: how groups are sampled, what learns beside the policy); what
+differs between steps (prompts, reward, seed) is passed per step. A degenerate batch (no
+prompt to draw, no response token to learn from) is a skipped step with its reason in the
+metrics, never a NaN or an exception.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Protocol
 
@@ -18,9 +19,16 @@ from torch import Tensor
 
 from grpo_core.algo.advantages import PPOTerms
 from grpo_core.algo.config import GRPOConfig
-from grpo_core.algo.dynamic_sampling import SampledRound, round_seed, sample_informative_groups
-from grpo_core.algo.estimators import VERIFIER
-from grpo_core.algo.rewards import StepRewards, check_rewards, reward_stats, token_advantages
+from grpo_core.algo.rewards import StepRewards, reward_stats, token_advantages
+from grpo_core.algo.step_rounds import (
+    ALL_GROUPS_EQUAL,
+    GroupRounds,
+    MorePrompts,
+    RewardFn,
+    RoundSampler,
+    group_rounds,
+    rewards_of_nothing,
+)
 from grpo_core.contracts.numerics import (
     DIVERGED,
     REWARD_SOURCE,
@@ -30,16 +38,10 @@ from grpo_core.contracts.numerics import (
 from grpo_core.contracts.policy_batch import PolicyBatch, build_policy_batch
 from grpo_core.contracts.rollout import RolloutBatch, Sampler, SamplingParams
 
-RewardFn = Callable[[RolloutBatch], StepRewards]
-# more_prompts(round, count): up to `count` further prompts for extra sampling round `round`
-# (dynamic sampling) and their reward function; no prompt when the source has none left.
-MorePrompts = Callable[[int, int], tuple[list[str], RewardFn]]
-
 # Why a step made no update; stored as metric rows `skipped` = 1 and `skipped_<reason>` = 1.
 NO_PROMPTS = "no_prompts"
 NO_RESPONSE_TOKENS = "no_response_tokens"
 ALL_TRUNCATED = "all_truncated"
-ALL_GROUPS_EQUAL = "all_groups_equal"
 SKIPPED = "skipped"
 SKIP_EXPLAINED = {
     NO_PROMPTS: "the task has no train problem for this step",
@@ -75,6 +77,48 @@ class ValueLearner(Protocol):
         ...
 
 
+class StepCritic(Protocol):
+    """What a step learns beside the policy, around its update: nothing (GRPO), or PPO's
+    critic, whose values the advantages read (`read`) and which then trains on the batch."""
+
+    def read(self, batch: PolicyBatch) -> PPOTerms | None:
+        """The values and KL terms the advantage estimator reads (None: it reads none)."""
+        ...
+
+    def learn(
+        self, batch: PolicyBatch, terms: PPOTerms | None, scores: Tensor, seed: int
+    ) -> dict[str, float]:
+        """Train after the policy update on the same batch; metrics."""
+        ...
+
+
+class NoCritic:
+    """GRPO's steps: no value function, nothing learned beside the policy."""
+
+    def read(self, batch: PolicyBatch) -> PPOTerms | None:
+        return None
+
+    def learn(
+        self, batch: PolicyBatch, terms: PPOTerms | None, scores: Tensor, seed: int
+    ) -> dict[str, float]:
+        return {}
+
+
+@dataclass(frozen=True)
+class LearnedCritic:
+    """PPO's steps: `learner`'s values before the update, its training after it."""
+
+    learner: ValueLearner
+
+    def read(self, batch: PolicyBatch) -> PPOTerms | None:
+        return self.learner.prepare(batch)
+
+    def learn(
+        self, batch: PolicyBatch, terms: PPOTerms | None, scores: Tensor, seed: int
+    ) -> dict[str, float]:
+        return {} if terms is None else self.learner.update(batch, terms, scores, seed)
+
+
 @dataclass
 class StepOutcome:
     """What a step sampled, how it was rewarded, and what the update reported."""
@@ -92,6 +136,50 @@ class StepOutcome:
     def truncated(self) -> list[bool]:
         """Whether each output was cut at max_new_tokens."""
         return [reason == "length" for reason in self.batch.finish_reasons]
+
+
+@dataclass(frozen=True)
+class StepParts:
+    """What every step of a stage shares (built once, by the GRPO stage's set-up or a bench):
+    the sampler, the policy update, the algorithm and the strategies it picks."""
+
+    sampler: Sampler
+    policy: PolicyUpdate
+    algo: GRPOConfig
+    group_size: int
+    max_new_tokens: int
+    pad_token_id: int
+    rounds: GroupRounds  # one sampling round, or dynamic sampling's (step_rounds.py)
+    critic: StepCritic  # PPO's critic, or none
+
+    def round_sampler(self, seed: int, where: str) -> RoundSampler:
+        """The sampler of a step's rounds, seeded `seed`."""
+        params = SamplingParams(
+            max_new_tokens=self.max_new_tokens, temperature=self.algo.temperature
+        )
+        return RoundSampler(self.sampler, self.group_size, params, seed, where)
+
+
+def step_parts(
+    sampler: Sampler,
+    policy: PolicyUpdate,
+    algo: GRPOConfig,
+    *,
+    group_size: int,
+    max_new_tokens: int,
+    pad_token_id: int,
+    critic: ValueLearner | None = None,
+) -> StepParts:
+    """The parts of algo's steps: its way of sampling groups (group_rounds), and `critic` when
+    algo.adv_estimator reads values (PPO), which then trains beside the policy."""
+    needs_values = algo.estimator.needs_values
+    if needs_values and critic is None:
+        raise ValueError(f"advantage estimator {algo.adv_estimator!r} needs a critic")
+    learned = LearnedCritic(critic) if needs_values and critic is not None else NoCritic()
+    rounds = group_rounds(algo)
+    return StepParts(
+        sampler, policy, algo, group_size, max_new_tokens, pad_token_id, rounds, learned
+    )
 
 
 def step_prompt_indices(pool_size: int, step: int, per_step: int) -> list[int]:
@@ -135,134 +223,86 @@ def skip_stats(reason: str) -> dict[str, float]:
     return {SKIPPED: 1.0, f"{SKIPPED}_{reason}": 1.0}
 
 
+@dataclass(frozen=True)
+class LossRows:
+    """The rows and tokens of a step's batch the update learns from: every output padded
+    (B, L), and the batch the loss sees, where grpo.algo.mask_truncated masks out outputs cut
+    at max_new_tokens (a zero advantage alone would still count them in the normalisers)."""
+
+    padded: PolicyBatch
+    trained: PolicyBatch
+    response_mask: Tensor  # (B, T) every output's response tokens, response coordinates
+    truncated: Tensor  # (B,) bool: the output was cut at max_new_tokens
+    lengths: Tensor  # (B,) response tokens of each output
+    mask_truncated: bool
+
+    def skip_reason(self, num_prompts: int) -> str | None:
+        """skip_reason of the batch, or ALL_TRUNCATED when the mask leaves no token."""
+        reason = skip_reason(num_prompts, int(self.response_mask.sum()))
+        if reason is None and int(self.trained.response_mask.sum()) == 0:
+            return ALL_TRUNCATED
+        return reason
+
+    def in_loss(self, advantages: Tensor) -> Tensor:
+        """(B, T) advantages, zero on the rows the loss leaves out."""
+        if not self.mask_truncated:
+            return advantages
+        return advantages * (~self.truncated).to(advantages.dtype).reshape(-1, 1)
+
+
+def loss_rows(batch: RolloutBatch, pad_token_id: int, mask_truncated: bool) -> LossRows:
+    """The LossRows of a step's sampled batch."""
+    padded = build_policy_batch(batch.prompt_ids, batch.completion_ids, pad_token_id)
+    truncated = torch.tensor([r == "length" for r in batch.finish_reasons], dtype=torch.bool)
+    trained = padded
+    if mask_truncated:
+        kept_rows = (~truncated).to(padded.response_mask.dtype).reshape(-1, 1)
+        trained = replace(padded, response_mask=padded.response_mask * kept_rows)
+    lengths = torch.tensor([len(ids) for ids in batch.completion_ids])
+    response_mask = padded.full_to_response(padded.response_mask)
+    return LossRows(padded, trained, response_mask, truncated, lengths, mask_truncated)
+
+
 def grpo_step(
+    parts: StepParts,
     prompts: list[str],
-    sampler: Sampler,
     reward: RewardFn,
-    policy: PolicyUpdate,
-    algo: GRPOConfig,
     *,
-    group_size: int,
-    max_new_tokens: int,
-    pad_token_id: int,
     seed: int,
     where: str = "GRPO step",
     more_prompts: MorePrompts | None = None,
-    critic: ValueLearner | None = None,
 ) -> StepOutcome:
-    """Sample `group_size` outputs for each prompt with `seed`, reward them, compute
-    algo.adv_estimator's advantages and run `policy.update`; every value a step produces is
-    checked finite (`where` names the step in the error). A batch `skip_reason` refuses makes
-    no update: its outcome has zero advantages and `skipped` set. Under algo.dynamic_sampling
-    groups of equal rewards are dropped and `more_prompts` asked for more (none given: no
-    extra round); algo.mask_truncated leaves outputs cut at max_new_tokens out of the loss.
-    An estimator that reads values (PPO) takes them from `critic`, which then trains on the
-    same batch."""
+    """Sample parts.group_size outputs per prompt with `seed` (parts.rounds: one round, or
+    dynamic sampling's, with further prompts from `more_prompts`), reward them, compute
+    algo.adv_estimator's advantages (with parts.critic's values) and update the policy on
+    the rows LossRows leaves in the loss; then parts.critic learns. Every value is checked
+    finite (`where` names the step); a batch that cannot update the policy (`skipped` set)
+    makes no update and has zero advantages."""
     if not prompts:
         empty = RolloutBatch([], [], [], [], [], [])
-        return StepOutcome(
-            empty, rewards_of_nothing(), torch.zeros(0, 0), skip_stats(NO_PROMPTS), NO_PROMPTS
-        )
-    params = SamplingParams(max_new_tokens=max_new_tokens, temperature=algo.temperature)
-    sampled = _sample_and_reward(
-        prompts, sampler, reward, algo, params, group_size, seed, where, more_prompts
-    )
-    batch, rewards, kept, extra = sampled.batch, sampled.rewards, sampled.kept, sampled.stats
-    num_prompts = len(prompts) if kept is None else len(kept)
-    # Advantages are computed on the CPU in response coordinates, then placed at the
-    # completion columns of the padded batch (B, L) the update consumes.
-    padded = build_policy_batch(batch.prompt_ids, batch.completion_ids, pad_token_id)
-    response_mask = padded.full_to_response(padded.response_mask)
-    truncated = torch.tensor([r == "length" for r in batch.finish_reasons], dtype=torch.bool)
-    lengths = torch.tensor([len(ids) for ids in batch.completion_ids])
-    extra.update(length_stats(lengths, rewards.verifier, truncated))
-    # Truncated rows leave the loss by their mask: no token of theirs enters any sum or mean
-    # of the update (a zero advantage alone would still count them in the normalisers).
-    trained = padded
-    if algo.mask_truncated:
-        kept_rows = (~truncated).to(padded.response_mask.dtype).reshape(-1, 1)
-        trained = replace(padded, response_mask=padded.response_mask * kept_rows)
-    skipped = sampled.forced or skip_reason(num_prompts, int(response_mask.sum()))
-    if skipped is None and int(trained.response_mask.sum()) == 0:
-        skipped = ALL_TRUNCATED
+        nothing = rewards_of_nothing()
+        return StepOutcome(empty, nothing, torch.zeros(0, 0), skip_stats(NO_PROMPTS), NO_PROMPTS)
+    algo = parts.algo
+    sampled = parts.rounds.sample(parts.round_sampler(seed, where), prompts, reward, more_prompts)
+    batch, rewards, kept = sampled.batch, sampled.rewards, sampled.kept
+    rows = loss_rows(batch, parts.pad_token_id, algo.mask_truncated)
+    extra = {**sampled.stats, **length_stats(rows.lengths, rewards.verifier, rows.truncated)}
+    skipped = sampled.skipped or rows.skip_reason(sampled.num_prompts)
     if skipped is not None:
-        stats = {**skip_stats(skipped), **reward_stats(rewards, group_size), **extra}
+        stats = {**skip_stats(skipped), **reward_stats(rewards, parts.group_size), **extra}
         require_finite_metrics(stats, where=where, cause=REWARD_SOURCE)
-        return StepOutcome(batch, rewards, torch.zeros(response_mask.shape), stats, skipped, kept)
-    terms = None
-    if algo.estimator.needs_values:
-        if critic is None:
-            raise ValueError(f"advantage estimator {algo.adv_estimator!r} needs a critic")
-        terms = critic.prepare(trained)
-    shape = (num_prompts, group_size)
-    advantages = token_advantages(algo, rewards, response_mask, shape, terms)
+        no_advantages = torch.zeros(rows.response_mask.shape)
+        return StepOutcome(batch, rewards, no_advantages, stats, skipped, kept)
+    terms = parts.critic.read(rows.trained)
+    shape = (sampled.num_prompts, parts.group_size)
+    advantages = token_advantages(algo, rewards, rows.response_mask, shape, terms)
     require_finite("advantages", advantages, where=where, cause=REWARD_SOURCE)
-    if algo.mask_truncated:
-        advantages = advantages * (~truncated).to(advantages.dtype).reshape(-1, 1)
-    old = padded.lists_to_full(batch.logprobs) if algo.use_sampling_logprobs_as_old else None
-    stats = policy.update(trained, trained.response_to_full(advantages), old, seed)
-    if critic is not None and terms is not None:
-        stats.update(critic.update(trained, terms, rewards.total, seed))
-    stats.update(reward_stats(rewards, group_size))
+    advantages = rows.in_loss(advantages)
+    old = rows.padded.lists_to_full(batch.logprobs) if algo.use_sampling_logprobs_as_old else None
+    trained = rows.trained
+    stats = parts.policy.update(trained, trained.response_to_full(advantages), old, seed)
+    stats.update(parts.critic.learn(trained, terms, rewards.total, seed))
+    stats.update(reward_stats(rewards, parts.group_size))
     stats.update(extra)
     require_finite_metrics(stats, where=where, cause=DIVERGED)
     return StepOutcome(batch, rewards, advantages, stats, None, kept)
-
-
-def rewards_of_nothing() -> StepRewards:
-    """The rewards of an empty batch."""
-    return StepRewards(torch.zeros(0), {VERIFIER: torch.zeros(0)}, None)
-
-
-@dataclass
-class _Sampled:
-    """A step's batch after sampling and rewarding (and dynamic sampling's choice of groups)."""
-
-    batch: RolloutBatch
-    rewards: StepRewards
-    kept: list[int] | None  # StepOutcome.kept_prompts
-    forced: str | None  # a skip decided before the batch is looked at
-    stats: dict[str, float]  # dynamic sampling's metrics
-
-
-def _sample_and_reward(
-    prompts: list[str],
-    sampler: Sampler,
-    reward: RewardFn,
-    algo: GRPOConfig,
-    params: SamplingParams,
-    group_size: int,
-    seed: int,
-    where: str,
-    more_prompts: MorePrompts | None,
-) -> _Sampled:
-    """Sample and reward the step's prompts; under algo.dynamic_sampling keep the groups of
-    unequal rewards, drawing further rounds from `more_prompts` (none given: no extra round)."""
-    rounds: list[SampledRound] = []
-
-    def draw(round_index: int, count: int) -> SampledRound:
-        round_prompts, round_reward = prompts, reward
-        if round_index > 0:
-            round_prompts, round_reward = (
-                more_prompts(round_index, count) if more_prompts else ([], reward)
-            )
-        if not round_prompts:
-            return SampledRound(0, RolloutBatch([], [], [], [], [], []), rewards_of_nothing())
-        batch = sampler.generate(
-            round_prompts, group_size, params, seed=round_seed(seed, round_index)
-        )
-        sampled = [lp for row in batch.logprobs for lp in row]
-        require_finite("the policy's sampling log-probs", sampled, where=where, cause=DIVERGED)
-        rewards = round_reward(batch)
-        check_rewards(rewards, where)
-        rounds.append(SampledRound(len(round_prompts), batch, rewards))
-        return rounds[-1]
-
-    if not algo.dynamic_sampling:
-        first = draw(0, len(prompts))
-        return _Sampled(first.batch, first.rewards, None, None, {})
-    extra_rounds = algo.dynamic_sampling_max_rounds if more_prompts is not None else 0
-    found = sample_informative_groups(draw, len(prompts), extra_rounds)
-    if not found.kept:  # nothing to learn from: report the first round's outputs, no update
-        return _Sampled(rounds[0].batch, rounds[0].rewards, None, ALL_GROUPS_EQUAL, found.stats())
-    return _Sampled(found.batch, found.rewards, found.kept, None, found.stats())

@@ -1,14 +1,8 @@
-"""One GRPO policy update on a rollout batch: pi_old and reference log-probs, then mu epochs.
-
-A batch of G samples per prompt from a policy that has learned its task holds many identical
-rows (40-50% in the demo). Their loss terms are identical too, so each distinct row is run
-once, counted as often as it occurs (row_weights in grpo_loss): the same loss and gradient,
-for the forward and backward passes of the distinct rows only.
-"""
+"""One GRPO policy update on a rollout batch: pi_old and reference log-probs, then mu epochs
+of mini-batch optimizer steps, each distinct row run once (row_dedup.py), split over ranks."""
 
 from __future__ import annotations
 
-import hashlib
 import math
 from collections import defaultdict
 from dataclasses import dataclass, field, replace
@@ -18,11 +12,10 @@ from torch import Tensor, nn
 
 from grpo_core.algo.config import GRPOConfig
 from grpo_core.algo.losses import grpo_loss
-from grpo_core.contracts.copies import first_copies
+from grpo_core.algo.row_dedup import RowCopies, merge_rows
 from grpo_core.contracts.numerics import DIVERGED, require_finite
 from grpo_core.contracts.policy_batch import PolicyBatch
 from grpo_core.contracts.training import TrainEngine
-from grpo_core.model.forward import sequence_logprobs
 
 
 def grpo_update(
@@ -278,68 +271,3 @@ def _old_logprobs(
     if cfg.mu == 1 and cfg.mini_batches_per_epoch == 1:
         return None
     return copies.logprobs(engine.model, cfg.temperature, cfg.micro_batch_size)
-
-
-class RowCopies:
-    """The rows of a batch grouped by their tokens (prompt, completion and layout)."""
-
-    def __init__(self, batch: PolicyBatch) -> None:
-        self.batch = batch
-        self.token_keys = row_keys(batch.input_ids, batch.attention_mask, batch.response_mask)
-        firsts, groups = first_copies(self.token_keys)
-        self.firsts = torch.tensor(firsts, dtype=torch.long)
-        self.group = torch.tensor(groups, dtype=torch.long)
-
-    def logprobs(self, model: nn.Module, temperature: float, micro_batch_size: int) -> Tensor:
-        """sequence_logprobs of every row (no grad), one forward per distinct row."""
-        device = self.batch.input_ids.device
-        with torch.no_grad():
-            distinct = sequence_logprobs(
-                model, self.batch.select(self.firsts.to(device)), temperature, micro_batch_size
-            )
-        return distinct[self.group.to(device)]
-
-    def keys(self, *per_row: Tensor | None) -> list[bytes]:
-        """Each row's token key joined with its key in the given (B, ...) tensors."""
-        extra = row_keys(*(t for t in per_row if t is not None))
-        return [a + b for a, b in zip(self.token_keys, extra, strict=True)]
-
-
-def row_keys(*tables: Tensor) -> list[bytes]:
-    """One key per row of (B, ...) tensors: equal rows in every table, equal keys. A 128-bit
-    digest of the row's bytes, so a batch of long rows (the paper's 32k x 1.5k tokens) keeps
-    16 bytes per row, not its ~30 KB; two different rows share one with odds ~2^-128."""
-    if not tables:
-        raise ValueError("row_keys needs at least one table")
-    flat = [t.detach().reshape(len(t), -1).cpu().contiguous().numpy() for t in tables]
-    keys = []
-    for i in range(len(tables[0])):
-        digest = hashlib.blake2b(digest_size=16)
-        for table in flat:
-            digest.update(table[i].tobytes())
-        keys.append(digest.digest())
-    return keys
-
-
-@dataclass(frozen=True)
-class MergedRows:
-    """A mini-batch's rows merged by key: the first row of each key (in mini-batch order),
-    how many rows it stands for, and for every row the slot of the one standing for it."""
-
-    rows: Tensor
-    distinct: Tensor
-    counts: Tensor
-    slot: Tensor
-
-    def copies_of(self, slots: Tensor) -> tuple[Tensor, Tensor]:
-        """The rows that contiguous `slots` stand for, and each one's position in `slots`."""
-        inside = (self.slot >= slots[0]) & (self.slot <= slots[-1])
-        return self.rows[inside], self.slot[inside] - slots[0]
-
-
-def merge_rows(keys: list[bytes], rows: Tensor) -> MergedRows:
-    """`rows` (indices into `keys`) merged where their keys are equal."""
-    firsts, groups = first_copies(keys[r] for r in rows.tolist())
-    slot = torch.tensor(groups, dtype=torch.long, device=rows.device)
-    counts = torch.bincount(slot, minlength=len(firsts))
-    return MergedRows(rows, rows[torch.tensor(firsts, device=rows.device)], counts, slot)

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from flows.engines.lora_updater import ADAPTERS_DIR
-from flows.stages.grpo import _resume_weights
+from flows.stages.grpo_progress import resume_weights
 from grpo_core.model.config import LoRAConfig
 from grpo_core.model.lora import LoRAAdapters
 from storage.checkpoints import TRAINING_STATE_FILE
@@ -46,7 +46,7 @@ def progress_with(path: Path, adapters: LoRAAdapters | None) -> Path:
 def test_its_own_adapters_are_loaded(tmp_path: Path) -> None:
     progress = progress_with(tmp_path / "p", trained_adapters())
     fresh = LoRAAdapters(tiny_llama(), LORA, seed=1)
-    assert _resume_weights(progress, fresh.model, fresh)
+    assert resume_weights(progress, fresh.model, fresh)
     assert all(bool((b == 0.1).all()) for b in lora_b(fresh))
 
 
@@ -61,7 +61,7 @@ def test_a_checkpoint_of_other_settings_starts_the_stage_over(tmp_path: Path, sa
     }[saved]
     progress = progress_with(tmp_path / "p", other)
     fresh = LoRAAdapters(tiny_llama(), LORA, seed=1)
-    assert not _resume_weights(progress, fresh.model, fresh)
+    assert not resume_weights(progress, fresh.model, fresh)
     assert all(bool((b == 0).all()) for b in lora_b(fresh))  # untouched: new adapters
 
 
@@ -69,5 +69,5 @@ def test_a_full_weights_stage_starts_over_on_a_lora_checkpoint(tmp_path: Path) -
     progress = progress_with(tmp_path / "p", trained_adapters())
     model = tiny_llama()
     before = {k: v.clone() for k, v in model.state_dict().items()}
-    assert not _resume_weights(progress, model)
+    assert not resume_weights(progress, model)
     assert all(torch.equal(v, before[k]) for k, v in model.state_dict().items())

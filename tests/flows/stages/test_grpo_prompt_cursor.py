@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from flows.stages.grpo import PromptCursor, _extra_round
+from flows.stages.grpo_prompts import PromptCursor, extra_round
 from grpo_core.data.tasks.base import Problem
 
 
@@ -35,11 +35,11 @@ def test_extra_rounds_draw_the_next_prompts_and_never_one_twice_in_a_step() -> N
     cursor = PromptCursor(pool(6))
     drawn = cursor.take(3)  # round 0: p0 p1 p2
     prompter = "Q: {}".format
-    texts, reward = _extra_round(cursor, drawn, prompter, recorded_rewarder, 1, 2)  # type: ignore[arg-type]
+    texts, reward = extra_round(cursor, drawn, prompter, recorded_rewarder, 1, 2)  # type: ignore[arg-type]
     assert texts == ["Q: q3", "Q: q4"] and ids(drawn) == ["p0", "p1", "p2", "p3", "p4"]
     assert reward(None) == (["p3", "p4"], ["Q: q3", "Q: q4"])  # the round's own problems
     # 2 more asked, 1 left in the pool before p0 would come round again
-    texts, _ = _extra_round(cursor, drawn, prompter, recorded_rewarder, 2, 2)  # type: ignore[arg-type]
+    texts, _ = extra_round(cursor, drawn, prompter, recorded_rewarder, 2, 2)  # type: ignore[arg-type]
     assert texts == ["Q: q5"] and len(set(ids(drawn))) == 6
-    texts, _ = _extra_round(cursor, drawn, prompter, recorded_rewarder, 3, 2)  # type: ignore[arg-type]
+    texts, _ = extra_round(cursor, drawn, prompter, recorded_rewarder, 3, 2)  # type: ignore[arg-type]
     assert texts == [] and cursor.position == 6  # the whole pool drawn: nothing more

@@ -27,6 +27,7 @@ from grpo_core.algo.step import (
     ALL_TRUNCATED,
     grpo_step,
     prompt_indices_at,
+    step_parts,
     step_prompt_indices,
 )
 from grpo_core.algo.update import grpo_update
@@ -73,18 +74,8 @@ def reward_second_output(batch: RolloutBatch) -> StepRewards:
 def run(
     prompts: list[str], algo: GRPOConfig, sampler: LengthSampler, update: RecordingUpdate, **kw
 ):  # type: ignore[no-untyped-def]
-    return grpo_step(
-        prompts,
-        sampler,
-        reward_second_output,
-        update,
-        algo,
-        group_size=3,
-        max_new_tokens=3,
-        pad_token_id=0,
-        seed=11,
-        **kw,
-    )
+    parts = step_parts(sampler, update, algo, group_size=3, max_new_tokens=3, pad_token_id=0)
+    return grpo_step(parts, prompts, reward_second_output, seed=11, **kw)
 
 
 def test_truncated_outputs_leave_the_loss_and_their_gradient_is_zero() -> None:

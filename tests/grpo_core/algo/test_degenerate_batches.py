@@ -30,6 +30,7 @@ from grpo_core.algo.step import (
     StepOutcome,
     grpo_step,
     skip_reason,
+    step_parts,
     step_prompt_indices,
 )
 from grpo_core.algo.update import grpo_update
@@ -139,18 +140,10 @@ def step(
     update: RecordingUpdate,
     reward: RewardFn = reward_by_text,
 ) -> StepOutcome:
-    return grpo_step(
-        prompts,
-        sampler,
-        reward,
-        update,
-        GRPOConfig(),
-        group_size=3,
-        max_new_tokens=7,
-        pad_token_id=0,
-        seed=5,
-        where="test step",
+    parts = step_parts(
+        sampler, update, GRPOConfig(), group_size=3, max_new_tokens=7, pad_token_id=0
     )
+    return grpo_step(parts, prompts, reward, seed=5, where="test step")
 
 
 def test_a_step_without_prompts_is_skipped_before_sampling() -> None:

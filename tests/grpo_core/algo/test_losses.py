@@ -14,7 +14,6 @@ from grpo_core.algo.losses import (
     clipped_surrogate,
     grpo_loss,
     kl_penalty,
-    ppo_kl_shaped_reward,
 )
 from grpo_core.model import logits as logits_module
 from grpo_core.model.logits import entropy_from_logits, token_logprobs
@@ -78,12 +77,6 @@ def test_k1_k2_definitions() -> None:
     assert float(kl_penalty(log(0.3), log(0.6), "k1")) == pytest.approx(math.log(0.5), abs=1e-6)
     assert float(kl_penalty(log(0.3), log(0.6), "k2")) == pytest.approx(
         0.5 * math.log(2) ** 2, abs=1e-6
-    )
-
-
-def test_ppo_shaped_reward_vector_spec_2() -> None:
-    assert float(ppo_kl_shaped_reward(0.0, log(0.8), log(0.2), 0.04)) == pytest.approx(
-        -0.055, abs=1e-3
     )
 
 

@@ -21,7 +21,7 @@ from grpo_core.algo.rewards import (
     reward_stats,
     token_advantages,
 )
-from grpo_core.algo.step import grpo_step
+from grpo_core.algo.step import grpo_step, step_parts
 from grpo_core.contracts.numerics import NonFiniteError
 from grpo_core.contracts.policy_batch import PolicyBatch
 from grpo_core.contracts.rollout import RolloutBatch, SamplingParams
@@ -170,18 +170,8 @@ def reward_by_text(batch: RolloutBatch) -> StepRewards:
 def run_step(
     algo: GRPOConfig, sampler: ScriptedSampler, update: RecordingUpdate, reward=reward_by_text
 ):  # type: ignore[no-untyped-def]
-    return grpo_step(
-        ["a", "b"],
-        sampler,
-        reward,
-        update,
-        algo,
-        group_size=3,
-        max_new_tokens=7,
-        pad_token_id=0,
-        seed=1234,
-        where="test step",
-    )
+    parts = step_parts(sampler, update, algo, group_size=3, max_new_tokens=7, pad_token_id=0)
+    return grpo_step(parts, ["a", "b"], reward, seed=1234, where="test step")
 
 
 def test_grpo_step_updates_on_advantages_at_the_completion_columns() -> None:

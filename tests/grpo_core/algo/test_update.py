@@ -7,7 +7,7 @@ import torch
 
 from grpo_core.algo.config import GRPOConfig, LossAgg
 from grpo_core.algo.losses import grpo_loss
-from grpo_core.algo.update import grpo_update, rank_micro_batches, row_keys
+from grpo_core.algo.update import grpo_update, rank_micro_batches
 from grpo_core.contracts.policy_batch import PolicyBatch, build_policy_batch
 from grpo_core.contracts.training import OptimizerSettings
 from grpo_core.engines.train import TorchEngine
@@ -288,12 +288,3 @@ def test_per_output_metrics_are_exact_means_whatever_the_split(micro: int) -> No
     )
     assert metrics["response_length"] == sum(lengths) / len(lengths)
     assert metrics["zero_adv_seq_frac"] == 1 / sum(nonempty)
-
-
-def test_row_keys_tell_rows_apart_in_every_table() -> None:
-    ids = torch.tensor([[1, 2, 3], [1, 2, 3], [1, 2, 4], [1, 2, 3]])
-    values = torch.tensor([[0.5], [0.5], [0.5], [0.25]])
-    keys = row_keys(ids, values)
-    assert keys[0] == keys[1] and len(set(keys)) == 3  # row 2: ids differ; row 3: values
-    assert all(len(k) == 16 for k in keys)  # a digest, whatever the row's length
-    assert row_keys(ids)[3] == row_keys(ids)[0]
