@@ -6,14 +6,15 @@
 
 The model is a Llama made on the GPU from a config (no download) with Qwen2.5-0.5B's shape:
 24 layers, hidden 896, MLP 4864, 14 query and 2 key/value heads, vocabulary 151936, tied
-embeddings (494M parameters). One update = the pi_old and
-reference forward passes plus mu = 1 epoch of forward + backward + AdamW over 64 sequences of
-a 64-token prompt and a 192-token completion. FLOPs are counted as 2 N per token for each
-forward-only pass and 6 N per token for the training pass (N = parameters), the usual
-estimate that leaves attention's quadratic term out. MFU = achieved / peak, where peak is the
-dense bf16 figure of the GPU (H100 SXM 989, H200 989, A100 312 TFLOP/s) for both rows: the
-fp32 row's low MFU is what training in fp32 leaves on the table. Without CUDA it says so
-and exits 0.
+embeddings (494M parameters). One update = the reference
+forward pass plus mu = 1 epoch of forward + backward + AdamW over 64 sequences of a 64-token
+prompt and a 192-token completion (at mu = 1 with one mini-batch pi_old is the detached
+current policy: no pass of its own). FLOPs are counted as 2 N per token for each forward-only
+pass and 6 N per token for the training pass (N = parameters; real_size_common.update_flops),
+the usual estimate that leaves attention's quadratic term out. MFU = achieved / peak, where
+peak is the dense bf16 figure of the GPU (H100 SXM 989, H200 989, A100 312 TFLOP/s) for both
+rows: the fp32 row's low MFU is what training in fp32 leaves on the table. Without CUDA it
+says so and exits 0.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ import time
 from importlib.util import find_spec
 
 import torch
+from real_size_common import peak_tflops, update_flops, update_passes
 from transformers import LlamaConfig, LlamaForCausalLM
 
 from grpo_core.algo.config import GRPOConfig
@@ -34,7 +36,6 @@ from grpo_core.contracts.training import OptimizerSettings, TrainEngine
 from grpo_core.engines.config import DeepSpeedConfig
 from grpo_core.engines.train import TorchEngine
 
-PEAK_BF16_TFLOPS = {"H100": 989.0, "H200": 989.0, "A100": 312.0}
 ROWS, PROMPT, COMPLETION = 64, 64, 192
 VOCAB = 151936
 
@@ -112,13 +113,6 @@ def profile_update(
     print(events.table(sort_by="self_cuda_time_total", row_limit=top, max_name_column_width=48))
 
 
-def peak_tflops(override: float | None) -> float | None:
-    if override:
-        return override
-    name = torch.cuda.get_device_name()
-    return next((v for k, v in PEAK_BF16_TFLOPS.items() if k in name), None)
-
-
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--repeats", type=int, default=5, help="timed updates per row")
@@ -134,10 +128,11 @@ def main() -> int:
     if not torch.cuda.is_available():
         print(f"gpu_update: no CUDA device visible (torch {torch.__version__}); nothing to time")
         return 0
-    peak = peak_tflops(args.peak_tflops)
+    peak = peak_tflops(torch.device("cuda"), args.peak_tflops)
     n_params = sum(p.numel() for p in build_model("meta").parameters())
     tokens = ROWS * (PROMPT + COMPLETION)
-    flops = tokens * n_params * (2 + 2 + 6)  # pi_old fwd, reference fwd, train fwd+bwd
+    algo = GRPOConfig(beta=0.04, mini_batches_per_epoch=1)  # update_inputs' passes
+    flops = update_flops(n_params, tokens, *update_passes(algo.beta, algo.mu, 1))
     tf32 = torch.backends.cuda.matmul.allow_tf32
     print(f"GPU: {torch.cuda.get_device_name()}, torch {torch.__version__}, peak {peak} TFLOP/s")
     print(f"fp32 matmuls in TF32: {tf32} (torch's default; the fp32 row is plain fp32 if False)")
