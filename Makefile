@@ -54,18 +54,22 @@ bench: venv
 
 # GPU paths, on a CUDA machine: every `gpu`-marked test (CUDA vs CPU update, DeepSpeed ZeRO-2/3
 # on NCCL, bf16, a micro run on the GPU, the micro run on a long-lived Ray rank holding the GPU
-# in fp32 and bf16), then a 0.5B model's update tokens/s and MFU. Without CUDA it says so in
-# one line and exits 0 (CI is CPU-only). GPU_PYTHON: an interpreter whose torch is a CUDA
+# in fp32 and bf16), then a 0.5B model's update tokens/s and MFU, then bench/gpu_real_size.py
+# (real sizes: 0.5B/1.5B updates at 1k/4k tokens, decode, TRL side by side, one loop iteration;
+# GPU_REAL_SIZE_ARGS passes it --sections / --out). Without CUDA it says so in one line and
+# exits 0 (CI is CPU-only). GPU_PYTHON: an interpreter whose torch is a CUDA
 # build with this project importable (the venv's torch==2.13.0 is a CPU build here).
 # GPU_TESTS: where pytest collects; where Prefect is not installed, name
 # tests/grpo_core/engines/test_gpu.py and tests/flows/engines/test_train_workers_gpu.py.
 GPU_PYTHON ?= $(BIN)/python
 GPU_TESTS ?= tests
+GPU_REAL_SIZE_ARGS ?=
 gpu-check:
 	@if ! $(GPU_PYTHON) -c "import sys, torch; sys.exit(not torch.cuda.is_available())" 2>/dev/null; \
 	then echo "gpu-check: no CUDA device visible to $(GPU_PYTHON): nothing to check"; exit 0; fi; \
 	$(GPU_PYTHON) -m pytest -m gpu -v -rs -s --durations=0 -p no:cacheprovider $(GPU_TESTS); status=$$?; \
-	$(GPU_PYTHON) bench/gpu_update.py; exit $$status
+	$(GPU_PYTHON) bench/gpu_update.py; \
+	$(GPU_PYTHON) bench/gpu_real_size.py $(GPU_REAL_SIZE_ARGS) || status=1; exit $$status
 
 clean:
 	rm -rf $(VENV) itergrpo-store .pytest_cache .mypy_cache .ruff_cache
