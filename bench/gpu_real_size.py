@@ -255,7 +255,8 @@ def decode_section(bench: Bench) -> Table:
         f"model: Qwen2.5-{sizes.decode_shape} shape as a plain Llama "
         f"({n_params(model) / 1e6:.1f}M), {sizes.group_size} samples per prompt of "
         f"{sizes.decode_prompt_tokens} tokens, "
-        f"temperature 1; floor = batch / seconds of one forward at that batch (no cache)"
+        f"temperature 1; floor = batch / seconds of one forward at that batch (no cache); "
+        f"hf decodes with the lean step: {HFRolloutEngine(model, tokenizer).uses_lean_decode()}"
     )
     params = SamplingParams(max_new_tokens=sizes.decode_new_tokens, temperature=1.0)
     warm = SamplingParams(max_new_tokens=2, temperature=1.0)
