@@ -1,16 +1,20 @@
 """Token-budget micro-batches give the gradients and metrics of one micro-batch holding every
-row (fp32; gradients within atol 1e-6 + rtol 1e-5, metrics within 1e-5), for every loss mode,
-rows of very different lengths, and G samples per prompt (the shared-prompt forward)."""
+row, in the policy update and in PPO's critic (fp32; gradients within atol 1e-6 + rtol 1e-5,
+metrics within 1e-5): every loss mode, rows of very different lengths, G samples per prompt
+(the shared-prompt forward), copies merged across packed passes."""
 
+from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
 
 from grpo_core.algo.config import GRPOConfig, LossAgg
+from grpo_core.algo.critic_update import CriticLearner
 from grpo_core.algo.micro_batches import padding_share, plan_micro_batches, row_lengths
 from grpo_core.algo.update import grpo_update
 from grpo_core.contracts.policy_batch import PolicyBatch, build_policy_batch
+from grpo_core.model.critic import ValueModel
 from grpo_core.model.forward import sequence_logprobs
 from tests.grpo_core.algo.test_update import MODES, RecordingEngine, batch_with_copies
 from tests.models import tiny_llama
@@ -139,3 +143,33 @@ def test_identical_rows_merge_across_packed_micro_batches(mode: LossAgg) -> None
         batch, advantages, cfg.model_copy(update={"max_tokens_per_micro_batch": 16}), sampling
     )
     assert metrics["sampling_logprob_gap_max"] == pytest.approx(0.5, abs=1e-5)
+
+
+def test_critic_token_budget_gives_the_one_batch_values_and_gradients(tmp_path: Path) -> None:
+    batch, _ = spread_batch(shared_prompts=False)
+    model().save_pretrained(tmp_path / "policy")
+    scores = torch.randn(8, generator=torch.Generator().manual_seed(1))
+    runs = []
+    for micro in ({"micro_batch_size": 8}, {"max_tokens_per_micro_batch": 60}):
+        cfg = GRPOConfig.model_validate(
+            {"adv_estimator": "ppo", "beta": 0.0, "mu": 2, "mini_batches_per_epoch": 2, **micro}
+        )
+        critic = ValueModel.from_backbone(tmp_path / "policy")
+        engine = RecordingEngine(critic)
+        passes = shapes(critic.net)
+        learner = CriticLearner(critic, engine, model(seed=3), model(seed=4), cfg)
+        terms = learner.prepare(batch)
+        metrics = learner.update(batch, terms, scores, seed=0)
+        runs.append((terms, engine.grads, metrics))
+        within = [rows * width <= 60 or rows == 1 for rows, width in passes]
+        assert all(within) == ("max_tokens_per_micro_batch" in micro)
+    (whole, whole_grads, expected), (packed, grads, metrics) = runs
+    assert torch.allclose(whole.values, packed.values, atol=1e-6)
+    assert torch.allclose(whole.log_ratio, packed.log_ratio, atol=1e-5)
+    assert float(packed.log_ratio.abs().sum()) > 0
+    assert len(grads) == len(whole_grads) == 4
+    for step_whole, step_packed in zip(whole_grads, grads, strict=True):
+        for one_batch, by_budget in zip(step_whole, step_packed, strict=True):
+            assert torch.allclose(one_batch, by_budget, atol=1e-6, rtol=1e-5)
+    for key in ("value_loss", "value_clipfrac", "value_mean", "returns_mean", "reward_kl"):
+        assert metrics[key] == pytest.approx(expected[key], abs=1e-5), key
