@@ -101,6 +101,18 @@ class GRPOConfig(BaseModel):
         description="Rows per forward/backward pass (gradient accumulation), 1 to 65536. "
         "Changes memory use only, never the gradient.",
     )
+    max_tokens_per_micro_batch: int | None = Field(
+        default=None,
+        ge=1,
+        le=100_000_000,
+        description="Token budget per forward/backward pass, replacing micro_batch_size "
+        "(verl: use_dynamic_bsz with ppo_max_token_len_per_gpu): rows sorted by length are "
+        "packed so rows x the micro-batch's longest row (prompt + completion tokens) stays "
+        "within it, each micro-batch padded only to its own longest row; a longer row runs "
+        "alone. Applies to the policy update, its pi_old / reference forwards and PPO's "
+        "critic. Changes memory use and padding only, never the gradient. null: "
+        "micro_batch_size rows per pass.",
+    )
     mini_batches_per_epoch: int = Field(
         default=1,
         ge=1,

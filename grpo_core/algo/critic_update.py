@@ -13,6 +13,13 @@ from torch import Tensor, nn
 
 from grpo_core.algo.advantages import PPOTerms
 from grpo_core.algo.config import GRPOConfig
+from grpo_core.algo.micro_batches import (
+    note_rows_over_budget,
+    plan_micro_batches,
+    planned_logprobs,
+    row_lengths,
+    trimmed_forward,
+)
 from grpo_core.algo.ppo import (
     adaptive_kl_coef,
     clipped_value_loss,
@@ -65,21 +72,38 @@ class CriticLearner:
         values: Tensor = self.engine.model(batch)
         return values
 
+    def _micro_values(self, part: PolicyBatch) -> Tensor:
+        """_values of one micro-batch: under a token budget, on its own columns only."""
+        if self.algo.max_tokens_per_micro_batch is None:
+            return self._values(part)
+        return trimmed_forward(self._values, part)
+
+    def _micro_batches(self, rows: Tensor, lengths: list[int]) -> list[Tensor]:
+        """`rows` (indices; `lengths` gives each one's tokens) as the policy's micro-batches:
+        micro_batch_size rows, or packed by max_tokens_per_micro_batch."""
+        budget = self.algo.max_tokens_per_micro_batch
+        if budget is None:
+            return list(torch.split(rows, self.algo.micro_batch_size))
+        note_rows_over_budget([lengths[r] for r in rows.tolist()], budget)
+        plan = plan_micro_batches([lengths[r] for r in rows.tolist()], budget)
+        return [rows[torch.tensor(at, dtype=torch.long, device=rows.device)] for at in plan]
+
     def _logprobs(self, model: nn.Module, batch: PolicyBatch) -> Tensor:
         part = batch.to(_device(model))
-        logp = sequence_logprobs(model, part, self.algo.temperature, self.algo.micro_batch_size)
+        algo = self.algo
+        if algo.max_tokens_per_micro_batch is None:
+            logp = sequence_logprobs(model, part, algo.temperature, algo.micro_batch_size)
+        else:
+            logp = planned_logprobs(model, part, algo.temperature, algo.max_tokens_per_micro_batch)
         return logp.cpu()
 
     @torch.no_grad()
     def prepare(self, batch: PolicyBatch) -> PPOTerms:
         """Values and log(pi_old / pi_ref) of a CPU batch, in response coordinates."""
         self.engine.eval()
-        values = torch.cat(
-            [
-                self._values(batch.select(rows).to(self.engine.device)).cpu()
-                for rows in torch.split(torch.arange(len(batch)), self.algo.micro_batch_size)
-            ]
-        )
+        values = torch.zeros_like(batch.response_mask)
+        for rows in self._micro_batches(torch.arange(len(batch)), row_lengths(batch)):
+            values[rows] = self._micro_values(batch.select(rows).to(self.engine.device)).cpu()
         log_ratio = torch.zeros_like(batch.response_mask)
         if self.reference is not None and self.kl_coef > 0:
             old = self._logprobs(self.policy, batch)
@@ -111,14 +135,15 @@ class CriticLearner:
         self.engine.train()
         loss_total = clipped_total = grad_norm_total = 0.0
         steps = 0
+        lengths = row_lengths(batch)
         for _ in range(algo.mu):
             order = torch.randperm(len(batch), generator=generator).to(dev)
             for mini in torch.tensor_split(order, algo.mini_batches_per_epoch):
                 tokens = rows.response_mask[mini].sum().clamp(min=1.0)
-                for micro in torch.split(mini, algo.micro_batch_size):
+                for micro in self._micro_batches(mini, lengths):
                     part = rows.select(micro)
                     loss, clipped = clipped_value_loss(
-                        self._values(part),
+                        self._micro_values(part),
                         old_values[micro],
                         returns[micro],
                         part.response_mask,

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor, nn
 
+from grpo_core.algo.micro_batches import planned_logprobs
 from grpo_core.contracts.copies import first_copies
 from grpo_core.contracts.policy_batch import PolicyBatch
 from grpo_core.model.forward import sequence_logprobs
@@ -46,13 +47,22 @@ class RowCopies:
         self.firsts = torch.tensor(firsts, dtype=torch.long)
         self.group = torch.tensor(groups, dtype=torch.long)
 
-    def logprobs(self, model: nn.Module, temperature: float, micro_batch_size: int) -> Tensor:
-        """sequence_logprobs of every row (no grad), one forward per distinct row."""
+    def logprobs(
+        self,
+        model: nn.Module,
+        temperature: float,
+        micro_batch_size: int,
+        max_tokens: int | None = None,
+    ) -> Tensor:
+        """sequence_logprobs of every row (no grad), one forward per distinct row, in
+        micro-batches of micro_batch_size rows or (when given) of max_tokens tokens."""
         device = self.batch.input_ids.device
+        distinct_rows = self.batch.select(self.firsts.to(device))
         with torch.no_grad():
-            distinct = sequence_logprobs(
-                model, self.batch.select(self.firsts.to(device)), temperature, micro_batch_size
-            )
+            if max_tokens is None:
+                distinct = sequence_logprobs(model, distinct_rows, temperature, micro_batch_size)
+            else:
+                distinct = planned_logprobs(model, distinct_rows, temperature, max_tokens)
         return distinct[self.group.to(device)]
 
     def keys(self, *per_row: Tensor | None) -> list[bytes]:
@@ -72,9 +82,12 @@ class MergedRows:
     slot: Tensor
 
     def copies_of(self, slots: Tensor) -> tuple[Tensor, Tensor]:
-        """The rows that contiguous `slots` stand for, and each one's position in `slots`."""
-        inside = (self.slot >= slots[0]) & (self.slot <= slots[-1])
-        return self.rows[inside], self.slot[inside] - slots[0]
+        """The rows that `slots` stand for, and each one's position in `slots`."""
+        position = torch.full_like(self.counts, -1)
+        position[slots] = torch.arange(len(slots), device=slots.device)
+        at = position[self.slot]
+        inside = at >= 0
+        return self.rows[inside], at[inside]
 
 
 def merge_rows(keys: list[bytes], rows: Tensor) -> MergedRows:

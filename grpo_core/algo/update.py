@@ -12,6 +12,13 @@ from torch import Tensor, nn
 
 from grpo_core.algo.config import GRPOConfig
 from grpo_core.algo.losses import grpo_loss
+from grpo_core.algo.micro_batches import (
+    attended_columns,
+    columns,
+    rank_token_micro_batches,
+    row_lengths,
+    widen,
+)
 from grpo_core.algo.row_dedup import RowCopies, merge_rows
 from grpo_core.contracts.numerics import DIVERGED, require_finite
 from grpo_core.contracts.policy_batch import PolicyBatch
@@ -45,11 +52,14 @@ def grpo_update(
     old = _old_logprobs(engine, batch, cfg, old_logprobs, token_copies)
     ref = None
     if cfg.beta > 0 and ref_model is not None:  # _check_inputs: beta > 0 has a reference
-        ref = token_copies.logprobs(ref_model, cfg.temperature, cfg.micro_batch_size)
+        ref = token_copies.logprobs(
+            ref_model, cfg.temperature, cfg.micro_batch_size, cfg.max_tokens_per_micro_batch
+        )
     # rows merge when their tokens, advantages and pi_old (when given) are all equal
     given_old = None if old is None or old_logprobs is None else old
     merge_keys = token_copies.keys(advantages, given_old)
     folded = _UpdateMetrics()
+    lengths = row_lengths(batch)
     grad_norm_total, steps = 0.0, 0
     for _ in range(cfg.mu):
         order = torch.randperm(len(batch), generator=generator).to(batch.input_ids.device)
@@ -60,9 +70,11 @@ def grpo_update(
             rank, world = engine.data_parallel_rank, engine.data_parallel_size
             merged = merge_rows(merge_keys, mini)
             slots = torch.arange(len(merged.distinct), device=mini.device)
-            for at, live in rank_micro_batches(slots, cfg.micro_batch_size, rank, world):
+            for at, live in _micro_batches(slots, merged.distinct, lengths, cfg, rank, world):
                 micro = merged.distinct[at]
                 part = batch.select(micro)
+                # token budget: the forward runs on the micro-batch's own columns only
+                span = None if cfg.max_tokens_per_micro_batch is None else attended_columns(part)
                 if not live:  # a padding pass: same collectives as the other ranks, no loss
                     part = replace(part, response_mask=torch.zeros_like(part.response_mask))
                 # a padding pass stands for no row
@@ -73,15 +85,37 @@ def grpo_update(
                     else (micro, torch.arange(len(micro), device=micro.device))
                 )
                 terms = _MicroBatch(
-                    part, advantages[micro], old, ref, old_logprobs, micro, weights, stood_for
+                    part, advantages[micro], old, ref, old_logprobs, micro, weights, stood_for, span
                 )
                 folded.add(_backward(engine, terms, cfg, totals), _output_sums(terms))
+                # every rank counts every pass, so the ranks reduce the same metric keys
+                width = part.input_ids.shape[1] if span is None else span.stop - span.start
+                tokens = sum(lengths[r] for r in micro.tolist())
+                folded.count_padding(tokens * live, len(micro) * width * live)
             grad_norm_total += engine.step()
             steps += 1
     result = folded.averages(engine, steps)
     result.update(grad_norm=grad_norm_total / steps, optimizer_steps=float(steps))
     result["lr"] = engine.current_lr()
     return result
+
+
+def _micro_batches(
+    slots: Tensor,
+    distinct: Tensor,
+    lengths: list[int],
+    cfg: GRPOConfig,
+    rank: int,
+    world: int,
+) -> list[tuple[Tensor, bool]]:
+    """This rank's micro-batches of a mini-batch's slots (the rows `distinct` holds): fixed
+    rows (micro_batch_size), or packed by token budget (max_tokens_per_micro_batch)."""
+    if cfg.max_tokens_per_micro_batch is None:
+        return rank_micro_batches(slots, cfg.micro_batch_size, rank, world)
+    slot_lengths = [lengths[row] for row in distinct.tolist()]
+    return rank_token_micro_batches(
+        slots, slot_lengths, cfg.max_tokens_per_micro_batch, rank, world
+    )
 
 
 def _check_inputs(
@@ -115,13 +149,22 @@ class _MicroBatch:
     weights: Tensor  # how many rows of the mini-batch each row stands for
     # every row these rows stand for, and the position in `rows` of the one standing for it
     copies: tuple[Tensor, Tensor]
+    columns: slice | None  # the columns the forward runs on (None: all)
 
 
 def _backward(
     engine: TrainEngine, mb: _MicroBatch, cfg: GRPOConfig, totals: tuple[Tensor, Tensor]
 ) -> dict[str, float]:
     """Forward, GRPO loss and backward of one micro-batch; its metrics."""
-    logp, entropy = engine.forward_logprobs(mb.part, cfg.temperature, with_entropy=True)
+    if mb.columns is None:
+        logp, entropy = engine.forward_logprobs(mb.part, cfg.temperature, with_entropy=True)
+    else:
+        width = mb.part.input_ids.shape[1]
+        cut, cut_entropy = engine.forward_logprobs(
+            columns(mb.part, mb.columns), cfg.temperature, with_entropy=True
+        )
+        logp = widen(cut, mb.columns, width)
+        entropy = None if cut_entropy is None else widen(cut_entropy, mb.columns, width)
     loss, metrics = grpo_loss(
         logp,
         logp.detach() if mb.old is None else mb.old[mb.rows],
@@ -197,10 +240,18 @@ class _UpdateMetrics:
             else:
                 self.sums[key] += value * weight
 
+    def count_padding(self, tokens: int, positions: int) -> None:
+        """A forward pass over `positions` token positions, `tokens` of them real."""
+        self.sums["padding:tokens"] += tokens
+        self.sums["padding:positions"] += positions
+
     def averages(self, engine: TrainEngine, steps: int) -> dict[str, float]:
-        """Means over tokens (loss terms: over optimizer steps), reduced over the ranks."""
+        """Means over tokens (loss terms: over optimizer steps), reduced over the ranks;
+        padding_share: the share of padded positions in the micro-batches' forwards."""
         sums, extremes, weight = _reduce_over_ranks(engine, self.sums, self.extremes, self.weight)
         result = {key: value / max(weight, 1.0) for key, value in sums.items() if ":" not in key}
+        positions = sums["padding:positions"]
+        result["padding_share"] = 1.0 - sums["padding:tokens"] / positions if positions else 0.0
         for key in _ADDITIVE:
             result[key] = sums[key] / steps
         for key in _PER_OUTPUT:
@@ -270,4 +321,6 @@ def _old_logprobs(
         return given
     if cfg.mu == 1 and cfg.mini_batches_per_epoch == 1:
         return None
-    return copies.logprobs(engine.model, cfg.temperature, cfg.micro_batch_size)
+    return copies.logprobs(
+        engine.model, cfg.temperature, cfg.micro_batch_size, cfg.max_tokens_per_micro_batch
+    )

@@ -1,0 +1,83 @@
+"""Padding share of a GRPO update's micro-batches: fixed rows against a token budget.
+
+A step's rows are synthetic reasoning-length outputs: P prompts of 60-200 tokens, G samples
+each, completion lengths log-uniform over 50-4000 tokens (seeded). For each plan it prints
+the share of padded positions in what the forwards compute (rows x width, summed over the
+micro-batches; grpo_core/algo/micro_batches.py::padding_share), the number of passes and the
+largest pass in token positions. Fixed rows (grpo.algo.micro_batch_size) keep the whole
+batch's columns, as the update runs them; "own width" is what trimming alone would give.
+
+    .venv/bin/python bench/padding_share.py
+    .venv/bin/python bench/padding_share.py --prompts 64 --group-size 8 --seeds 5
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import subprocess
+from collections.abc import Sequence
+from datetime import date
+from pathlib import Path
+
+import torch
+
+from grpo_core.algo.micro_batches import padding_share, plan_micro_batches
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def step_lengths(prompts: int, group_size: int, seed: int) -> list[int]:
+    """Prompt + completion tokens of each row of one step's batch."""
+    gen = torch.Generator().manual_seed(seed)
+    prompt = torch.randint(60, 201, (prompts,), generator=gen).repeat_interleave(group_size)
+    log_len = torch.empty(prompts * group_size).uniform_(
+        math.log(50), math.log(4000), generator=gen
+    )
+    completion = log_len.exp().round().long()
+    lengths: list[int] = (prompt + completion).tolist()
+    return lengths
+
+
+def fixed_rows(rows: int, size: int) -> list[list[int]]:
+    return [list(range(start, min(start + size, rows))) for start in range(0, rows, size)]
+
+
+def describe(lengths: Sequence[int], plan: list[list[int]], width: int | None) -> str:
+    sizes = [
+        len(rows) * (max(lengths[r] for r in rows) if width is None else width) for rows in plan
+    ]
+    share = padding_share(lengths, plan, width)
+    return f"padding {share:6.1%}  passes {len(plan):4d}  largest pass {max(sizes):7d} positions"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--prompts", type=int, default=16)
+    parser.add_argument("--group-size", type=int, default=8)
+    parser.add_argument("--micro-batch-size", type=int, default=8)
+    parser.add_argument("--budgets", type=int, nargs="+", default=[8192, 16384, 32768])
+    parser.add_argument("--seeds", type=int, default=3)
+    args = parser.parse_args()
+    commit = subprocess.run(
+        ["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True
+    ).stdout.strip()
+    print(
+        f"{args.prompts} prompts x G = {args.group_size}, completions 50-4000 tokens "
+        f"(log-uniform), {date.today()}, commit {commit}"
+    )
+    for seed in range(args.seeds):
+        lengths = step_lengths(args.prompts, args.group_size, seed)
+        rows, width = len(lengths), max(lengths)
+        print(f"seed {seed}: {rows} rows, {sum(lengths)} tokens, longest {width}")
+        fixed = fixed_rows(rows, args.micro_batch_size)
+        label = f"{args.micro_batch_size} rows per pass"
+        print(f"  {label:<28s} {describe(lengths, fixed, width)}")
+        print(f"  {label + ', own width':<28s} {describe(lengths, fixed, None)}")
+        for budget in args.budgets:
+            plan = plan_micro_batches(lengths, budget)
+            print(f"  {f'budget {budget} tokens':<28s} {describe(lengths, plan, None)}")
+
+
+if __name__ == "__main__":
+    main()
