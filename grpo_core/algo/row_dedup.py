@@ -46,12 +46,22 @@ class RowCopies:
         self.firsts = torch.tensor(firsts, dtype=torch.long)
         self.group = torch.tensor(groups, dtype=torch.long)
 
-    def logprobs(self, model: nn.Module, temperature: float, micro_batch_size: int) -> Tensor:
+    def logprobs(
+        self,
+        model: nn.Module,
+        temperature: float,
+        micro_batch_size: int,
+        logits_chunk_tokens: int | None = None,
+    ) -> Tensor:
         """sequence_logprobs of every row (no grad), one forward per distinct row."""
         device = self.batch.input_ids.device
         with torch.no_grad():
             distinct = sequence_logprobs(
-                model, self.batch.select(self.firsts.to(device)), temperature, micro_batch_size
+                model,
+                self.batch.select(self.firsts.to(device)),
+                temperature,
+                micro_batch_size,
+                logits_chunk_tokens,
             )
         return distinct[self.group.to(device)]
 

@@ -16,6 +16,7 @@ from grpo_core.algo.row_dedup import RowCopies, merge_rows
 from grpo_core.contracts.numerics import DIVERGED, require_finite
 from grpo_core.contracts.policy_batch import PolicyBatch
 from grpo_core.contracts.training import TrainEngine
+from grpo_core.model.checkpointing import set_gradient_checkpointing
 
 
 def grpo_update(
@@ -41,11 +42,14 @@ def grpo_update(
     """
     _check_inputs(batch, advantages, cfg, ref_model)
     engine.train()
+    set_gradient_checkpointing(engine.model, cfg.gradient_checkpointing)
     token_copies = RowCopies(batch)
     old = _old_logprobs(engine, batch, cfg, old_logprobs, token_copies)
     ref = None
     if cfg.beta > 0 and ref_model is not None:  # _check_inputs: beta > 0 has a reference
-        ref = token_copies.logprobs(ref_model, cfg.temperature, cfg.micro_batch_size)
+        ref = token_copies.logprobs(
+            ref_model, cfg.temperature, cfg.micro_batch_size, cfg.logits_chunk_tokens
+        )
     # rows merge when their tokens, advantages and pi_old (when given) are all equal
     given_old = None if old is None or old_logprobs is None else old
     merge_keys = token_copies.keys(advantages, given_old)
@@ -121,7 +125,9 @@ def _backward(
     engine: TrainEngine, mb: _MicroBatch, cfg: GRPOConfig, totals: tuple[Tensor, Tensor]
 ) -> dict[str, float]:
     """Forward, GRPO loss and backward of one micro-batch; its metrics."""
-    logp, entropy = engine.forward_logprobs(mb.part, cfg.temperature, with_entropy=True)
+    logp, entropy = engine.forward_logprobs(
+        mb.part, cfg.temperature, with_entropy=True, logits_chunk_tokens=cfg.logits_chunk_tokens
+    )
     loss, metrics = grpo_loss(
         logp,
         logp.detach() if mb.old is None else mb.old[mb.rows],
@@ -270,4 +276,6 @@ def _old_logprobs(
         return given
     if cfg.mu == 1 and cfg.mini_batches_per_epoch == 1:
         return None
-    return copies.logprobs(engine.model, cfg.temperature, cfg.micro_batch_size)
+    return copies.logprobs(
+        engine.model, cfg.temperature, cfg.micro_batch_size, cfg.logits_chunk_tokens
+    )
