@@ -186,6 +186,14 @@ class RewardModelConfig(BaseModel):
     batch_size: int = Field(
         16, ge=1, le=4096, description="Examples (sequences) per optimiser step, 1 to 4096."
     )
+    gradient_checkpointing: bool = Field(
+        False,
+        description=(
+            "Recompute the reward models' decoder layers in backward while they train "
+            "(transformers' gradient checkpointing, non-reentrant): less activation memory, "
+            "about one more forward of time; same gradients."
+        ),
+    )
     prm_label: Literal["hard", "soft"] = Field(
         "hard",
         description=(

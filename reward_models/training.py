@@ -26,6 +26,7 @@ from grpo_core.contracts.policy_batch import build_policy_batch
 from grpo_core.contracts.progress import progress_bar
 from grpo_core.contracts.training import OptimizerSettings, TrainEngine
 from grpo_core.engines.train import TorchEngine
+from grpo_core.model.checkpointing import set_gradient_checkpointing
 from reward_models.config import ORM_SOURCE, RewardModelConfig, RewardModelSettings, RMKind
 from reward_models.labelling import LabelledSample, OrmLabel, PrmLabel
 from reward_models.models import RewardModel
@@ -331,6 +332,7 @@ def train_reward_model(
     epoch_losses: list[float] = []
     engine.zero_grad()
     engine.train()
+    set_gradient_checkpointing(engine.model, cfg.gradient_checkpointing)
     bar = progress_bar(
         cfg.epochs * steps_per_epoch, f"train {model.kind}", "batch", enabled=progress
     )

@@ -113,6 +113,21 @@ class GRPOConfig(BaseModel):
         "critic. Changes memory use and padding only, never the gradient. null: "
         "micro_batch_size rows per pass.",
     )
+    gradient_checkpointing: bool = Field(
+        default=False,
+        description="Recompute the policy's decoder layers in backward instead of keeping "
+        "their activations (transformers' gradient checkpointing, non-reentrant): less memory "
+        "per micro-batch, about one more forward of time. Same gradients.",
+    )
+    logits_chunk_tokens: int | None = Field(
+        default=None,
+        ge=1,
+        le=1_048_576,
+        description="Token positions per pass through the output layer when computing "
+        "log-probs and entropies: at most this many positions' logits are held at once, "
+        "recomputed in backward (Llama/Qwen2/Qwen3/Mistral heads; others, and DDP or "
+        "DeepSpeed wrappers, take the whole logits). None: the whole (B, T, V) logits.",
+    )
     mini_batches_per_epoch: int = Field(
         default=1,
         ge=1,

@@ -30,6 +30,7 @@ from grpo_core.algo.ppo import (
 from grpo_core.contracts.numerics import DIVERGED, require_finite
 from grpo_core.contracts.policy_batch import PolicyBatch
 from grpo_core.contracts.training import OptimizerSettings, TrainEngine
+from grpo_core.model.checkpointing import set_gradient_checkpointing
 from grpo_core.model.critic import ValueModel
 from grpo_core.model.forward import sequence_logprobs
 
@@ -133,6 +134,7 @@ class CriticLearner:
         generator = torch.Generator().manual_seed(seed)
         self.engine.zero_grad()
         self.engine.train()
+        set_gradient_checkpointing(self.engine.model, ppo.critic_gradient_checkpointing)
         loss_total = clipped_total = grad_norm_total = 0.0
         steps = 0
         lengths = row_lengths(batch)

@@ -123,7 +123,11 @@ def trimmed_forward(forward: Callable[[PolicyBatch], Tensor], batch: PolicyBatch
 
 
 def planned_logprobs(
-    model: nn.Module, batch: PolicyBatch, temperature: float, max_tokens: int
+    model: nn.Module,
+    batch: PolicyBatch,
+    temperature: float,
+    max_tokens: int,
+    logits_chunk_tokens: int | None = None,
 ) -> Tensor:
     """sequence_logprobs of a batch, run in token-budget micro-batches; (B, L)."""
     lengths = row_lengths(batch)
@@ -133,7 +137,7 @@ def planned_logprobs(
         at = torch.tensor(rows, dtype=torch.long, device=batch.input_ids.device)
 
         def run(part: PolicyBatch) -> Tensor:
-            return sequence_logprobs(model, part, temperature)
+            return sequence_logprobs(model, part, temperature, None, logits_chunk_tokens)
 
         out[at] = trimmed_forward(run, batch.select(at))
     return out

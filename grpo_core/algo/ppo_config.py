@@ -77,6 +77,12 @@ class PPOConfig(BaseModel):
         "sampling before the clipped loss stops rewarding it; more than 0 (set it large to "
         "turn clipping off).",
     )
+    critic_gradient_checkpointing: bool = Field(
+        default=False,
+        description="Recompute the critic's decoder layers in backward (transformers' "
+        "gradient checkpointing, non-reentrant): less activation memory, about one more "
+        "forward of time; same gradients (verl: critic.model.enable_gradient_checkpointing).",
+    )
     critic_lr: float = Field(
         default=1e-5,
         gt=0.0,

@@ -23,6 +23,7 @@ from grpo_core.algo.row_dedup import RowCopies, merge_rows
 from grpo_core.contracts.numerics import DIVERGED, require_finite
 from grpo_core.contracts.policy_batch import PolicyBatch
 from grpo_core.contracts.training import TrainEngine
+from grpo_core.model.checkpointing import set_gradient_checkpointing
 
 
 def grpo_update(
@@ -48,12 +49,17 @@ def grpo_update(
     """
     _check_inputs(batch, advantages, cfg, ref_model)
     engine.train()
+    set_gradient_checkpointing(engine.model, cfg.gradient_checkpointing)
     token_copies = RowCopies(batch)
     old = _old_logprobs(engine, batch, cfg, old_logprobs, token_copies)
     ref = None
     if cfg.beta > 0 and ref_model is not None:  # _check_inputs: beta > 0 has a reference
         ref = token_copies.logprobs(
-            ref_model, cfg.temperature, cfg.micro_batch_size, cfg.max_tokens_per_micro_batch
+            ref_model,
+            cfg.temperature,
+            cfg.micro_batch_size,
+            cfg.max_tokens_per_micro_batch,
+            cfg.logits_chunk_tokens,
         )
     # rows merge when their tokens, advantages and pi_old (when given) are all equal
     given_old = None if old is None or old_logprobs is None else old
@@ -156,12 +162,18 @@ def _backward(
     engine: TrainEngine, mb: _MicroBatch, cfg: GRPOConfig, totals: tuple[Tensor, Tensor]
 ) -> dict[str, float]:
     """Forward, GRPO loss and backward of one micro-batch; its metrics."""
+    chunk = cfg.logits_chunk_tokens
     if mb.columns is None:
-        logp, entropy = engine.forward_logprobs(mb.part, cfg.temperature, with_entropy=True)
+        logp, entropy = engine.forward_logprobs(
+            mb.part, cfg.temperature, with_entropy=True, logits_chunk_tokens=chunk
+        )
     else:
         width = mb.part.input_ids.shape[1]
         cut, cut_entropy = engine.forward_logprobs(
-            columns(mb.part, mb.columns), cfg.temperature, with_entropy=True
+            columns(mb.part, mb.columns),
+            cfg.temperature,
+            with_entropy=True,
+            logits_chunk_tokens=chunk,
         )
         logp = widen(cut, mb.columns, width)
         entropy = None if cut_entropy is None else widen(cut_entropy, mb.columns, width)
@@ -322,5 +334,9 @@ def _old_logprobs(
     if cfg.mu == 1 and cfg.mini_batches_per_epoch == 1:
         return None
     return copies.logprobs(
-        engine.model, cfg.temperature, cfg.micro_batch_size, cfg.max_tokens_per_micro_batch
+        engine.model,
+        cfg.temperature,
+        cfg.micro_batch_size,
+        cfg.max_tokens_per_micro_batch,
+        cfg.logits_chunk_tokens,
     )

@@ -56,9 +56,16 @@ class TrainEngine(Protocol):
         ...
 
     def forward_logprobs(
-        self, batch: PolicyBatch, temperature: float, with_entropy: bool = False
+        self,
+        batch: PolicyBatch,
+        temperature: float,
+        with_entropy: bool = False,
+        logits_chunk_tokens: int | None = None,
     ) -> tuple[Tensor, Tensor | None]:
-        """Completion-token log-probs (B, L) with grad, and entropies (B, L) if asked."""
+        """Completion-token log-probs (B, L) with grad, and entropies (B, L) if asked;
+        logits_chunk_tokens positions at a time through the output layer where the model's
+        head allows it (grpo_core/model/chunked_head.py; a DDP or DeepSpeed wrapper's own
+        forward takes the whole logits)."""
         ...
 
     def backward(self, loss: Tensor) -> None:

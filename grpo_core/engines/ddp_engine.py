@@ -39,12 +39,23 @@ class DistributedTorchEngine(TorchEngine):
         )
 
     def forward_logprobs(
-        self, batch: PolicyBatch, temperature: float, with_entropy: bool = False
+        self,
+        batch: PolicyBatch,
+        temperature: float,
+        with_entropy: bool = False,
+        logits_chunk_tokens: int | None = None,
     ) -> tuple[Tensor, Tensor | None]:
         """Completion-token log-probs (B, L) with grad, through DDP's gradient hooks."""
         if with_entropy:
-            return sequence_logprobs_and_entropy(self.ddp, batch, temperature)
-        return sequence_logprobs(self.ddp, batch, temperature), None
+            return sequence_logprobs_and_entropy(
+                self.ddp, batch, temperature, logits_chunk_tokens=logits_chunk_tokens
+            )
+        return (
+            sequence_logprobs(
+                self.ddp, batch, temperature, logits_chunk_tokens=logits_chunk_tokens
+            ),
+            None,
+        )
 
     @property
     def forward_model(self) -> nn.Module:

@@ -74,12 +74,23 @@ class TorchEngine:
         self.scheduler = build_lr_schedule(self.optimizer, optim)
 
     def forward_logprobs(
-        self, batch: PolicyBatch, temperature: float, with_entropy: bool = False
+        self,
+        batch: PolicyBatch,
+        temperature: float,
+        with_entropy: bool = False,
+        logits_chunk_tokens: int | None = None,
     ) -> tuple[Tensor, Tensor | None]:
         """Completion-token log-probs (B, L) with grad, and entropies (B, L) if asked."""
         if with_entropy:
-            return sequence_logprobs_and_entropy(self.model, batch, temperature)
-        return sequence_logprobs(self.model, batch, temperature), None
+            return sequence_logprobs_and_entropy(
+                self.model, batch, temperature, logits_chunk_tokens=logits_chunk_tokens
+            )
+        return (
+            sequence_logprobs(
+                self.model, batch, temperature, logits_chunk_tokens=logits_chunk_tokens
+            ),
+            None,
+        )
 
     def backward(self, loss: Tensor) -> None:
         """Accumulate the gradient of `loss`."""

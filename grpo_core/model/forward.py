@@ -1,7 +1,9 @@
 """Per-token log-probs and entropies of the responses in a PolicyBatch (forward passes).
 
 Rows that share a prompt (the G samples of a group) run the prompt once and reuse its KV
-cache; completions run in length buckets. Same log-probs as one padded pass.
+cache; completions run in length buckets. Same log-probs as one padded pass. With
+logits_chunk_tokens set, the logits go through the output layer in token chunks
+(grpo_core/model/chunked_head.py).
 """
 
 from __future__ import annotations
@@ -13,6 +15,8 @@ import torch
 from torch import Tensor, nn
 
 from grpo_core.contracts.policy_batch import PolicyBatch
+from grpo_core.model.checkpointing import recomputes_layers
+from grpo_core.model.chunked_head import next_token_outputs
 from grpo_core.model.kv_cache import cache_keyword, returned_cache
 from grpo_core.model.logits import entropy_from_logits, token_logprobs
 
@@ -23,6 +27,7 @@ def _forward_tokens(
     temperature: float,
     micro_batch_size: int | None,
     with_entropy: bool,
+    logits_chunk_tokens: int | None = None,
 ) -> tuple[Tensor, Tensor | None]:
     """Log-probs (and entropies) of each token given its prefix, in row chunks; (B, L)."""
     size = micro_batch_size or max(len(batch), 1)
@@ -30,26 +35,27 @@ def _forward_tokens(
     entropies: list[Tensor] = []
     for start in range(0, len(batch), size):
         part = batch.select(torch.arange(start, min(start + size, len(batch))))
-        shared = _shared_prompt_forward(model, part, temperature, with_entropy)
+        shared = _shared_prompt_forward(model, part, temperature, with_entropy, logits_chunk_tokens)
         if shared is not None:
             logps.append(shared[0])
             if with_entropy:
                 assert shared[1] is not None
                 entropies.append(shared[1])
             continue
-        logits = model(
-            input_ids=part.input_ids,
-            attention_mask=part.attention_mask,
-            position_ids=part.position_ids,
-            use_cache=False,
-        ).logits[:, :-1]
+        inputs = {
+            "input_ids": part.input_ids,
+            "attention_mask": part.attention_mask,
+            "position_ids": part.position_ids,
+            "use_cache": False,
+        }
+        logp, entropy = next_token_outputs(
+            model, inputs, part.input_ids[:, 1:], temperature, with_entropy, logits_chunk_tokens
+        )
         # position j holds log p(input_ids[j] | input_ids[<j]); column 0 has no prefix.
-        logp = token_logprobs(logits, part.input_ids[:, 1:], temperature)
         logp = torch.nn.functional.pad(logp, (1, 0))
         logps.append(torch.where(part.response_mask > 0, logp, torch.zeros_like(logp)))
-        if with_entropy:
-            entropy = torch.nn.functional.pad(entropy_from_logits(logits, temperature), (1, 0))
-            entropies.append(entropy * part.response_mask)
+        if entropy is not None:
+            entropies.append(torch.nn.functional.pad(entropy, (1, 0)) * part.response_mask)
     if not logps:
         empty = torch.zeros_like(batch.response_mask)
         return empty, (empty if with_entropy else None)
@@ -57,7 +63,11 @@ def _forward_tokens(
 
 
 def _shared_prompt_forward(
-    model: nn.Module, part: PolicyBatch, temperature: float, with_entropy: bool
+    model: nn.Module,
+    part: PolicyBatch,
+    temperature: float,
+    with_entropy: bool,
+    logits_chunk_tokens: int | None = None,
 ) -> tuple[Tensor, Tensor | None] | None:
     """_forward_tokens for rows that share prompts (G samples per prompt): each distinct prompt
     is run once, its KV cache is copied to its rows, and only completions run per row.
@@ -65,8 +75,11 @@ def _shared_prompt_forward(
     The completions run in length buckets (`length_buckets`), each padded only to its own
     longest completion. Same log-probs (and gradients) as the full padded pass, with the
     prompt tokens computed once per group instead of once per row and almost no padding.
-    None when no two rows share a prompt.
+    None when no two rows share a prompt, or when the model recomputes its layers in
+    backward (gradient checkpointing): the recompute would write the shared cache twice.
     """
+    if torch.is_grad_enabled() and recomputes_layers(model):
+        return None
     is_prompt = (part.attention_mask > 0) & (part.response_mask == 0)
     # each row's prompt ids moved to the right end (-1 before them), then deduplicated: the
     # distinct prompts come out left-padded, all ending in the last column
@@ -106,26 +119,30 @@ def _shared_prompt_forward(
             continue
         ids = completion_ids[rows, :w]
         mask = torch.arange(w, device=lengths.device)[None, :] < lengths[rows, None]
-        logits = [out.logits[owner[rows]]]  # (n, 1, V): predicts completion token 0
+        first = out.logits[owner[rows]]  # (n, 1, V): predicts completion token 0
+        logp_parts = [token_logprobs(first, ids[:, :1], temperature)]
+        entropy_parts = [entropy_from_logits(first, temperature)] if with_entropy else []
         if w > 1:
             cache = prompt_cache if len(buckets) == 1 else _cache_copy(prompt_cache)
             cache.reorder_cache(owner[rows])  # one copy of its prompt's keys/values per row
-            rest = model(
-                input_ids=ids,
-                attention_mask=torch.cat([prompt_attn[owner[rows]], mask.long()], dim=1),
-                position_ids=prompt_lengths[rows, None] + torch.arange(w, device=lengths.device),
-                use_cache=True,
-                **{cache_keyword(model): cache},
-            ).logits[:, :-1]
-            logits.append(rest)  # (n, w - 1, V): predicts completion tokens 1 .. w - 1
-        logp = torch.cat(
-            [token_logprobs(logits[0], ids[:, :1], temperature)]
-            + [token_logprobs(rest, ids[:, 1:], temperature) for rest in logits[1:]],
-            dim=1,
-        )
+            inputs = {
+                "input_ids": ids,
+                "attention_mask": torch.cat([prompt_attn[owner[rows]], mask.long()], dim=1),
+                "position_ids": prompt_lengths[rows, None] + torch.arange(w, device=lengths.device),
+                "use_cache": True,
+                cache_keyword(model): cache,
+            }
+            # (n, w - 1): predicts completion tokens 1 .. w - 1
+            rest, rest_entropy = next_token_outputs(
+                model, inputs, ids[:, 1:], temperature, with_entropy, logits_chunk_tokens
+            )
+            logp_parts.append(rest)
+            if rest_entropy is not None:
+                entropy_parts.append(rest_entropy)
+        logp = torch.cat(logp_parts, dim=1)
         logps.append(torch.nn.functional.pad(torch.where(mask, logp, 0.0), (0, width - w)))
         if with_entropy:
-            entropy = torch.cat([entropy_from_logits(lg, temperature) for lg in logits], dim=1)
+            entropy = torch.cat(entropy_parts, dim=1)
             entropies.append(torch.nn.functional.pad(entropy * mask, (0, width - w)))
     back = torch.argsort(torch.cat(buckets))  # bucket-major rows -> original row order
     logp_full = part.response_to_full(torch.cat(logps)[back])
@@ -182,9 +199,13 @@ def sequence_logprobs(
     batch: PolicyBatch,
     temperature: float = 1.0,
     micro_batch_size: int | None = None,
+    logits_chunk_tokens: int | None = None,
 ) -> Tensor:
-    """log pi(o_t | q, o_<t) at every completion column, 0 elsewhere; (B, L) float32."""
-    logp, _ = _forward_tokens(model, batch, temperature, micro_batch_size, with_entropy=False)
+    """log pi(o_t | q, o_<t) at every completion column, 0 elsewhere; (B, L) float32.
+    logits_chunk_tokens: positions per pass through the output layer (None: all at once)."""
+    logp, _ = _forward_tokens(
+        model, batch, temperature, micro_batch_size, False, logits_chunk_tokens
+    )
     return logp
 
 
@@ -193,8 +214,11 @@ def sequence_logprobs_and_entropy(
     batch: PolicyBatch,
     temperature: float = 1.0,
     micro_batch_size: int | None = None,
+    logits_chunk_tokens: int | None = None,
 ) -> tuple[Tensor, Tensor]:
     """sequence_logprobs plus the (no-grad) entropy of each completion position; (B, L) x2."""
-    logp, entropy = _forward_tokens(model, batch, temperature, micro_batch_size, with_entropy=True)
+    logp, entropy = _forward_tokens(
+        model, batch, temperature, micro_batch_size, True, logits_chunk_tokens
+    )
     assert entropy is not None
     return logp, entropy

@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from grpo_core.model.checkpointing import is_checkpointing
 from grpo_core.model.config import PolicyConfig
 from grpo_core.model.policy import build_char_tokenizer, create_tiny_policy
 from reward_models.config import RewardModelConfig
@@ -23,6 +24,7 @@ from reward_models.training import (
     train_reward_model,
 )
 from reward_models.views import RMEncoder, RMInput
+from tests.recording_engine import RecordingEngine, assert_same_gradients
 
 TOKENIZER = build_char_tokenizer()
 SMALL = PolicyConfig(n_layers=1, hidden_size=32, n_heads=2, intermediate_size=64, seed=1)
@@ -174,3 +176,19 @@ def test_each_distinct_text_is_encoded_once(monkeypatch: pytest.MonkeyPatch) -> 
         assert example.completion_ids == alone.completion_ids
         assert example.read_positions == [alone.outcome_position]
         assert example.sample_index == row.sample_index
+
+
+def test_gradient_checkpointing_keeps_the_loss_and_gradients() -> None:
+    runs = []
+    for checkpointing in (False, True):
+        cfg = RewardModelConfig(epochs=2, batch_size=4, gradient_checkpointing=checkpointing)
+        model = fresh_rm()
+        engine = RecordingEngine(model)
+        metrics, _ = train_reward_model(
+            model, orm_set(8, "new", 0), cfg, seed=4, progress=False, engine=engine
+        )
+        assert is_checkpointing(model.net) == checkpointing
+        runs.append((metrics, engine.grads))
+    (plain_metrics, plain_grads), (metrics, grads) = runs
+    assert metrics["loss_last_epoch"] == pytest.approx(plain_metrics["loss_last_epoch"], abs=1e-6)
+    assert_same_gradients(grads, plain_grads, atol=1e-6)

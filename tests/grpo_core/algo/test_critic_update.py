@@ -14,9 +14,11 @@ from grpo_core.algo.critic_update import CriticLearner, critic_optimizer_setting
 from grpo_core.algo.ppo import adaptive_kl_coef, ppo_targets, sequence_kl
 from grpo_core.contracts.policy_batch import build_policy_batch
 from grpo_core.engines.train import TorchEngine
+from grpo_core.model.checkpointing import is_checkpointing
 from grpo_core.model.critic import ValueModel
 from grpo_core.model.forward import sequence_logprobs
 from tests.models import tiny_llama
+from tests.recording_engine import RecordingEngine, assert_same_gradients
 
 BATCH = build_policy_batch([[1, 2], [1, 2], [3], [3]], [[4, 5, 6], [7], [8, 9], [5]], pad_id=0)
 SCORES = torch.tensor([1.0, 0.0, 0.0, 1.0])
@@ -106,3 +108,17 @@ def test_a_learner_resumed_from_its_state_continues_exactly(tmp_path: Path) -> N
     assert got == want
     for a, b in zip(first.critic.parameters(), resumed.critic.parameters(), strict=True):
         assert torch.equal(a, b)
+
+
+def test_gradient_checkpointing_keeps_the_critics_gradients(tmp_path: Path) -> None:
+    tiny_llama(seed=3, layers=2).save_pretrained(tmp_path / "policy")
+    grads = []
+    for checkpointing in (False, True):
+        critic = ValueModel.from_backbone(tmp_path / "policy")
+        cfg = algo(vf_clip=100.0, critic_gradient_checkpointing=checkpointing)
+        engine = RecordingEngine(critic)
+        learner = CriticLearner(critic, engine, tiny_llama(seed=3), None, cfg)
+        learner.update(BATCH, learner.prepare(BATCH), SCORES, seed=0)
+        assert is_checkpointing(critic.net) == checkpointing
+        grads.append(engine.grads)
+    assert_same_gradients(grads[1], grads[0], atol=1e-6)
