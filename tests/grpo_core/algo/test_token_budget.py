@@ -14,6 +14,7 @@ from grpo_core.algo.critic_update import CriticLearner
 from grpo_core.algo.micro_batches import padding_share, plan_micro_batches, row_lengths
 from grpo_core.algo.update import grpo_update
 from grpo_core.contracts.policy_batch import PolicyBatch, build_policy_batch
+from grpo_core.model.checkpointing import is_checkpointing
 from grpo_core.model.critic import ValueModel
 from grpo_core.model.forward import sequence_logprobs
 from tests.grpo_core.algo.test_update import MODES, RecordingEngine, batch_with_copies
@@ -89,6 +90,40 @@ def test_token_budget_gives_the_one_batch_gradient(
     cfg = GRPOConfig(loss_agg=mode, mu=mu, beta=0.1, max_len_norm=90)
     # 60 < the 93-token row (alone over the budget); the others pack into several passes
     assert_same_update(batch, advantages, cfg, budget=60)
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("shared_prompts", [False, True])
+def test_token_budget_with_checkpointing_and_chunked_logits_gives_the_one_batch_gradient(
+    mode: LossAgg, shared_prompts: bool
+) -> None:
+    """The three memory settings together (each pass planned by tokens, its layers recomputed
+    in backward, its logits 16 positions at a time) against one plain pass of every row."""
+    batch, advantages = spread_batch(shared_prompts)
+    cfg = GRPOConfig(loss_agg=mode, mu=2, beta=0.1, max_len_norm=90)
+    whole = cfg.model_copy(update={"micro_batch_size": len(batch)})
+    packed = cfg.model_copy(
+        update={
+            "max_tokens_per_micro_batch": 60,
+            "gradient_checkpointing": True,
+            "logits_chunk_tokens": 16,
+        }
+    )
+    expected_grads, expected = run(batch, advantages, whole)
+    engine = RecordingEngine(model())
+    head_positions: list[int] = []
+    engine.model.lm_head.register_forward_hook(
+        lambda _module, inputs, _out: head_positions.append(inputs[0].shape[-2])
+    )
+    metrics = grpo_update(
+        engine, model(seed=1), batch, advantages, packed, None, torch.Generator().manual_seed(0)
+    )
+    assert is_checkpointing(engine.model)
+    assert head_positions and max(head_positions) <= 16  # never the whole (B, T, V) logits
+    for one_batch, by_budget in zip(expected_grads, engine.grads[0], strict=True):
+        assert torch.allclose(one_batch, by_budget, atol=1e-6, rtol=1e-5)
+    for key in METRICS:
+        assert metrics[key] == pytest.approx(expected[key], abs=1e-5), key
 
 
 @pytest.mark.parametrize("mode", MODES)
