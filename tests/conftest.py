@@ -12,6 +12,13 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+# OpenMP threads sleep when idle instead of spinning (read once, when torch loads libgomp; the
+# runs a test starts inherit it). The demo-scale test at two threads (preset_threads) shares
+# the two cores with the other xdist worker: spinning, its threads burnt the cores they wait
+# for (578 s CPU and over 1200 s beside a one-thread busy loop on a loaded machine, against
+# 110 s CPU and 187 s asleep). Only waiting changes: each thread's share of the work, so every
+# result, does not (the same AUROCs to the last digit).
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 import pytest
 import torch

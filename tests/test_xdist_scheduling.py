@@ -1,12 +1,20 @@
 """The suite's split over xdist workers (tests/xdist_scheduling.py): Ray tests in one unit,
-Prefect-server tests in one unit, modules whole, heavy units first."""
+Prefect-server tests in one unit, modules whole, long units first."""
 
 from __future__ import annotations
 
 import re
 from pathlib import Path
 
-from tests.xdist_scheduling import PREFECT, RAY, RAY_MODULES, ROOT, unit_of, unit_weight
+from tests.xdist_scheduling import (
+    PREFECT,
+    RAY,
+    RAY_MODULES,
+    ROOT,
+    UNIT_SECONDS,
+    unit_of,
+    unit_weight,
+)
 
 STARTS_RAY = re.compile(r"ray\.init\(|train_workers=ray|\"train_workers\": \"ray\"")
 
@@ -32,13 +40,20 @@ def test_units() -> None:
     assert unit_of("tests/storage/test_replay.py::test_z") == "tests/storage/test_replay.py"
 
 
-def test_heavy_units_sort_first() -> None:
-    slow_module = "tests/reward_models/test_demo_rm.py"  # module-wide slow mark, one test
+def test_long_units_sort_first() -> None:
+    demo_scale = "tests/reward_models/test_demo_rm.py"  # measured: one long test
+    slow_module = "tests/flows/test_precision.py"  # a slow mark, not measured (short)
     fast_module = "tests/storage/test_replay.py"  # no slow mark, many tests
     order = sorted(
-        [(fast_module, 40), (slow_module, 1), (RAY, 20), (PREFECT, 10)],
+        [(fast_module, 40), (slow_module, 1), (demo_scale, 1), (RAY, 20), (PREFECT, 10)],
         key=lambda u: unit_weight(*u),
     )
-    assert order[0][0] == PREFECT
-    assert order[-1][0] == fast_module
-    assert order.index((slow_module, 1)) < order.index((fast_module, 40))
+    assert [unit for unit, _ in order] == [RAY, demo_scale, PREFECT, slow_module, fast_module]
+
+
+def test_every_measured_unit_is_a_unit() -> None:
+    """A measured module that moved into the Ray or Prefect unit, or went away, would weigh
+    nothing: its time belongs to the unit now."""
+    for unit in UNIT_SECONDS.keys() - {RAY, PREFECT}:
+        assert (ROOT / unit).is_file(), unit
+        assert unit_of(f"{unit}::test_x") == unit, unit

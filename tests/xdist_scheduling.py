@@ -1,13 +1,13 @@
-"""How `make test` splits the suite over pytest-xdist workers: whole modules, heaviest first.
+"""How `make test` splits the suite over pytest-xdist workers: whole modules, longest first.
 
 A module is one unit of work, so its module-scoped fixtures (an MLflow server, trained
 models) start once. Two kinds of test share a unit across modules: the tests that start a
 local Ray cluster (two clusters on one machine contend for ports and a session directory)
 and the tests on the session's Prefect server (started once in the worker that runs them).
-Units go out heaviest first — the modules with `slow` tests, then by test count — so the run
-ends on short modules instead of one worker finishing a demo-scale test alone while the
-other waits. (xdist's own `loadgroup` cannot be used: with pytest 9.2 the group suffix it
-writes into node ids is ignored.)
+Units go out longest first (measured seconds, UNIT_SECONDS; then the modules with `slow`
+tests, then by test count), so the run ends on short modules instead of one worker finishing
+a long unit alone while the other waits. (xdist's own `loadgroup` cannot be used: with
+pytest 9.2 the group suffix it writes into node ids is ignored.)
 """
 
 from __future__ import annotations
@@ -32,6 +32,36 @@ RAY_MODULES = frozenset(
     }
 )
 RAY, PREFECT = "ray", "prefect"
+# Seconds each long unit takes (its tests' --durations summed, set-up included), measured in
+# one process on a loaded 2-core machine, where they rank as under `make test`
+# (2026-11-28). Longest first is what packs two workers well; by slow marks alone, the
+# demo-scale test (one mark, one test) went out after every module with more tests. Units
+# under ~15 s are left out: they follow, by slow marks and test count. Re-measure with
+# `pytest -n 0 --durations=0` when a unit's time changes much.
+UNIT_SECONDS: dict[str, int] = {
+    RAY: 365,
+    "tests/flows/engines/test_engines_flow.py": 170,
+    "tests/reward_models/test_demo_rm.py": 110,
+    "tests/flows/ablate/test_e2e.py": 100,
+    PREFECT: 95,
+    "tests/grpo_core/model/test_warm_start.py": 90,
+    "tests/flows/tracking/test_tracking_e2e.py": 60,
+    "tests/flows/ablate/test_fork_e2e.py": 55,
+    "tests/flows/test_kill_resume.py": 55,
+    "tests/flows/test_ppo_e2e.py": 45,
+    "tests/flows/prefect/test_interrupt.py": 40,
+    "tests/reward_models/test_learning.py": 35,
+    "tests/flows/test_lora_e2e.py": 30,
+    "tests/grpo_core/engines/test_deepspeed_engine.py": 30,
+    "tests/flows/test_pretrained_rms_e2e.py": 30,
+    "tests/flows/test_guards_e2e.py": 25,
+    "tests/grpo_core/model/test_smollm2.py": 20,
+    "tests/flows/test_small_data_e2e.py": 20,
+    "tests/flows/test_dapo_e2e.py": 20,
+    "tests/flows/test_quiet_console.py": 15,
+    "tests/flows/cli/test_failure_reasons.py": 15,
+    "tests/flows/test_prompt_styles_e2e.py": 15,
+}
 _SLOW = re.compile(r"mark\.slow\b")
 
 
@@ -51,17 +81,16 @@ def unit_of(nodeid: str) -> str:
     return module
 
 
-def unit_weight(unit: str, tests: int) -> tuple[int, int]:
-    """Sort key, heaviest first: the `slow` marks in the unit's modules, then its tests."""
+def unit_weight(unit: str, tests: int) -> tuple[int, int, int]:
+    """Sort key, longest first: the unit's measured seconds, then the `slow` marks in its
+    modules, then its tests."""
     modules = RAY_MODULES if unit == RAY else {unit}
-    if unit == PREFECT:  # every module on the Prefect server counts
-        return (-1000, -tests)
     slow = sum(len(_SLOW.findall(_module_text(m))) for m in modules)
-    return (-slow, -tests)
+    return (-UNIT_SECONDS.get(unit, 0), -slow, -tests)
 
 
 class ModuleUnitScheduling(LoadScopeScheduling):
-    """LoadScopeScheduling with `unit_of` as the scope and heaviest units handed out first."""
+    """LoadScopeScheduling with `unit_of` as the scope and the longest units handed out first."""
 
     def __init__(self, config: Any, log: Any = None) -> None:
         super().__init__(config, log)

@@ -28,8 +28,17 @@ SETTINGS = (
 DYNAMIC = ("prompts_drawn", "groups_dropped", "sampling_rounds", "batch_filled")
 
 
-def test_the_dapo_preset_runs_micro_and_stores_its_metrics(tmp_path: Path) -> None:
-    cfg = micro_config(tmp_path, RUN_ID, *SETTINGS)
+@pytest.fixture(scope="module")
+def dapo_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The store of one uninterrupted DAPO run: the metrics test reads it, the kill test
+    resumes to it."""
+    store = tmp_path_factory.mktemp("dapo")
+    execute_run(micro_config(store, RUN_ID, *SETTINGS))
+    return store
+
+
+def test_the_dapo_preset_runs_micro_and_stores_its_metrics(dapo_run: Path) -> None:
+    cfg = micro_config(dapo_run, RUN_ID, *SETTINGS)
     algo = cfg.grpo.algo
     assert (algo.dynamic_sampling, algo.mask_truncated, algo.eps_high, algo.beta) == (
         True,
@@ -38,8 +47,7 @@ def test_the_dapo_preset_runs_micro_and_stores_its_metrics(tmp_path: Path) -> No
         0.0,
     )
     assert cfg.grpo.rewards.weight("overlong") == 1.0
-    execute_run(cfg)
-    store = RunStore(tmp_path)
+    store = RunStore(dapo_run)
     metrics = store.read("metrics", run_id=RUN_ID).to_pylist()
     grpo = [m for m in metrics if m["stage"] == "grpo" and m["step"] is not None]  # per step
     by_step: dict[int, dict[str, float]] = {}
@@ -65,9 +73,8 @@ def test_the_dapo_preset_runs_micro_and_stores_its_metrics(tmp_path: Path) -> No
 
 
 @pytest.mark.slow
-def test_a_dapo_run_killed_mid_grpo_resumes_exactly(tmp_path: Path) -> None:
-    reference = tmp_path / "reference"
-    execute_run(micro_config(reference, RUN_ID, *SETTINGS))
+def test_a_dapo_run_killed_mid_grpo_resumes_exactly(dapo_run: Path, tmp_path: Path) -> None:
+    reference = dapo_run
     want = snapshot(RunStore(reference), RUN_ID)
     drawn = sorted(
         (m["step"], m["value"])

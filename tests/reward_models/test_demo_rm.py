@@ -1,8 +1,9 @@
 """The demo's reward models at demo scale (seeded): the ORM and PRM that reward GRPO rank
 fresh outputs of the policy they are about to reward (for GRPO's own questions; item 1 of
 the reward-model issue: AUROC >= 0.85 each), and GRPO is paid by the ORM, not by the
-verifier. One iteration of the `demo` preset with a short GRPO stage and evaluation:
-about 60 s on 2 cores (warm start, 4096 rollouts, labelling, RM training, drift)."""
+verifier. One iteration of the `demo` preset with one GRPO step and a 4-problem evaluation
+(neither reaches the reward models' measurement, which comes before them): about 60 s on 2
+cores (warm start, 4096 rollouts, labelling, RM training, drift)."""
 
 from __future__ import annotations
 
@@ -27,8 +28,8 @@ def test_demo_rms_rank_fresh_outputs_and_the_orm_is_the_grpo_reward(tmp_path: Pa
             f"store.root={tmp_path}",
             "run.run_id=demo-rm",
             "run.iterations=1",
-            "grpo.steps=2",
-            "evaluation.n_prompts=20",
+            "grpo.steps=1",
+            "evaluation.n_prompts=4",
         ],
     )
     assert cfg.grpo.rewards.verifier == 0 and cfg.grpo.rewards.orm > 0

@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import signal
 import time
 from importlib.util import find_spec
 from pathlib import Path
@@ -109,26 +110,6 @@ def test_micro_run_on_two_ray_ranks_matches_one_process(
         assert got[table] == want[table], table
 
 
-def test_ray_ranks_killed_mid_grpo_resume_exactly(
-    ray_ranks_reference: Path, tmp_path: Path
-) -> None:
-    sets = ["run.iterations=1", *RAY_SETS]  # the reference's (tests/flows/engines/conftest.py)
-    reference, kr = ray_ranks_reference, RAY_RUN_ID
-    store = tmp_path / "killed"
-    killed = killed_micro_run(store, kr, sets, fault="SIGKILL@grpo:0:2")  # step 0 saved only
-    ranks = started_rank_pids(killed.stderr)
-    assert not _still_alive(ranks, 60)  # the ranks died with the killed run
-    progress = checkpoint_path(store, kr, GRPO_PROGRESS, 0)
-    assert json.loads((progress / EXTRA_FILE).read_text())["next_step"] == 1
-    resumed = cli(store, "resume", kr)
-    assert resumed.returncode == 0, resumed.stderr[-2000:]
-    assert "GRPO: resuming at step 1" in resumed.stderr
-    assert snapshot(RunStore(store), kr) == snapshot(RunStore(reference), kr)
-    assert grpo_metrics(store, kr) == grpo_metrics(reference, kr)
-    final = (checkpoint_path(store, kr, POLICY, 1), checkpoint_path(reference, kr, POLICY, 1))
-    assert max_weight_gap(*final) == 0.0
-
-
 def test_a_stage_that_samples_without_its_model_leaves_the_weights_to_the_ranks(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -194,20 +175,30 @@ def test_reward_models_trained_on_the_ranks_match_the_stage_process(
     print(f"RMs on 2 Ray ranks vs the stage process: weight gaps {gaps[0]:.2e} / {gaps[1]:.2e}")
 
 
-def test_a_run_killed_while_its_reward_models_train_on_the_ranks_resumes_exactly(
+def test_ranks_killed_while_reward_models_train_and_mid_grpo_resume_exactly(
     rm_ranks_reference: Path, tmp_path: Path
 ) -> None:
-    """SIGKILL after ORM_0 trained on the ranks, before PRM_0 (the stage's second progress
-    report): the ranks die with the run, the half-written stage is redone on new ranks, and
-    the run ends with the uninterrupted run's rows, metrics and weights exactly."""
+    """One run killed twice (SIGKILL), its ranks dying with it each time: after ORM_0 trained
+    on the ranks, before PRM_0 (the stage's second progress report), then, resumed, in the
+    GRPO stage after step 1's update (step 0 saved only). The half-written train_rm stage is
+    redone on new ranks, GRPO resumes at step 1 from the optimizer state rank 0 wrote, and
+    the run ends with the uninterrupted run's rows, metrics and weights exactly. (One run
+    for both kills: each kill needs a run of its own up to it, Ray and two ranks started.)"""
     sets = ["run.iterations=1", *RAY_SETS, RM_ON_RANKS]
     reference, rr, store = rm_ranks_reference, RAY_RUN_ID, tmp_path / "killed"
     killed = killed_micro_run(store, rr, sets, fault="SIGKILL@train_rm:0:2")
     assert "ORM trained on 2 Ray ranks" in killed.stderr, killed.stderr[-2000:]
     assert "PRM trained on 2 Ray ranks" not in killed.stderr
     assert not _still_alive(started_rank_pids(killed.stderr), 60)
+    mid_grpo = cli(store, "resume", rr, fault="SIGKILL@grpo:0:2")
+    assert mid_grpo.returncode == -signal.SIGKILL, mid_grpo.stderr[-2000:]
+    assert "PRM trained on 2 Ray ranks" in mid_grpo.stderr  # the stage redone on new ranks
+    assert not _still_alive(started_rank_pids(mid_grpo.stderr), 60)
+    progress = checkpoint_path(store, rr, GRPO_PROGRESS, 0)
+    assert json.loads((progress / EXTRA_FILE).read_text())["next_step"] == 1
     resumed = cli(store, "resume", rr)
     assert resumed.returncode == 0, resumed.stderr[-2000:]
+    assert "GRPO: resuming at step 1" in resumed.stderr
     assert snapshot(RunStore(store), rr) == snapshot(RunStore(reference), rr)
     assert grpo_metrics(store, rr) == grpo_metrics(reference, rr)
     for role, k in (("orm", 0), ("prm", 0), (POLICY, 1)):
