@@ -39,16 +39,16 @@ RAY, PREFECT = "ray", "prefect"
 # under ~15 s are left out: they follow, by slow marks and test count. Re-measure with
 # `pytest -n 0 --durations=0` when a unit's time changes much.
 UNIT_SECONDS: dict[str, int] = {
-    RAY: 365,
+    RAY: 355,
     "tests/flows/engines/test_engines_flow.py": 170,
-    "tests/reward_models/test_demo_rm.py": 110,
-    "tests/flows/ablate/test_e2e.py": 100,
+    "tests/reward_models/test_demo_rm.py": 100,
+    "tests/flows/ablate/test_e2e.py": 95,
     PREFECT: 95,
     "tests/grpo_core/model/test_warm_start.py": 90,
-    "tests/flows/tracking/test_tracking_e2e.py": 60,
     "tests/flows/ablate/test_fork_e2e.py": 55,
     "tests/flows/test_kill_resume.py": 55,
     "tests/flows/test_ppo_e2e.py": 45,
+    "tests/flows/tracking/test_tracking_e2e.py": 45,
     "tests/flows/prefect/test_interrupt.py": 40,
     "tests/reward_models/test_learning.py": 35,
     "tests/flows/test_lora_e2e.py": 30,
