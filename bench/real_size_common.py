@@ -126,14 +126,8 @@ def peak_tflops(device: torch.device, override: float | None = None) -> float | 
 # lacks is left out, so the bench runs before and after they merge.
 MEMORY_SETTINGS: dict[str, object] = {
     "gradient_checkpointing": True,
-    "activation_checkpointing": True,
-    "logits_chunk_size": 1024,
-    "logprob_chunk_size": 1024,
-    "chunked_logits": True,
-    "fused_adamw": True,
-    "remove_padding": True,
-    "use_remove_padding": True,
-    "max_tokens_per_micro_batch": None,
+    "logits_chunk_tokens": 1024,
+    "max_tokens_per_micro_batch": None,  # the row's micro-batch token budget
 }
 
 
