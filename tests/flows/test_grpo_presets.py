@@ -36,7 +36,9 @@ def _dapo_kept_but_dynamic_sampling(cfg: ItergrpoConfig) -> None:
 
 
 def test_a_field_set_to_its_default_beside_the_preset_keeps_it() -> None:
-    _dapo_kept_but_dynamic_sampling(load_config("micro", DAPO_WITHOUT_DYNAMIC_SAMPLING))
+    cfg = load_config("micro", DAPO_WITHOUT_DYNAMIC_SAMPLING)
+    assert cfg.grpo.algo.dynamic_sampling is False  # the bug: the preset's True won
+    _dapo_kept_but_dynamic_sampling(cfg)
 
 
 def test_the_same_in_one_yaml_file_and_through_a_base_chain(tmp_path: Path) -> None:

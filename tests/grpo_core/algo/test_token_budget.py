@@ -17,8 +17,9 @@ from grpo_core.contracts.policy_batch import PolicyBatch, build_policy_batch
 from grpo_core.model.checkpointing import is_checkpointing
 from grpo_core.model.critic import ValueModel
 from grpo_core.model.forward import sequence_logprobs
-from tests.grpo_core.algo.test_update import MODES, RecordingEngine, batch_with_copies
+from tests.grpo_core.algo.test_update import MODES, batch_with_copies
 from tests.models import tiny_llama
+from tests.recording_engine import RecordingEngine
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 

@@ -13,24 +13,12 @@ from grpo_core.contracts.training import OptimizerSettings
 from grpo_core.engines.train import TorchEngine
 from grpo_core.model.forward import sequence_logprobs, sequence_logprobs_and_entropy
 from tests.models import tiny_llama
+from tests.recording_engine import RecordingEngine
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 MODES: list[LossAgg] = ["seq-mean-token-mean", "token-mean", "seq-mean-token-sum-norm"]
-
-
-class RecordingEngine(TorchEngine):
-    """Records the accumulated gradient at each step instead of stepping."""
-
-    def __init__(self, model: torch.nn.Module) -> None:
-        super().__init__(model, OptimizerSettings(lr=1e-3))
-        self.grads: list[list[torch.Tensor]] = []
-
-    def step(self) -> float:
-        self.grads.append([p.grad.clone() for p in self.params if p.grad is not None])
-        self.zero_grad()
-        return 0.0
 
 
 class RaisingModel(torch.nn.Module):
