@@ -205,6 +205,11 @@ class GRPOStageSection(_Section):
                 "grpo.data_source = gold has no sampling log-probs: set "
                 "grpo.algo.use_sampling_logprobs_as_old: false"
             )
+        if source == "gold" and self.algo.rollout_correction.on:
+            raise ValueError(
+                "grpo.data_source = gold has no sampling log-probs to correct for: set "
+                "grpo.algo.rollout_correction.mode: off"
+            )
         return self
 
 

@@ -8,6 +8,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from grpo_core.algo.estimators import ADVANTAGE_ESTIMATORS, EstimatorSpec
+from grpo_core.algo.importance_config import ImportanceSampling, RolloutCorrection
 from grpo_core.algo.ppo_config import PPOConfig
 from grpo_core.contracts.training import LRSchedule, OptimizerSettings
 
@@ -47,6 +48,38 @@ class GRPOConfig(BaseModel):
         le=10.0,
         description="Upper clip range: ratios above 1 + eps_high are clipped; more than 0, "
         "at most 10 (paper: 0.2, DAPO clip-higher: 0.28).",
+    )
+    importance_sampling: ImportanceSampling = Field(
+        default="token",
+        description="Level of the policy ratio pi_theta / pi_old in the clipped surrogate: "
+        "'token' (PPO/GRPO, each token its own ratio, clipped by eps_low / eps_high), "
+        "'sequence' (GSPO, Zheng et al. 2025: exp of the mean log-ratio over the output's "
+        "response tokens, on every token of the output, clipped by sequence_eps_low / "
+        "sequence_eps_high; TRL importance_sampling_level) or 'sequence_token' (GSPO-token: "
+        "the sequence ratio's value with each token's own gradient, for per-token advantages). "
+        "Off-policy only (mu > 1 or several mini-batches) do the levels' values differ.",
+    )
+    sequence_eps_low: float = Field(
+        default=3e-4,
+        gt=0.0,
+        lt=1.0,
+        description="Lower clip range of the sequence ratio (importance_sampling sequence or "
+        "sequence_token): ratios below 1 - sequence_eps_low are clipped; more than 0 and less "
+        "than 1 (GSPO paper: 3e-4).",
+    )
+    sequence_eps_high: float = Field(
+        default=4e-4,
+        gt=0.0,
+        le=10.0,
+        description="Upper clip range of the sequence ratio (importance_sampling sequence or "
+        "sequence_token): ratios above 1 + sequence_eps_high are clipped; more than 0, at most "
+        "10 (GSPO paper: 4e-4).",
+    )
+    rollout_correction: RolloutCorrection = Field(
+        default_factory=RolloutCorrection,
+        description="Correct the mismatch between the sampler's and the trainer's log-probs: "
+        "weights pi_old / pi_sampler (truncated or masked, per token or per output) on the "
+        "policy-gradient term; docs/algorithm.md section 11.",
     )
     loss_agg: LossAgg = Field(
         default="seq-mean-token-mean",
@@ -238,6 +271,19 @@ class GRPOConfig(BaseModel):
             )
         return self
 
+    @model_validator(mode="after")
+    def _correction_compares_two_policies(self) -> GRPOConfig:
+        """The correction's weight pi_old / pi_sampler is 1 on every token when pi_old is the
+        sampler's own log-probs: refused rather than run as a correction that corrects nothing."""
+        if self.rollout_correction.on and self.use_sampling_logprobs_as_old:
+            raise ValueError(
+                f"grpo.algo.rollout_correction.mode = {self.rollout_correction.mode} weighs "
+                "tokens by pi_old / pi_sampler, which is 1 everywhere when pi_old is the "
+                "sampler's: set grpo.algo.use_sampling_logprobs_as_old: false (pi_old is then "
+                "the trainer's), or rollout_correction.mode: off"
+            )
+        return self
+
     @field_validator("adv_estimator")
     @classmethod
     def _registered_estimator(cls, name: str) -> str:
@@ -253,6 +299,19 @@ class GRPOConfig(BaseModel):
         """A reference model is run: the KL term of the loss (beta), or PPO's KL penalty in
         the reward."""
         return self.beta > 0 or (self.estimator.needs_values and self.ppo.kl_coef > 0)
+
+    @property
+    def clip_range(self) -> tuple[float, float]:
+        """(eps_low, eps_high) of the ratio the loss clips: the token ratio's or the sequence
+        ratio's (importance_sampling sequence / sequence_token)."""
+        if self.importance_sampling == "token":
+            return self.eps_low, self.eps_high
+        return self.sequence_eps_low, self.sequence_eps_high
+
+    @property
+    def reads_sampling_logprobs(self) -> bool:
+        """The update is handed the sampler's log-probs: as pi_old, or for the correction."""
+        return self.use_sampling_logprobs_as_old or self.rollout_correction.on
 
     @property
     def process_supervision(self) -> bool:

@@ -10,9 +10,14 @@ import torch
 from torch import Tensor
 
 from grpo_core.algo.config import GRPOConfig, KLEstimator, LossAgg
-
-# Log-ratios are clamped to this range before exp() so one wild token cannot overflow.
-MAX_LOG_RATIO = 20.0
+from grpo_core.algo.importance import (
+    MAX_LOG_RATIO,
+    RolloutWeights,
+    policy_ratio,
+    rollout_weights,
+    token_ratio,
+)
+from grpo_core.algo.importance_config import RolloutCorrection
 
 
 def kl_penalty(logp: Tensor, ref_logp: Tensor, kind: KLEstimator = "k3") -> Tensor:
@@ -39,13 +44,20 @@ def clipped_surrogate(
     eps_low: float = 0.2,
     eps_high: float = 0.2,
 ) -> tuple[Tensor, Tensor, Tensor]:
-    """PPO/GRPO surrogate, spec section 1: min(ratio * A, clip(ratio) * A) per token.
+    """PPO/GRPO surrogate, spec section 1: min(ratio * A, clip(ratio) * A) per token, with
+    the token ratio; ratio_surrogate's results."""
+    return ratio_surrogate(token_ratio(logp, old_logp), advantages, eps_low, eps_high)
+
+
+def ratio_surrogate(
+    ratio: Tensor, advantages: Tensor, eps_low: float = 0.2, eps_high: float = 0.2
+) -> tuple[Tensor, Tensor, Tensor]:
+    """min(ratio * A, clip(ratio) * A) per token for any ratio (token, sequence: section 10).
 
     Returns (surrogate, clipped_low, clipped_high): the masks mark tokens where the clipped
     branch is the minimum and the gradient is zero (A < 0 below 1 - eps_low, A > 0 above
     1 + eps_high).
     """
-    ratio = torch.exp((logp - old_logp).clamp(-MAX_LOG_RATIO, MAX_LOG_RATIO))
     surrogate = torch.minimum(ratio * advantages, clip_ratio(ratio, eps_low, eps_high) * advantages)
     clipped_low = (ratio < 1.0 - eps_low) & (advantages < 0)
     clipped_high = (ratio > 1.0 + eps_high) & (advantages > 0)
@@ -134,18 +146,31 @@ def grpo_loss(
     num_tokens: Tensor | float | None = None,
     num_seqs: Tensor | float | None = None,
     row_weights: Tensor | None = None,
+    sampler_logp: Tensor | None = None,
 ) -> tuple[Tensor, dict[str, float]]:
-    """Negative GRPO objective, spec section 3: -(surrogate - beta * KL), aggregated.
+    """Negative GRPO objective, spec section 3: -(w * surrogate - beta * KL), aggregated.
 
     All tensors are (B, T) and aligned; `ref_logp` may be None only when cfg.beta == 0.
-    `entropy` (no grad) is only reported. `num_tokens` / `num_seqs` / `row_weights` as in
-    agg_loss: the loss and the metrics count each row row_weights times.
+    The surrogate's ratio is cfg.importance_sampling's (section 10); w is the rollout
+    correction's weight from `sampler_logp` (section 11; 1 when cfg.rollout_correction is
+    off, and then `sampler_logp` is not read). `entropy` (no grad) is only reported.
+    `num_tokens` / `num_seqs` / `row_weights` as in agg_loss: the loss and the metrics count
+    each row row_weights times.
     """
     maskf = mask.to(torch.float32)
-    surrogate, clipped_low, clipped_high = clipped_surrogate(
-        logp, old_logp, advantages, cfg.eps_low, cfg.eps_high
-    )
-    loss_mat = -surrogate
+    ratio = policy_ratio(logp, old_logp, maskf, cfg.importance_sampling)
+    surrogate, clipped_low, clipped_high = ratio_surrogate(ratio, advantages, *cfg.clip_range)
+    policy_term = -surrogate
+    correction = None
+    if cfg.rollout_correction.on:
+        if sampler_logp is None:
+            raise ValueError(
+                f"rollout_correction.mode = {cfg.rollout_correction.mode} needs the sampler's "
+                "log-probs (got None)"
+            )
+        correction = rollout_weights(old_logp, sampler_logp, maskf, cfg.rollout_correction)
+        policy_term = policy_term * correction.weights
+    loss_mat = policy_term
     kl: Tensor | None = None
     if cfg.beta > 0:
         if ref_logp is None:
@@ -169,7 +194,7 @@ def grpo_loss(
         lengths = maskf.sum(dim=-1)
         nonempty = lengths > 0
         zero_adv = ((advantages.abs() * maskf).sum(dim=-1) == 0) & nonempty
-        ratio = torch.exp((logp - old_logp).clamp(-MAX_LOG_RATIO, MAX_LOG_RATIO))
+        ratio = ratio.detach()
         in_mask = mask.bool()
         # counted masks: each row's tokens (and the row itself) row_weights times
         counted = maskf if row_weights is None else maskf * row_weights.to(maskf.dtype)[:, None]
@@ -188,4 +213,26 @@ def grpo_loss(
         }
         if entropy is not None:
             metrics["entropy"] = _masked_mean(entropy, counted)
+        if correction is not None:  # the policy term the loss holds is the weighted one
+            metrics["policy_loss"] = float(aggregate(policy_term))
+            metrics.update(_correction_metrics(correction, cfg.rollout_correction, counted))
     return loss, metrics
+
+
+# The share of response tokens whose correction weight was cut, by what cut it.
+CORRECTED_SHARE = {"tis": "rollout_weight_truncated_frac", "mis": "rollout_weight_masked_frac"}
+
+
+def _correction_metrics(
+    correction: RolloutWeights, settings: RolloutCorrection, counted: Tensor
+) -> dict[str, float]:
+    """The weights' mean, the share truncated (tis) or masked (mis), and the raw ratio's
+    extremes, over the counted response tokens (a sequence weight counts once per token)."""
+    in_mask = counted > 0
+    raw = correction.raw[in_mask]
+    return {
+        "rollout_weight_mean": _masked_mean(correction.weights, counted),
+        CORRECTED_SHARE[settings.mode]: _masked_mean(correction.corrected.float(), counted),
+        "rollout_weight_raw_max": float(raw.max()) if raw.numel() else 1.0,
+        "rollout_weight_raw_min": float(raw.min()) if raw.numel() else 1.0,
+    }

@@ -298,7 +298,7 @@ def grpo_step(
     advantages = token_advantages(algo, rewards, rows.response_mask, shape, terms)
     require_finite("advantages", advantages, where=where, cause=REWARD_SOURCE)
     advantages = rows.in_loss(advantages)
-    old = rows.padded.lists_to_full(batch.logprobs) if algo.use_sampling_logprobs_as_old else None
+    old = rows.padded.lists_to_full(batch.logprobs) if algo.reads_sampling_logprobs else None
     trained = rows.trained
     stats = parts.policy.update(trained, trained.response_to_full(advantages), old, seed)
     stats.update(parts.critic.learn(trained, terms, rewards.total, seed))

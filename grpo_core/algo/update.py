@@ -37,17 +37,20 @@ def grpo_update(
 ) -> dict[str, float]:
     """Paper Algorithm 1, inner loop: mu epochs of GRPO steps on one batch; averaged metrics.
 
-    advantages and old_logprobs are (B, L), aligned with batch.response_mask. Each epoch
-    shuffles rows (with `generator`) into cfg.mini_batches_per_epoch optimizer steps; each
-    step accumulates micro-batch gradients normalised by the whole mini-batch, so the
-    gradient equals that of one pass over the mini-batch. With engine.data_parallel_size > 1
-    every rank passes the same batch and an identically seeded `generator`, runs its share
-    of each mini-batch's rows, and the metrics are reduced over the ranks.
+    advantages and old_logprobs (the sampler's log-probs: pi_old when
+    cfg.use_sampling_logprobs_as_old, the rollout correction's denominator) are (B, L),
+    aligned with batch.response_mask. Each epoch shuffles rows (with `generator`) into
+    cfg.mini_batches_per_epoch optimizer steps; each step accumulates micro-batch gradients
+    normalised by the whole mini-batch, so the gradient equals that of one pass over the
+    mini-batch. With engine.data_parallel_size > 1 every rank passes the same batch and an
+    identically seeded `generator`, runs its share of each mini-batch's rows, and the
+    metrics are reduced over the ranks.
 
-    Identical rows of a mini-batch (same tokens, advantages and given pi_old) run once,
-    weighted by their count; the reference and pi_old forwards run once per distinct tokens.
+    Identical rows of a mini-batch (same tokens, advantages, given pi_old and, under the
+    correction, sampler log-probs) run once, weighted by their count; the reference and
+    pi_old forwards run once per distinct tokens.
     """
-    _check_inputs(batch, advantages, cfg, ref_model)
+    _check_inputs(batch, advantages, cfg, ref_model, old_logprobs)
     engine.train()
     set_gradient_checkpointing(engine.model, cfg.gradient_checkpointing)
     token_copies = RowCopies(batch)
@@ -61,9 +64,11 @@ def grpo_update(
             cfg.max_tokens_per_micro_batch,
             cfg.logits_chunk_tokens,
         )
-    # rows merge when their tokens, advantages and pi_old (when given) are all equal
+    # rows merge when their tokens, advantages and pi_old (when given) are all equal, and
+    # their sampler log-probs when the correction weighs by them
     given_old = None if old is None or old_logprobs is None else old
-    merge_keys = token_copies.keys(advantages, given_old)
+    sampler = old_logprobs if cfg.rollout_correction.on else None
+    merge_keys = token_copies.keys(advantages, given_old, sampler)
     folded = _UpdateMetrics()
     lengths = row_lengths(batch)
     grad_norm_total, steps = 0.0, 0
@@ -125,7 +130,11 @@ def _micro_batches(
 
 
 def _check_inputs(
-    batch: PolicyBatch, advantages: Tensor, cfg: GRPOConfig, ref_model: nn.Module | None
+    batch: PolicyBatch,
+    advantages: Tensor,
+    cfg: GRPOConfig,
+    ref_model: nn.Module | None,
+    sampler_logprobs: Tensor | None,
 ) -> None:
     rows = len(batch)
     if advantages.shape != batch.response_mask.shape:
@@ -140,6 +149,14 @@ def _check_inputs(
         )
     if cfg.beta > 0 and ref_model is None:
         raise ValueError(f"beta = {cfg.beta} > 0 needs a reference model (got None)")
+    if cfg.rollout_correction.on and (
+        sampler_logprobs is None or sampler_logprobs.shape != batch.response_mask.shape
+    ):
+        got = None if sampler_logprobs is None else tuple(sampler_logprobs.shape)
+        raise ValueError(
+            f"rollout_correction.mode = {cfg.rollout_correction.mode} needs the sampler's "
+            f"log-probs as old_logprobs, (B, L) = {tuple(batch.response_mask.shape)} (got {got})"
+        )
 
 
 @dataclass
@@ -150,7 +167,7 @@ class _MicroBatch:
     advantages: Tensor
     old: Tensor | None  # pi_old of the whole batch (None: the detached current log-probs)
     ref: Tensor | None
-    sampling: Tensor | None  # the sampler's log-probs, for the mismatch metric
+    sampling: Tensor | None  # the sampler's log-probs: the mismatch metric, the correction
     rows: Tensor
     weights: Tensor  # how many rows of the mini-batch each row stands for
     # every row these rows stand for, and the position in `rows` of the one standing for it
@@ -188,6 +205,7 @@ def _backward(
         num_tokens=totals[0],
         num_seqs=totals[1],
         row_weights=mb.weights,
+        sampler_logp=None if mb.sampling is None else mb.sampling[mb.rows],
     )
     require_finite("GRPO loss", loss, where="the policy update", cause=DIVERGED)
     engine.backward(loss)
