@@ -19,7 +19,7 @@ ProcessCredit = Literal["sum", "min"]
 
 
 class GRPOConfig(BaseModel):
-    """Hyper-parameters of one GRPO policy update (docs/algorithm.md sections 1-6)."""
+    """Hyper-parameters of one GRPO policy update (docs/algorithm.md sections 1-6, 10-11)."""
 
     model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
@@ -39,15 +39,17 @@ class GRPOConfig(BaseModel):
         default=0.2,
         gt=0.0,
         lt=1.0,
-        description="Lower clip range: ratios below 1 - eps_low are clipped; "
-        "more than 0 and less than 1 (paper: 0.2).",
+        description="Lower clip range of the token ratio: ratios below 1 - eps_low are "
+        "clipped; more than 0 and less than 1 (paper: 0.2). importance_sampling sequence "
+        "clips with sequence_eps_low instead.",
     )
     eps_high: float = Field(
         default=0.2,
         gt=0.0,
         le=10.0,
-        description="Upper clip range: ratios above 1 + eps_high are clipped; more than 0, "
-        "at most 10 (paper: 0.2, DAPO clip-higher: 0.28).",
+        description="Upper clip range of the token ratio: ratios above 1 + eps_high are "
+        "clipped; more than 0, at most 10 (paper: 0.2, DAPO clip-higher: 0.28). "
+        "importance_sampling sequence clips with sequence_eps_high instead.",
     )
     importance_sampling: ImportanceSampling = Field(
         default="token",

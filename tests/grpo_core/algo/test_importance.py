@@ -24,9 +24,10 @@ from grpo_core.algo.importance_config import (
 from grpo_core.algo.losses import agg_loss, grpo_loss, kl_penalty
 from grpo_core.algo.update import grpo_update
 from grpo_core.contracts.policy_batch import build_policy_batch
-from grpo_core.model.forward import sequence_logprobs_and_entropy
+from grpo_core.model.forward import sequence_logprobs, sequence_logprobs_and_entropy
+from tests.grpo_core.algo.test_update import ragged_batch
 from tests.models import tiny_llama
-from tests.recording_engine import RecordingEngine
+from tests.recording_engine import RecordingEngine, assert_same_gradients
 
 MODES: list[LossAgg] = ["seq-mean-token-mean", "token-mean", "seq-mean-token-sum-norm"]
 LEVELS: list[ImportanceSampling] = ["token", "sequence", "sequence_token"]
@@ -325,3 +326,44 @@ def test_copies_sampled_apart_keep_their_own_weights_in_the_update(level: Correc
     for key in ("rollout_weight_mean", "rollout_weight_truncated_frac", "policy_loss"):
         assert metrics[key] == pytest.approx(expected[key], abs=1e-6), key
     assert 0 < metrics["rollout_weight_truncated_frac"] < 1
+
+
+@pytest.mark.parametrize("level", ["sequence", "sequence_token"])
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("off_policy", ["sampler_as_pi_old", "tis"])
+def test_every_split_of_the_batch_gives_its_gradient_at_every_level(
+    level: ImportanceSampling, mode: LossAgg, off_policy: str
+) -> None:
+    """A sequence ratio and a sequence weight read one row's tokens only, so micro-batches and
+    token budgets leave the gradient as one pass gives it (per-token advantages, as PPO's)."""
+    batch, advantages = ragged_batch()
+    gen = torch.Generator().manual_seed(1)
+    advantages = advantages + 0.3 * torch.randn(advantages.shape, generator=gen)
+    with torch.no_grad():
+        current = sequence_logprobs(tiny_llama(), batch)
+    noise = 0.05 * torch.randn(current.shape, generator=gen) * batch.response_mask
+    sampler = current + noise
+    off = (
+        {"use_sampling_logprobs_as_old": True}
+        if off_policy == "sampler_as_pi_old"
+        else {"rollout_correction": RolloutCorrection(mode="tis", level="token", cap=1.03)}
+    )
+    grads, metrics = [], []
+    for split in (
+        {"micro_batch_size": 8},
+        {"micro_batch_size": 2},
+        {"max_tokens_per_micro_batch": 14},
+    ):
+        cfg = GRPOConfig(
+            loss_agg=mode, importance_sampling=level, max_len_norm=7, beta=0.0, **split, **off
+        )
+        engine = RecordingEngine(tiny_llama())
+        metrics.append(grpo_update(engine, None, batch, advantages, cfg, sampler))
+        grads.append(engine.grads)
+    for other in grads[1:]:
+        assert_same_gradients(other, grads[0], atol=1e-6)
+    clipped_or_cut = ("clip_frac_low", "clip_frac_high", "rollout_weight_truncated_frac")
+    assert any(metrics[0].get(key, 0.0) > 0 for key in clipped_or_cut)
+    for other in metrics[1:]:
+        for key in ("loss", "clip_frac_low", "clip_frac_high", "ratio_mean"):
+            assert other[key] == pytest.approx(metrics[0][key], abs=1e-6), key
