@@ -21,6 +21,7 @@ from flows.figures import (
     pyplot,
     save_figure,
 )
+from flows.guard_report import guard_lines
 from flows.names import EVAL_SPLIT, TRAIN_SPLIT
 from flows.policy_change import format_policy_change, policy_change
 from storage.store import RunStore
@@ -202,10 +203,9 @@ def summary_markdown(store: RunStore, run_id: str) -> str:
         text += ["", TABLE_NOTE]
     else:
         text.append("No evaluation rows yet.")
-    text += [
-        "",
-        f"Inspect with SQL: `{sql_hint(store, run_id)}`",
-    ]
+    guards = guard_lines(store, run_id)
+    text += ["", *guards] if guards else []
+    text += ["", f"Inspect with SQL: `{sql_hint(store, run_id)}`"]
     return "\n".join(text) + "\n"
 
 
