@@ -15,7 +15,10 @@ import pytest
 import yaml
 
 import flows.loop
+from flows.ablate.run import run_ablation
+from flows.ablate.suites import AblationPlan, Suite
 from flows.cli import main
+from flows.config import ItergrpoConfig
 from flows.config_files import load_config
 from flows.context import RunContext
 from flows.data_identity import data_now, record_data
@@ -246,3 +249,32 @@ def test_a_fork_takes_stages_only_from_a_run_on_the_same_data(tmp_path: Path) ->
         match=r"run 'c' cannot take over run 'a''s stages, .* has changed since run 'a' read it",
     ):
         prefix_from(store, "a", config("c"))
+
+
+def test_an_ablation_rerun_on_edited_data_is_refused_before_any_arm_runs(tmp_path: Path) -> None:
+    """The shared policy_0 was trained on the data: a rerun on other data would mix the two."""
+    data = write_sums(tmp_path / "sums.jsonl")
+    local = ["task.name=local_files", f"task.local_files.path={data}"]
+    suite = Suite(config="micro", seeds=1, overrides=local, arms={"a": [], "b": ["grpo.steps=3"]})
+    plan = AblationPlan("abl", "tiny", suite, 1, tmp_path / "store")
+    arms: list[str | None] = []
+
+    def policy_0_committed(ctx: RunContext) -> Executor:
+        def execute(name: str, iteration: int, fn: StageFn) -> StageResult:
+            with ctx.run.stage(iteration, name) as attempt:
+                attempt.write("metrics", [{"stage": name, "name": "x", "value": 1.0}])
+            return StageResult(name, iteration)
+
+        return execute
+
+    def stopped_arm(cfg: ItergrpoConfig) -> None:
+        arms.append(cfg.run.run_id)
+        raise RunInterrupted("stopped in the first arm run")
+
+    ablate = functools.partial(run_ablation, plan, make_executor=policy_0_committed)
+    with pytest.raises(RunInterrupted):
+        ablate(run_arm=stopped_arm)
+    write_sums(data, SUMS[:30])
+    with pytest.raises(DataChangedError, match=r"run 'abl' was computed on other data: task"):
+        ablate(run_arm=stopped_arm)
+    assert arms == ["abl-a-s0"]
