@@ -15,6 +15,7 @@ import functools
 from flows.config import ItergrpoConfig
 from flows.config_files import stored_config_as_current
 from flows.config_readers import stages_reading
+from flows.data_identity import check_data, data_now
 from flows.tracking.run_tracking import check_trackers
 from storage.store import RunStore
 
@@ -31,6 +32,8 @@ def preflight(cfg: ItergrpoConfig, *, force_config: bool = False) -> None:
         upgrade_config=functools.partial(stored_config_as_current, current=cfg),
         stage_readers=stages_reading,
     )
+    # The data the committed stages read, unchanged (a record of it is written at the start).
+    check_data(store, cfg.run.run_id, data_now(cfg), force=force_config)
     check_trackers(cfg.tracking)  # a tracker configured but not installed
     # The policy, its tokenizer and the task data need torch and transformers (seconds to
     # import): checked after the store, so a refused run (a lock, a changed config) answers

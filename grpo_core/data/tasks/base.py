@@ -77,6 +77,8 @@ class TaskSpec(Generic[Settings]):
     needs: fields of its section that must be set when it is the task chosen.
     earlier_keys: its knobs as earlier versions named them in the flat task section
     (task.rg_task) -> the field of its section they now are (dataset), so old configs load.
+    data_paths: fields of its section that name data on disk (a file or folder): a run records
+    a fingerprint of each and refuses to resume or fork on changed data (flows/data_identity.py).
     """
 
     name: str
@@ -86,6 +88,7 @@ class TaskSpec(Generic[Settings]):
     answer_format: str | None = None
     needs: tuple[str, ...] = ()
     earlier_keys: Mapping[str, str] = field(default_factory=dict)
+    data_paths: tuple[str, ...] = ()
 
 
 TASKS: Registry[TaskSpec[Any]] = Registry("task")

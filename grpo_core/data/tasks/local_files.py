@@ -23,6 +23,7 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from grpo_core.contracts.paths import LocalPath
 from grpo_core.data.answer_formats import ANSWER_FORMATS, AnswerFormat
 from grpo_core.data.tasks.base import Problem, Split, TaskCommon, TaskDataError, TaskSpec
 from grpo_core.data.tasks.data_formats import (
@@ -274,17 +275,19 @@ class LocalFilesSettings(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    path: str | None = Field(
+    path: LocalPath = Field(
         default=None,
         description="A .jsonl/.json(.gz)/.parquet file, or a folder written by datasets' "
         "save_to_disk (a Dataset, or a DatasetDict whose train/test splits are used) or "
         "holding data files that datasets.load_dataset reads (splits by file name). Required "
-        "when task.name is local_files.",
+        "when task.name is local_files. Relative: to the current directory; stored absolute, "
+        "with a fingerprint of the data that a resume checks.",
     )
-    test_path: str | None = Field(
+    test_path: LocalPath = Field(
         default=None,
         description="Optional test data (a file or folder); else the data's own test split, "
-        "else a hash split of path by task.test_fraction.",
+        "else a hash split of path by task.test_fraction. Stored absolute and fingerprinted, "
+        "as path.",
     )
     data_format: str = Field(
         default=AUTO,
@@ -339,5 +342,6 @@ TASK = TaskSpec(
     summary="GSM8K- or MATH-format data on local disk (jsonl/json/parquet files or a "
     "datasets folder; docs/data.md)",
     needs=("path",),
+    data_paths=("path", "test_path"),
     earlier_keys={k: k for k in LocalFilesSettings.model_fields},
 )
