@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+import flows.preflight_data as preflight_data
 from flows.config import ItergrpoConfig
 from flows.config_files import load_config
 from flows.context import RunContext
@@ -20,6 +21,8 @@ from flows.guards import label_balance_finding
 from flows.preflight_data import check_policy_and_data, task_of_run
 from grpo_core.data.tasks.base import RowTask
 from grpo_core.data.tasks.registry import make_task
+from grpo_core.model.config import PolicyConfig
+from grpo_core.model.policy import build_char_tokenizer, create_tiny_policy
 from storage.store import RunStore
 
 ROWS = 200
@@ -185,3 +188,30 @@ def test_the_one_class_guards_fix_names_both_reward_models() -> None:
     finding = label_balance_finding("prm", correct=0, total=12, iteration=1, min_minority=2)
     assert finding is not None
     assert "reward_models.use_orm: false and reward_models.use_prm: false" in finding
+
+
+def test_a_smollm2_policy_not_yet_converted_has_its_rows_measured(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Its tokenizer comes with the conversion, the first stage's work: the pre-flight does it
+    (here a saved tiny policy stands in for the converted model)."""
+    converted = tmp_path / "converted"
+    tokenizer = build_char_tokenizer()
+    config = PolicyConfig(n_layers=1, hidden_size=32, n_heads=2, max_position_embeddings=64)
+    create_tiny_policy(config, tokenizer).save_pretrained(converted)
+    tokenizer.save_pretrained(converted)
+    asked: list[str | None] = []
+
+    def convert(cache_dir: str | None) -> Path:
+        asked.append(cache_dir)
+        return converted
+
+    monkeypatch.setattr(preflight_data, "find_gguf", lambda: tmp_path / "smollm2.gguf")
+    monkeypatch.setattr(preflight_data, "find_spec", lambda name: object())
+    monkeypatch.setattr(preflight_data, "smollm2_path", convert)
+    cache = str(tmp_path / "not-converted")
+    cfg = _config(tmp_path, "policy.kind=smollm2", f"policy.cache_dir={cache}")
+    _long_row_deep_in_the_file(cfg)
+    with pytest.raises(PreflightError, match=r"\(max_position_embeddings\) = 64 in 1 row\(s\)"):
+        check_policy_and_data(cfg)
+    assert asked == [cache]
