@@ -36,7 +36,8 @@ EQUAL_REWARDS = "equal_rewards"
 FIXES_NO_SIGNAL = (
     "warm-start the policy on gold solutions (run.warm_start: true, more warm_start.steps), "
     "start from a stronger policy, use an easier task, or reward with the verifier alone "
-    "(grpo.rewards: {verifier: 1.0, orm: 0}, reward_models.use_orm: false)"
+    "(grpo.rewards: {verifier: 1.0, orm: 0}, reward_models.use_orm: false and "
+    "reward_models.use_prm: false)"
 )
 
 

@@ -1,6 +1,7 @@
 """The pre-flight check: everything knowable before a run is registered, checked before
 anything is written, so a refused run leaves the store exactly as it was and a corrected
-rerun is not 'a different config'.
+rerun is not 'a different config'. (A SmolLM2 policy not yet converted is converted into its
+cache, outside the store, so that its tokenizer measures every data row.)
 
 It covers the store and run id (path, lock, a different config on an existing run) here,
 then the policy and its tokenizer, the task's data and the prompts' length against the
@@ -22,7 +23,7 @@ from storage.store import RunStore
 
 def preflight(cfg: ItergrpoConfig, *, force_config: bool = False) -> None:
     """Raise (StoreError, PreflightError, TaskDataError, ...) if the run cannot start or would
-    fail at a later stage for a reason knowable now; creates and writes nothing."""
+    fail at a later stage for a reason knowable now; writes nothing to the store."""
     assert cfg.run.run_id is not None
     store = RunStore(cfg.store.resolved_root())
     store.check_can_open(

@@ -57,7 +57,7 @@ SECTIONED = {
         "data_format": "math",
         "columns": {"question": "prompt", "solution": None, "answer": None},
         "file_reader": "datasets",
-        "on_bad_rows": "skip",
+        "on_bad_rows": "drop",  # skip, its earlier name
     },
 }
 
