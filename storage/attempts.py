@@ -86,7 +86,7 @@ def data_files(
         for name in os.listdir(pdir):
             if m := FILE_RE.match(name):
                 part, attempt = int(m["part"] or 0), int(m["attempt"])
-                found.append(DataFile(pdir / name, table, rid, it, m["stage"], attempt, part, area))
+                found.append(DataFile(pdir / name, table, rid, it, m["stage"], attempt, part))
         out.extend(sorted(found, key=lambda f: (f.stage, f.attempt, f.part)))
     return out
 

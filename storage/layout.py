@@ -69,7 +69,6 @@ class DataFile:
     stage: str
     attempt: int
     part: int = 0
-    area: str = COMMITTED
 
 
 class StoreLayout:

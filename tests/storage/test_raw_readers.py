@@ -18,6 +18,10 @@ import pyarrow.dataset as ds
 import pytest
 
 import storage.run_writer
+import storage.scan
+import storage.sql
+import storage.store
+from storage.sql import run_query
 from storage.store import RunStore
 from tests.flow_helpers import REPO
 
@@ -171,3 +175,33 @@ def test_a_store_of_an_earlier_version_reads_the_same_and_its_next_writer_tidies
         assert attempt.attempt == 2  # numbered after the moved-out attempt, as before
         attempt.write("orm_labels", orm_rows(1))
     assert store.read("orm_labels").num_rows == 4
+
+
+@pytest.mark.parametrize("reader", ["read", "sql"])
+def test_a_read_while_a_commit_moves_its_files_lists_them_again(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, reader: str
+) -> None:
+    store = RunStore(tmp_path)
+    with store.open_run("abl", {}) as record:
+        with record.stage(0, "ablation") as attempt:
+            attempt.write("ablation", ablation_rows(2))
+        real = storage.scan.present_columns
+        moves = []
+
+        def superseded_meanwhile(con: duckdb.DuckDBPyConnection, files: list[Path]) -> set[str]:
+            """The reader has listed the table's files; a superseding commit moves them before
+            it reads them (once)."""
+            if files and not moves:
+                with record.stage(0, "ablation", supersede=True) as attempt:
+                    attempt.write("ablation", ablation_rows(3))
+                moves.append(files)
+            return real(con, files)
+
+        monkeypatch.setattr(storage.store, "present_columns", superseded_meanwhile)
+        monkeypatch.setattr(storage.sql, "present_columns", superseded_meanwhile)
+        if reader == "read":
+            rows = store.read("ablation").num_rows
+        else:
+            rows = run_query(store, "SELECT count(*) AS n FROM ablation").column("n")[0].as_py()
+    assert moves and not moves[0][0].exists()  # the listed file had moved
+    assert rows == 18
