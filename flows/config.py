@@ -101,8 +101,8 @@ class StoreSection(_Section):
     )
     progress_checkpoints: Literal["remove", "keep"] = Field(
         "remove",
-        description="GRPO progress checkpoints (grpo-progress/iter-k, where a stopped stage "
-        "resumes): 'remove' each once its stage is committed, or 'keep' (docs/store-and-sql.md).",
+        description="GRPO progress checkpoints (grpo-progress/iter-k, where a stopped "
+        "stage resumes): 'remove' each once its stage commits, or 'keep' (docs/store-and-sql.md).",
     )
 
     def resolved_root(self) -> Path:
