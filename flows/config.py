@@ -91,13 +91,18 @@ class RunSection(_Section):
 
 
 class StoreSection(_Section):
-    """Where the run store lives."""
+    """Where the run store lives, and what it keeps."""
 
     root: str = Field(
         "",
         description="Run store directory; empty: $ITERGRPO_STORE or ./itergrpo-store. "
         "The CLI records here the store it resolved (--store, then $ITERGRPO_STORE, then this "
         "field); it is not compared on resume, so a moved or restored store resumes.",
+    )
+    progress_checkpoints: Literal["remove", "keep"] = Field(
+        "remove",
+        description="GRPO progress checkpoints (grpo-progress/iter-k, where a stopped "
+        "stage resumes): 'remove' each once its stage commits, or 'keep' (docs/store-and-sql.md).",
     )
 
     def resolved_root(self) -> Path:

@@ -40,6 +40,7 @@ from flows.stages.critic import commit_critic, open_critic
 from flows.stages.grpo_progress import (
     ResumePoint,
     Row,
+    remove_committed_progress,
     resume_point,
     resume_weights,
     save_policy,
@@ -200,6 +201,9 @@ def commit_grpo(
             attempt.info[NOT_JUDGED_INFO] = checks.not_judged
         attempt.write("policy_samples", sample_rows)
         attempt.write("metrics", metric_log)
+    if ctx.cfg.store.progress_checkpoints == "remove":  # only after the commit: resume needs it
+        committed = functools.partial(ctx.run.is_committed, stage=GRPO)
+        remove_committed_progress(ctx.store.root, ctx.run_id, GRPO_PROGRESS, committed)
     # means over the steps that report each figure (a step skipped without prompts has none)
     summary = {
         name: mean(r["value"] for r in metric_log if r["name"] == name)
