@@ -244,6 +244,26 @@ def stored_config_as_current(stored: dict[str, Any], current: ItergrpoConfig) ->
     return {**upgraded, **{name: now[name] for name in PLACEMENT_SECTIONS}}
 
 
+# The run's length: no stage computes differently for more iterations after its own (label
+# and train_rm read it only to number their log lines, "iteration 0 (1 of 3)").
+ITERATIONS_KEY = ("run", "iterations")
+
+
+def stored_config_for_rerun(stored: dict[str, Any], current: ItergrpoConfig) -> dict[str, Any]:
+    """stored_config_as_current for the same run started again: a raised run.iterations is
+    taken as stored, so a finished or stopped run continues with more iterations (`itergrpo
+    resume RUN --set run.iterations=N`); a lowered one stays a difference, refused once a
+    stage is committed (its rows would outlive the run's length). Not for forks: there the
+    count still counts as read by every stage (flows/fork.py)."""
+    upgraded = stored_config_as_current(stored, current)
+    section, key = ITERATIONS_KEY
+    run = upgraded.get(section)
+    more = current.run.iterations
+    if isinstance(run, dict) and isinstance(run.get(key), int) and more > run[key]:
+        upgraded = {**upgraded, section: {**run, key: more}}
+    return upgraded
+
+
 def stored_config_migrated(stored: dict[str, Any]) -> dict[str, Any]:
     """A run's stored config (the whole dump) in this version's terms, so earlier runs stay
     resumable: renamed fields mapped (renamed_fields_mapped), and a behaviour added since
