@@ -3,8 +3,9 @@ it until Ctrl-C or SIGTERM.
 
 Without PREFECT_API_URL, Prefect serves against a temporary in-process API, no UI shows the
 deployment, and each flow run starts a temporary server of its own: serve refuses instead,
-with the two commands to run. Prefect's runner answers SIGTERM by waiting on the event loop
-its handler interrupted, and hung; here SIGTERM stops it as Ctrl-C does.
+with the two commands to run. Prefect's runner answers SIGTERM with Runner.stop, which in
+the runner's own event loop only makes a coroutine that is never awaited, and exits without
+stopping its flow runs; here SIGTERM runs that coroutine.
 """
 
 from __future__ import annotations
@@ -50,16 +51,25 @@ def ui_address(deployment_id: Any) -> str | None:
 
 
 class _StoppableRunner(Runner):
-    """Prefect's runner, whose SIGTERM cancels the serving task, as asyncio does on Ctrl-C:
-    the runner then leaves its context (pausing the deployment's schedule) and returns."""
+    """Prefect's runner, whose SIGTERM stops it as Runner.astop does: flow runs in progress
+    are cancelled (each stops at its next safe point, `interrupted` and resumable), the
+    polling ends, the runner leaves its context (pausing the deployment's schedule) and
+    returns. A second SIGTERM cancels the serving task at once."""
 
     stopped_by = "SIGINT"
     serving: asyncio.Task[None] | None = None
+    stopping_task: asyncio.Task[None] | None = None
 
     def handle_sigterm(self, *args: Any) -> None:
         self.stopped_by = "SIGTERM"
-        if self.serving is not None:
-            self.serving.get_loop().call_soon_threadsafe(self.serving.cancel)
+        if self.serving is not None:  # the handler runs in the loop's thread, between steps
+            self.serving.get_loop().call_soon_threadsafe(self._stop)
+
+    def _stop(self) -> None:
+        if self.started and self.stopping_task is None:
+            self.stopping_task = asyncio.ensure_future(self.astop())
+        elif self.serving is not None:  # not yet polling, or a second SIGTERM
+            self.serving.cancel()
 
     async def serve(self, on_serving: Callable[[], None]) -> None:
         """Run the runner; `on_serving` is called once SIGTERM stops it cleanly."""
@@ -82,7 +92,8 @@ def serve_until_stopped(
     'SIGINT'). The deployment stays registered, its schedule paused."""
     runner = _StoppableRunner(name=name, limit=None)  # as Flow.serve: no limit on its runs
     page = ui_address(runner.add_flow(flow, name=name, **deployment))
-    # the serving task cancelled (SIGTERM), or asyncio's KeyboardInterrupt after Ctrl-C
+    # the serving task cancelled (a SIGTERM before the runner polled, or a second one), or
+    # asyncio's KeyboardInterrupt after Ctrl-C
     with contextlib.suppress(asyncio.CancelledError, KeyboardInterrupt):
         asyncio.run(runner.serve(lambda: on_serving(page)))
     return runner.stopped_by

@@ -1,10 +1,13 @@
 """`itergrpo serve` as a process: without PREFECT_API_URL it refuses with the two commands
 to run (Prefect would serve against a temporary API no UI shows, and each flow run would
-start a server of its own); served, it prints the deployment's UI page and a SIGTERM stops
-it within seconds with one clean line (Prefect's runner hung on it)."""
+start a server of its own); served, it prints the deployment's UI page, and a SIGTERM stops
+it and the run it is running within seconds, the run resumable, with one clean line
+(Prefect's runner waited for the run to end)."""
 
 from __future__ import annotations
 
+import contextlib
+import json
 import os
 import signal
 import subprocess
@@ -14,6 +17,7 @@ from pathlib import Path
 
 import pytest
 
+from storage.store import RunStore
 from tests.flow_helpers import REPO
 
 SERVE = (sys.executable, "-m", "flows.cli", "serve", "--config", "micro")
@@ -53,18 +57,34 @@ def _wait_for_line(path: Path, text: str, serve: subprocess.Popen[bytes], timeou
     raise AssertionError(f"serve did not print {text!r} within {timeout} s")
 
 
+def _wait_until_running(status: Path, timeout: float) -> None:
+    """Until the run's status says its first iteration is done (it is mid-run)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        with contextlib.suppress(OSError, ValueError):
+            if json.loads(status.read_text())["iterations_done"] >= 1:
+                return
+        time.sleep(0.5)
+    raise AssertionError(f"the served run did not finish an iteration within {timeout} s")
+
+
 @pytest.mark.slow
 @pytest.mark.usefixtures("prefect_harness")
-def test_sigterm_stops_serve_within_seconds_with_one_clean_line(tmp_path: Path) -> None:
+def test_sigterm_stops_serve_and_its_run_within_seconds_with_one_clean_line(
+    tmp_path: Path,
+) -> None:
+    from prefect.client.orchestration import get_client
+    from prefect.deployments import run_deployment
     from prefect.settings import PREFECT_API_URL
 
-    api = str(PREFECT_API_URL.value())
+    api, store = str(PREFECT_API_URL.value()), tmp_path / "store"
     stdout, stderr = tmp_path / "stdout", tmp_path / "stderr"
     with stdout.open("wb") as out, stderr.open("wb") as err:
         serve = subprocess.Popen(
-            [*SERVE, "--store", str(tmp_path / "store"), "--name", "sigterm"],
+            [*SERVE, "--store", str(store), "--name", "sigterm"],
             cwd=REPO,
-            env=_env(PREFECT_API_URL=api),
+            # the runner looks for scheduled flow runs every 10 s by default: idle test time
+            env=_env(PREFECT_API_URL=api, PREFECT_RUNNER_POLL_FREQUENCY="1"),
             stdout=out,
             stderr=err,
             start_new_session=True,  # its own group: the cleanup below reaches all of it
@@ -72,9 +92,13 @@ def test_sigterm_stops_serve_within_seconds_with_one_clean_line(tmp_path: Path) 
     try:
         shown = _wait_for_line(stdout, "stop with Ctrl-C or SIGTERM", serve, timeout=180)
         assert f"{api.removesuffix('/api')}/deployments/deployment/" in shown  # the UI page
-        os.kill(serve.pid, signal.SIGTERM)
+        # a run of many short iterations, stopped in its second
+        params = {"config": {"run": {"iterations": 50, "run_id": "long"}}}
+        flow_run = run_deployment("iterative-rl/sigterm", parameters=params, timeout=0)
+        _wait_until_running(store / "runs" / "long" / "status.json", timeout=180)
+        os.kill(serve.pid, signal.SIGTERM)  # serve alone, as `kill PID` sends it
         sent = time.monotonic()
-        code = serve.wait(timeout=60)
+        code = serve.wait(timeout=60)  # it waited for the run to end: minutes, or hours
         seconds = time.monotonic() - sent
     finally:
         if serve.poll() is None:
@@ -82,6 +106,11 @@ def test_sigterm_stops_serve_within_seconds_with_one_clean_line(tmp_path: Path) 
             serve.wait(timeout=30)
     said = stderr.read_text()
     assert code == 0, said[-2000:]
-    assert seconds < 15, f"{seconds:.1f} s after SIGTERM"  # 5 s on an idle machine
+    assert seconds < 20, f"{seconds:.1f} s after SIGTERM"  # 5 s on an idle machine
     assert "itergrpo serve: stopped by SIGTERM (iterative-rl/sigterm stays registered" in said
-    assert "Traceback" not in said
+    assert "Traceback" not in said and "never awaited" not in said
+    status = RunStore(store).run_status("long")
+    assert status["status"] == "interrupted" and status["iterations_done"] < 50  # resumable
+    with get_client(sync_client=True) as client:
+        state = client.read_flow_run(flow_run.id).state
+    assert state is not None and state.is_cancelled(), state
