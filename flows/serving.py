@@ -72,7 +72,7 @@ class _StoppableRunner(Runner):
             self.serving.cancel()
 
     async def serve(self, on_serving: Callable[[], None]) -> None:
-        """Run the runner; `on_serving` is called once SIGTERM stops it cleanly."""
+        """Run the runner; `on_serving` is called once a SIGTERM would stop it cleanly."""
         self.serving = asyncio.current_task()
         signal.signal(signal.SIGTERM, self.handle_sigterm)  # as start() does, but before it
         on_serving()

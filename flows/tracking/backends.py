@@ -5,6 +5,7 @@ so only a run that selects it needs it installed."""
 from __future__ import annotations
 
 import importlib.util
+import ssl
 import time
 import urllib.error
 import urllib.request
@@ -65,6 +66,8 @@ def require_reachable(field: str, uri: str) -> None:
         return
     except (OSError, ValueError) as exc:  # refused, timed out, unknown host, a malformed URI
         reason = getattr(exc, "reason", None) or exc
+        if isinstance(reason, ssl.SSLError):  # a server answered (MLflow may be told to
+            return  # accept its certificate: MLFLOW_TRACKING_INSECURE_TLS)
         raise SettingError(
             f"{field} = {uri} does not answer ({reason}, waited up to "
             f"{REACHABLE_SECONDS:.0f} s): start that MLflow server (`mlflow server --host "

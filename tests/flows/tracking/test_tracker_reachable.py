@@ -3,9 +3,11 @@ naming the field and the fix, instead of minutes of the client's retry warnings.
 
 from __future__ import annotations
 
+import http.server
 import os
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -34,6 +36,23 @@ def test_an_mlflow_server_that_is_down_is_refused_at_once() -> None:
     assert "Connection refused" in message
     assert "`mlflow server" in message and message.endswith("unset tracking.mlflow.uri")
     assert "\n" not in message
+
+
+def test_any_http_answer_counts_as_a_server_there() -> None:
+    class LoginWall(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            self.send_error(401)  # a server behind a login: MLflow's client brings the token
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    with http.server.ThreadingHTTPServer(("127.0.0.1", 0), LoginWall) as server:
+        threading.Thread(target=server.serve_forever, daemon=True).start()
+        try:
+            uri = f"http://127.0.0.1:{server.server_address[1]}"
+            check_trackers(TrackingSection(mlflow=MLflowSettings(uri=uri)))
+        finally:
+            server.shutdown()
 
 
 def test_a_folder_or_database_uri_needs_no_server(tmp_path: Path) -> None:
