@@ -11,7 +11,7 @@ from collections.abc import Callable
 from typing import Any
 
 from flows.config import ItergrpoConfig
-from flows.config_files import stored_config_as_current
+from flows.config_files import stored_config_for_rerun
 from flows.config_readers import stages_reading
 from flows.context import RunContext
 from flows.data_identity import check_data, data_now, record_data
@@ -151,7 +151,7 @@ def execute_run(
         cfg.run.run_id,
         cfg.model_dump(mode="json"),
         force_config=force_config,
-        upgrade_config=functools.partial(stored_config_as_current, current=cfg),
+        upgrade_config=functools.partial(stored_config_for_rerun, current=cfg),
         stage_readers=stages_reading,
     ) as run:
         record_data(store, cfg.run.run_id, data)

@@ -14,7 +14,7 @@ from __future__ import annotations
 import functools
 
 from flows.config import ItergrpoConfig
-from flows.config_files import stored_config_as_current
+from flows.config_files import stored_config_for_rerun
 from flows.config_readers import stages_reading
 from flows.data_identity import check_data, data_now
 from flows.tracking.run_tracking import check_trackers
@@ -30,7 +30,7 @@ def preflight(cfg: ItergrpoConfig, *, force_config: bool = False) -> None:
         cfg.run.run_id,
         cfg.model_dump(mode="json"),
         force_config=force_config,
-        upgrade_config=functools.partial(stored_config_as_current, current=cfg),
+        upgrade_config=functools.partial(stored_config_for_rerun, current=cfg),
         stage_readers=stages_reading,
     )
     # The data the committed stages read, unchanged (a record of it is written at the start).
