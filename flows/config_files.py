@@ -12,8 +12,10 @@ from typing import Any
 
 import yaml
 from pydantic import ValidationError
+from pydantic_core import ErrorDetails
 
 from flows.config import ItergrpoConfig
+from flows.config_fields import close_fields, field_annotation, takes_text_only
 from flows.errors import ConfigError
 from flows.grpo_presets import layers_merged
 from grpo_core.algo.config import migrate_replaced_fields
@@ -21,6 +23,52 @@ from grpo_core.data.tasks.registry import with_task_sections
 from reward_models.config import migrate_replaced_fields as migrate_replaced_rm_fields
 
 CONFIG_DIR = Path(__file__).resolve().parent.parent / "configs"
+
+
+class BooleanWord(str):
+    """A bare YAML 1.1 boolean other than true/false (off, no, yes, on, y, n): the text as
+    typed, and the boolean YAML 1.1 reads it as (`truth`)."""
+
+    truth: bool
+
+
+def _boolean_or_word(loader: yaml.SafeLoader, node: yaml.ScalarNode) -> bool | BooleanWord:
+    truth = loader.construct_yaml_bool(node)
+    if node.value.lower() in ("true", "false"):
+        return truth
+    word = BooleanWord(node.value)
+    word.truth = truth
+    return word
+
+
+class _ConfigLoader(yaml.SafeLoader):
+    """YAML as safe_load reads it, but for the YAML 1.1 words read as booleans beyond
+    true/false, which stay BooleanWord until the field they set is known (`as_typed`)."""
+
+
+_ConfigLoader.add_constructor("tag:yaml.org,2002:bool", _boolean_or_word)
+
+
+def read_yaml(text: str) -> Any:
+    """Config YAML: a bare off/no/yes becomes what its field takes (see `as_typed`)."""
+    return yaml.load(text, Loader=_ConfigLoader)  # a SafeLoader: builds no objects
+
+
+def as_typed(value: Any, path: tuple[str, ...] = ()) -> Any:
+    """`value` (a config tree, or the value of the field at `path`) with each BooleanWord
+    made the text typed where its field takes only text (`guards.rm_auroc: off`, a choice
+    of stop|warn|off) and the boolean YAML 1.1 means everywhere else (`run.warm_start: no`,
+    and keys outside the typed tree, as before)."""
+    if isinstance(value, dict):
+        return {
+            str(key) if isinstance(key, BooleanWord) else key: as_typed(item, (*path, str(key)))
+            for key, item in value.items()
+        }
+    if isinstance(value, list):
+        return [as_typed(item, path) for item in value]
+    if isinstance(value, BooleanWord):
+        return str(value) if takes_text_only(field_annotation(path)) else value.truth
+    return value
 
 
 def set_path(tree: dict[str, Any], dotted: str, value: Any) -> None:
@@ -42,7 +90,7 @@ def parse_override(text: str) -> tuple[str, Any]:
     key = key.strip()
     if not key:
         raise ConfigError(f"--set {text!r}: empty key")
-    value = yaml.safe_load(raw) if raw.strip() else None
+    value = as_typed(read_yaml(raw), tuple(key.split("."))) if raw.strip() else None
     quoted = raw.strip()[:1] in ("'", '"')  # '2' is the string 2 (a token, say)
     if isinstance(value, str) and not quoted:
         # YAML 1.1 reads 1e-5 (no dot) as a string; a number is what was meant.
@@ -75,7 +123,7 @@ def _read_layers(path: str | Path, seen: tuple[Path, ...] = ()) -> list[dict[str
     if file.resolve() in seen:
         raise ConfigError(f"{file}: 'base' presets form a cycle")
     try:
-        loaded = yaml.safe_load(file.read_text(encoding="utf-8")) or {}
+        loaded = read_yaml(file.read_text(encoding="utf-8")) or {}
     except (yaml.YAMLError, UnicodeDecodeError) as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f" line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
@@ -83,7 +131,8 @@ def _read_layers(path: str | Path, seen: tuple[Path, ...] = ()) -> list[dict[str
         raise ConfigError(f"{file}{where}: not valid YAML ({problem}); fix the file") from None
     if not isinstance(loaded, dict):
         raise ConfigError(f"{file}: top level must be a mapping of sections")
-    loaded = task_sections_of(loaded)  # before merging: a base and its variant may differ in shape
+    # before merging: a base and its variant may differ in shape
+    loaded = as_typed(task_sections_of(loaded))
     base = loaded.pop("base", None)
     if base is None:
         return [loaded]
@@ -155,8 +204,18 @@ def validate_config(tree: dict[str, Any]) -> ItergrpoConfig:
             if "input" in err and err["type"] != "missing" and not isinstance(err["input"], dict):
                 shown = repr(err["input"])
                 got = f" (got {shown[:77] + '...' if len(shown) > 80 else shown})"
-            lines.append(f"  {where}: {err['msg']}{got}")
+            lines.append(f"  {where}: {err['msg']}{_did_you_mean(err)}{got}")
         raise ConfigError("invalid config:\n" + "\n".join(lines)) from None
+
+
+def _did_you_mean(err: ErrorDetails) -> str:
+    """For an unknown key, the fields of its section it may have meant."""
+    if err["type"] != "extra_forbidden" or not err["loc"]:
+        return ""
+    *section, key = (str(part) for part in err["loc"])
+    close = close_fields(section, key)
+    prefix = "".join(f"{part}." for part in section)
+    return f"; did you mean {' or '.join(prefix + name for name in close)}?" if close else ""
 
 
 def config_to_yaml(cfg: ItergrpoConfig) -> str:
@@ -183,6 +242,26 @@ def stored_config_as_current(stored: dict[str, Any], current: ItergrpoConfig) ->
         return stored
     now = current.model_dump(mode="json")
     return {**upgraded, **{name: now[name] for name in PLACEMENT_SECTIONS}}
+
+
+# The run's length: no stage computes differently for more iterations after its own (label
+# and train_rm read it only to number their log lines, "iteration 0 (1 of 3)").
+ITERATIONS_KEY = ("run", "iterations")
+
+
+def stored_config_for_rerun(stored: dict[str, Any], current: ItergrpoConfig) -> dict[str, Any]:
+    """stored_config_as_current for the same run started again: a raised run.iterations is
+    taken as stored, so a finished or stopped run continues with more iterations (`itergrpo
+    resume RUN --set run.iterations=N`); a lowered one stays a difference, refused once a
+    stage is committed (its rows would outlive the run's length). Not for forks: there the
+    count still counts as read by every stage (flows/fork.py)."""
+    upgraded = stored_config_as_current(stored, current)
+    section, key = ITERATIONS_KEY
+    run = upgraded.get(section)
+    more = current.run.iterations
+    if isinstance(run, dict) and isinstance(run.get(key), int) and more > run[key]:
+        upgraded = {**upgraded, section: {**run, key: more}}
+    return upgraded
 
 
 def stored_config_migrated(stored: dict[str, Any]) -> dict[str, Any]:

@@ -59,10 +59,14 @@ class RunContext:
 
     @cached_property
     def task(self) -> Task:
-        """The run's task (its data validated once per run)."""
-        from grpo_core.data.tasks.registry import make_task
+        """The run's task (its data validated once per run), without the rows the pre-flight
+        drops (task.local_files.on_bad_rows: drop), counted in status.json as rows_dropped."""
+        from flows.preflight_data import task_of_run
 
-        return make_task(self.cfg.task)
+        task, dropped = task_of_run(self.cfg)
+        if dropped is not None:
+            self.run.set_status("running", rows_dropped=dropped)
+        return task
 
     @property
     def threads(self) -> int | None:

@@ -20,3 +20,8 @@ class PreflightError(UserError):
 
 class PrefectApiError(UserError):
     """The Prefect API the run would report to (PREFECT_API_URL) does not answer."""
+
+
+class DataChangedError(UserError):
+    """Data a run's committed stages read (a file or folder its config names) that is not what
+    they read any more: changed, or gone. The message names the file and the choices."""

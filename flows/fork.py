@@ -7,7 +7,8 @@ outputs of those before it). So B may start with A's committed stages, in execut
 to the first stage that reads a differing key; that is `shareable_prefix`. Keys that place the
 work (cluster, store, tracking) and the run id do not count: they change where a result lives,
 not what it is. The seed is read by every stage, so runs at different seeds share nothing.
-`fork_from` copies that prefix into B through storage/fork.py.
+`fork_from` copies that prefix into B through storage/fork.py. The data files the prefix read
+must be what A read (flows/data_identity.py): B takes A's record of them.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from typing import Any
 from flows.config import ItergrpoConfig
 from flows.config_files import PLACEMENT_SECTIONS, stored_config_as_current
 from flows.config_readers import first_iteration_reading, stages_reading
+from flows.data_identity import check_fork_data, data_now, record_data
 from flows.plan import planned_stages
 from flows.stage_table import STAGES, Stage
 from storage.fork import fork_run
@@ -72,17 +74,25 @@ def checkpoints_written(stages: Iterable[Stage]) -> list[tuple[str, int]]:
 
 
 def prefix_from(store: RunStore, source: str, target: ItergrpoConfig) -> list[Stage]:
-    """shareable_prefix of run `source` (its stored config and commits) for `target`."""
+    """shareable_prefix of run `source` (its stored config and commits) for `target`;
+    DataChangedError when the data that prefix read has changed since `source` read it."""
     stored = stored_config_as_current(store.run_config(source), target)
     committed = [(str(s["stage"]), int(s["iteration"])) for s in store.committed_stages(source)]
-    return shareable_prefix(
+    prefix = shareable_prefix(
         planned_stages(target), committed, stored, target.model_dump(mode="json")
     )
+    if prefix:
+        read = {stage for stage, _ in prefix}
+        check_fork_data(store, source, str(target.run.run_id), data_now(target), read)
+    return prefix
 
 
 def fork_from(store: RunStore, source: str, target: ItergrpoConfig, stages: list[Stage]) -> None:
-    """Create run `target` holding `source`'s `stages` (a prefix from `prefix_from`)."""
+    """Create run `target` holding `source`'s `stages` (a prefix from `prefix_from`), its data
+    recorded as what `source` read (prefix_from checked it is)."""
     assert target.run.run_id is not None
+    store.run_dir(target.run.run_id).mkdir(parents=True, exist_ok=True)
+    record_data(store, target.run.run_id, data_now(target))
     fork_run(
         store,
         source,

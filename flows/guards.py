@@ -2,15 +2,18 @@
 
 A run on data the project did not make can go wrong without a word: reward models trained on
 one class, an RM that ranks below chance, a learned reward that pays for wrong answers, GRPO
-steps with no outcome signal. Each guard is a pure check (a finding, or None) plus an action
-field in `guards`: `stop` raises GuardTripped before the stage commits (the run is resumable
-once the cause is fixed), `warn` logs the finding and records it, `off` skips the check.
-Every check that runs stores a metric `guard_<name>` (1 tripped, 0 passed) with its stage.
+steps with no outcome signal. Each guard is a pure check (a finding, None, or NotJudged when
+the stage gave it too little to judge) plus an action field in `guards`: `stop` raises
+GuardTripped before the stage commits (the run is resumable once the cause is fixed), `warn`
+logs the finding and records it, `off` skips the check. Every check that judges stores a
+metric `guard_<name>` (1 tripped, 0 passed) with its stage; one that cannot stores no verdict,
+logs why and records the reason in the stage's commit info (`guards_not_judged`).
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -21,6 +24,9 @@ from grpo_core.contracts.errors import UserError
 GuardAction = Literal["stop", "warn", "off"]
 ACTION_HELP = "stop (no commit; resumable after the fix), warn (log and record) or off"
 
+# The key of a stage's commit info naming each guard that could not judge, and why.
+NOT_JUDGED_INFO = "guards_not_judged"
+
 RM_LABELS = "rm_labels"
 RM_AUROC = "rm_auroc"
 OVER_OPTIMISATION = "over_optimisation"
@@ -30,8 +36,19 @@ EQUAL_REWARDS = "equal_rewards"
 FIXES_NO_SIGNAL = (
     "warm-start the policy on gold solutions (run.warm_start: true, more warm_start.steps), "
     "start from a stronger policy, use an easier task, or reward with the verifier alone "
-    "(grpo.rewards: {verifier: 1.0, orm: 0}, reward_models.use_orm: false)"
+    "(grpo.rewards: {verifier: 1.0, orm: 0}, reward_models.use_orm: false and "
+    "reward_models.use_prm: false)"
 )
+
+
+@dataclass(frozen=True)
+class NotJudged:
+    """A guard's check that had too little to judge (`why`): neither passed nor tripped."""
+
+    why: str
+
+
+Finding = str | NotJudged | None
 
 
 class GuardTripped(UserError):
@@ -132,8 +149,16 @@ def label_balance_finding(
     return None
 
 
-def auroc_finding(metric: str, auroc: float, floor: float, iteration: int) -> str | None:
-    """Why RM_k's AUROC on fresh outputs (`metric`, e.g. orm_auroc) is too low, None if not."""
+def auroc_finding(metric: str, auroc: float | None, floor: float, iteration: int) -> Finding:
+    """Why RM_k's AUROC on fresh outputs (`metric`, e.g. orm_auroc) is too low, None if not;
+    NotJudged when it is undefined (None: the outputs, or steps, were of one class)."""
+    if auroc is None:
+        graded = "outputs" if metric == "orm_auroc" else "outputs' checkable steps"
+        return NotJudged(
+            f"{metric} of iteration {iteration} is undefined: the fresh {graded} of the "
+            "questions GRPO rewards were all right or all wrong (an AUROC needs both; more "
+            "reward_models.eval_prompts or eval_samples give it both)"
+        )
     if auroc >= floor:
         return None
     chance = " (below chance: it ranks wrong outputs higher)" if auroc < 0.5 else ""
@@ -152,11 +177,17 @@ def over_optimisation_finding(
     gap: float,
     steps: int,
     iteration: int,
-) -> str | None:
+) -> Finding:
     """Why the learned reward over-pays (RM reward mean - verifier accuracy > `gap` at each of
-    the last `steps` steps), None if it does not (or there are fewer steps)."""
+    the last `steps` steps), None if it does not; NotJudged with fewer steps than that."""
     gaps = [m - a for m, a in zip(rm_means, accuracies, strict=True)]
-    if len(gaps) < steps or min(gaps[-steps:]) <= gap:
+    if len(gaps) < steps:
+        return NotJudged(
+            f"GRPO iteration {iteration} had {len(gaps)} step(s) with a learned reward, fewer "
+            f"than the guards.over_optimisation_steps = {steps} the check reads (fewer "
+            "over_optimisation_steps, or more grpo.steps, let it judge)"
+        )
+    if min(gaps[-steps:]) <= gap:
         return None
     last = gaps[-steps:]
     return (
@@ -170,11 +201,12 @@ def over_optimisation_finding(
 
 def equal_rewards_finding(
     equal_group_shares: Sequence[float], share: float, iteration: int
-) -> str | None:
+) -> Finding:
     """Why a GRPO stage learned little: at least `share` of its steps had every group rewarded
-    alike (`equal_group_shares`: each step's share of such groups), None otherwise."""
+    alike (`equal_group_shares`: each step's share of such groups), None otherwise; NotJudged
+    when no step sampled a group."""
     if not equal_group_shares:
-        return None
+        return NotJudged(f"GRPO iteration {iteration}: no step sampled a group to compare")
     flat = sum(1 for s in equal_group_shares if s >= 1.0)
     if flat / len(equal_group_shares) < share:
         return None
@@ -188,20 +220,28 @@ def equal_rewards_finding(
 
 class GuardChecks:
     """One stage's guard checks: each finding acted on as `guards.<name>` says, the
-    `guard_<name>[_<of>]` metrics (1 tripped, 0 passed; none when off) and the warnings."""
+    `guard_<name>[_<of>]` metrics (1 tripped, 0 passed; none when off or not judged), why
+    each check that could not judge did not (`not_judged`, by metric name) and the warnings."""
 
     def __init__(self, guards: GuardsConfig, run_id: str) -> None:
         self.guards, self.run_id = guards, run_id
         self.metrics: dict[str, float] = {}
+        self.not_judged: dict[str, str] = {}
         self.warnings: list[str] = []
 
-    def check(self, name: str, finding: str | None, of: str = "") -> None:
+    def check(self, name: str, finding: Finding, of: str = "") -> None:
         """Record `finding` of guard `name` (about `of`, e.g. orm); GuardTripped when set to
-        stop, a warning line when set to warn."""
+        stop, a warning line when set to warn; a check that could not judge stores no
+        verdict and says why in a warning line, whatever its action (but off)."""
         action: GuardAction = getattr(self.guards, name)
         if action == "off":
             return
         metric = f"guard_{name}" + (f"_{of}" if of else "")
+        if isinstance(finding, NotJudged):
+            self.not_judged[metric] = finding.why
+            log.warning("guard %s: not judged: %s", name, finding.why)
+            self.warnings.append(f"{name}: not judged: {finding.why}")
+            return
         self.metrics[metric] = 0.0 if finding is None else 1.0
         if finding is None:
             return

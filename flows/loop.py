@@ -11,9 +11,10 @@ from collections.abc import Callable
 from typing import Any
 
 from flows.config import ItergrpoConfig
-from flows.config_files import stored_config_as_current
+from flows.config_files import stored_config_for_rerun
 from flows.config_readers import stages_reading
 from flows.context import RunContext
+from flows.data_identity import check_data, data_now, record_data
 from flows.engines.availability import check_engines
 from flows.interrupts import INTERRUPT, graceful_sigint, stopped_by_a_signal, with_fault_hook
 from flows.plan import ends_an_iteration, planned_stages
@@ -144,13 +145,16 @@ def execute_run(
     check_engines(cfg.engines)  # a selected engine that is not installed fails before any stage
     check_trackers(cfg.tracking)  # ... and so does a tracker
     store = RunStore(cfg.store.resolved_root())
+    data = data_now(cfg)
+    check_data(store, cfg.run.run_id, data, force=force_config)  # before anything is written
     with store.open_run(
         cfg.run.run_id,
         cfg.model_dump(mode="json"),
         force_config=force_config,
-        upgrade_config=functools.partial(stored_config_as_current, current=cfg),
+        upgrade_config=functools.partial(stored_config_for_rerun, current=cfg),
         stage_readers=stages_reading,
     ) as run:
+        record_data(store, cfg.run.run_id, data)
         run.set_status("running", failure=None)
         tracking = RunTracking(cfg.tracking, tracked_run(cfg), store)
         tracking.sync()  # stages committed before a kill, or before tracking was turned on

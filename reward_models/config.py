@@ -8,6 +8,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from grpo_core.contracts.errors import SettingError
+from grpo_core.contracts.paths import absolute_path
 from reward_models.formats import RM_FORMATS, RMFormat
 
 # The reward models the RM stage trains: outcome (one score per output) and process (per step).
@@ -33,7 +34,8 @@ class RewardModelSettings(BaseModel):
             "Where the iteration-0 reward model comes from: 'policy' (the policy checkpoint, "
             "as the paper initialises its RM from the base model), 'orm' (PRM only: the ORM "
             "just trained on the same iteration's outcome labels), or a local model directory "
-            "(save_pretrained layout, with its own tokenizer)."
+            "(save_pretrained layout, with its own tokenizer; relative: to the current "
+            "directory, stored absolute)."
         ),
     )
     format: str = Field(
@@ -69,7 +71,8 @@ class RewardModelSettings(BaseModel):
     def _source_given(cls, source: str) -> str:
         if not source.strip():
             raise ValueError("source is empty: give 'policy', 'orm' or a model directory")
-        return source
+        keyword = source in (POLICY_SOURCE, ORM_SOURCE)
+        return source if keyword else str(absolute_path(source))  # stored absolute
 
     @field_validator("format")
     @classmethod

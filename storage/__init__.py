@@ -15,6 +15,7 @@ from storage.errors import (
     StorePathError,
     UnknownTableError,
 )
+from storage.reader import StoreReader, open_store
 from storage.run_writer import RunWriter, StageAttempt
 from storage.schemas import TABLE_SCHEMAS
 from storage.store import RunStore
@@ -36,5 +37,7 @@ __all__ = [
     "StageAttempt",
     "StoreError",
     "StorePathError",
+    "StoreReader",
     "UnknownTableError",
+    "open_store",
 ]

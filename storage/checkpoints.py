@@ -9,8 +9,10 @@ from __future__ import annotations
 
 import io
 import json
+import os
 import random
 import re
+import shutil
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -18,7 +20,13 @@ from typing import Any
 import numpy as np
 import torch
 
-from storage.atomic import atomic_directory, atomic_write_bytes, atomic_write_text
+from storage.atomic import (
+    atomic_directory,
+    atomic_write_bytes,
+    atomic_write_text,
+    fsync_dir,
+    temp_sibling,
+)
 from storage.layout import validate_run_id
 
 TRAINING_STATE_FILE = "training_state.pt"
@@ -36,17 +44,31 @@ def checkpoint_path(root: str | Path, run_id: str, role: str, iteration: int) ->
     return Path(root) / "checkpoints" / validate_run_id(run_id) / role / f"iter-{iteration}"
 
 
-def latest_checkpoint(root: str | Path, run_id: str, role: str) -> Path | None:
-    """The complete checkpoint of `role` with the highest iteration, None if there is none."""
+def checkpoints_of(root: str | Path, run_id: str, role: str) -> list[tuple[int, Path]]:
+    """(iteration, folder) of each complete checkpoint of `role`, by iteration."""
     role_dir = checkpoint_path(root, run_id, role, 0).parent
     if not role_dir.is_dir():
-        return None
-    found = [
+        return []
+    return sorted(
         (int(m[1]), p)
         for p in role_dir.iterdir()
         if p.is_dir() and (m := _ITER_RE.match(p.name)) is not None
-    ]
-    return max(found)[1] if found else None
+    )
+
+
+def latest_checkpoint(root: str | Path, run_id: str, role: str) -> Path | None:
+    """The complete checkpoint of `role` with the highest iteration, None if there is none."""
+    found = checkpoints_of(root, run_id, role)
+    return found[-1][1] if found else None
+
+
+def remove_checkpoint(path: Path) -> None:
+    """Delete checkpoint folder `path`: renamed to a hidden temp name first, so a kill while
+    deleting leaves no half checkpoint under its own name."""
+    doomed = temp_sibling(path)
+    os.replace(path, doomed)
+    fsync_dir(path.parent)
+    shutil.rmtree(doomed)
 
 
 def save_checkpoint(

@@ -8,11 +8,12 @@ never modified in place: later writes replace it by rename), else copied. Which 
 shared, and which checkpoints a stage wrote, is the caller's knowledge (flows/fork.py): the
 store knows files, not what computed them.
 
-Atomicity follows the stage commit: data files and checkpoints first (invisible until a commit
-record names their attempt), commit records last, in execution order. An exception on the way
-removes what was written, so B is left with no committed stage; a kill during the commit
-records leaves a prefix of committed stages whose files are all in place, which is an ordinary
-interrupted run that `resume` continues. B's status.json records `forked_from`.
+Atomicity follows the stage commit: data files (under attempts/uncommitted/) and checkpoints
+first, then in execution order each commit record, whose stage's files then move into tables/.
+An exception on the way removes what was written, so B is left with no committed stage; a kill
+during the commit records leaves a prefix of committed stages whose files are all kept (B's
+next writer finishes their moves), which is an ordinary interrupted run that `resume`
+continues. B's status.json records `forked_from`.
 """
 
 from __future__ import annotations
@@ -27,9 +28,10 @@ from typing import Any
 import pyarrow.parquet as pq
 
 from storage.atomic import atomic_write_parquet, fsync_dir, temp_sibling
+from storage.attempts import publish, stage_files
 from storage.checkpoints import checkpoint_path
 from storage.errors import StoreError
-from storage.layout import FILE_RE, validate_run_id
+from storage.layout import COMMITTED, FILE_RE, UNCOMMITTED, validate_run_id
 from storage.schemas import STAGES_TABLE, TABLE_SCHEMAS
 from storage.store import RunStore, StageReaders
 
@@ -83,16 +85,16 @@ class _Fork:
     def __init__(self, store: RunStore, source: str, target: str) -> None:
         self.store, self.source, self.target = store, source, target
         self.written: list[Path] = []  # files and directories, in the order written
+        self.records: list[Path] = []  # the commit records written
 
     def clear_leftovers(self, stage: str, iteration: int) -> None:
         """Remove B's uncommitted files of `stage` (a start that failed before committing it),
         as a new stage attempt would."""
         for table in TABLE_SCHEMAS:
-            pdir = self.store.partition_dir(table, self.target, iteration)
-            if pdir.is_dir():
-                for name in os.listdir(pdir):
-                    if (m := FILE_RE.match(name)) is not None and m["stage"] == stage:
-                        (pdir / name).unlink(missing_ok=True)
+            for area in (COMMITTED, UNCOMMITTED):
+                pdir = self.store.partition_dir(table, self.target, iteration, area)
+                for path, _, _ in stage_files(pdir, stage):
+                    path.unlink(missing_ok=True)
 
     def copy_data(self, stage: str, iteration: int) -> None:
         for table in TABLE_SCHEMAS:
@@ -102,8 +104,12 @@ class _Fork:
                 table, run_id=self.source, iterations=[iteration], stage=stage
             )
             for src in files:
-                dst = self.store.partition_dir(table, self.target, iteration) / src.name
-                self.written.append(dst)
+                dst = (
+                    self.store.partition_dir(table, self.target, iteration, UNCOMMITTED) / src.name
+                )
+                # undone where it is: still uncommitted, or moved into tables/ by its commit
+                published = self.store.partition_dir(table, self.target, iteration) / src.name
+                self.written += [dst, published]
                 if table in RUN_PATH_COLUMNS:
                     atomic_write_parquet(dst, self._repointed(table, src))
                 else:
@@ -145,12 +151,15 @@ class _Fork:
         index = record.column_names.index("info")
         record = record.set_column(index, record.schema.field(index), [infos])
         dst = self.store.partition_dir(STAGES_TABLE, self.target, iteration) / src.name
-        self.written.append(dst)
+        self.records.append(dst)
         atomic_write_parquet(dst, record)
+        m = FILE_RE.match(src.name)
+        assert m is not None  # committed_files lists data files only
+        publish(self.store, self.target, iteration, stage, int(m["attempt"]))
 
     def undo(self) -> None:
-        """Remove what was written, commit records first (they are last in the list)."""
-        for path in reversed(self.written):
+        """Remove what was written, commit records first."""
+        for path in [*self.records, *reversed(self.written)]:
             if path.is_dir():
                 shutil.rmtree(path, ignore_errors=True)
             else:

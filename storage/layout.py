@@ -1,5 +1,6 @@
-"""Names in a run store: its default root, run ids, stage names, iterations, and the data
-file names `<stage>-<attempt>[-part<n>].parquet` (what a path says about its file)."""
+"""Names in a run store: its default root, run ids, stage names, iterations, the data file
+names `<stage>-<attempt>[-part<n>].parquet` (what a path says about its file) and the areas a
+file lives in: `tables/` (committed attempts) or `attempts/uncommitted|superseded/`."""
 
 from __future__ import annotations
 
@@ -14,7 +15,16 @@ from storage.schemas import table_schema
 STORE_ENV = "ITERGRPO_STORE"
 DEFAULT_ROOT = "./itergrpo-store"
 # What a store root holds; a non-empty directory with none of these is not a store.
-STORE_ENTRIES = frozenset({"tables", "runs", "checkpoints", "reports"})
+STORE_ENTRIES = frozenset({"tables", "runs", "checkpoints", "reports", "attempts"})
+
+# Where a data file lives: readers of the Parquet tree (pyarrow, DuckDB's read_parquet, pandas,
+# Spark) look under tables/, which holds committed attempts only; a stage attempt writes its
+# files under attempts/uncommitted/ and its commit moves them in, and an attempt a later one
+# superseded moves out to attempts/superseded/ (each a hive tree of its own: docs/store-and-sql.md).
+COMMITTED = "tables"
+UNCOMMITTED = "attempts/uncommitted"
+SUPERSEDED = "attempts/superseded"
+AREAS = (COMMITTED, UNCOMMITTED, SUPERSEDED)
 
 RUN_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 _STAGE_RE = re.compile(r"^[A-Za-z0-9_]{1,64}$")
@@ -81,6 +91,8 @@ class StoreLayout:
     def run_dir(self, run_id: str) -> Path:
         return self.runs_dir / validate_run_id(run_id)
 
-    def partition_dir(self, table: str, run_id: str, iteration: int) -> Path:
+    def partition_dir(self, table: str, run_id: str, iteration: int, area: str = COMMITTED) -> Path:
+        """The folder of `table`'s files of one run and iteration in `area` (tables/ unless
+        told: the one readers see)."""
         table_schema(table)  # an unknown table name is refused
-        return self.tables_dir / table / f"run_id={run_id}" / f"iteration={iteration}"
+        return self.root / area / table / f"run_id={run_id}" / f"iteration={iteration}"

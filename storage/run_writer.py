@@ -1,5 +1,6 @@
 """Writing one run: the writer that holds its lock, and stage attempts whose files become
-visible only when their commit record is written (storage/store.py reads them)."""
+visible only when their commit record is written (storage/store.py reads them). An attempt
+writes under attempts/uncommitted/; its commit moves them into tables/ (storage/attempts.py)."""
 
 from __future__ import annotations
 
@@ -14,8 +15,17 @@ from typing import Any
 import pyarrow as pa
 
 from storage.atomic import TMP_PREFIX, atomic_write_parquet, atomic_write_text
+from storage.attempts import publish, retire, stage_files
 from storage.errors import StageAlreadyCommittedError, StoreError
-from storage.layout import FILE_RE, StoreLayout, utc_now, validate_iteration, validate_stage
+from storage.layout import (
+    AREAS,
+    SUPERSEDED,
+    UNCOMMITTED,
+    StoreLayout,
+    utc_now,
+    validate_iteration,
+    validate_stage,
+)
 from storage.lock import RunLock
 from storage.run_record import read_status
 from storage.schemas import STAGES_TABLE, TABLE_SCHEMAS, conform
@@ -57,7 +67,7 @@ class RunWriter:
     def stage(self, iteration: int, stage: str, *, supersede: bool = False) -> StageAttempt:
         """A new attempt of `stage` in `iteration`; use as a context manager. `supersede`: the
         stage may already be committed, and this attempt's commit replaces that one for every
-        reader (the older attempt's files stay on disk, unread; storage/store.py)."""
+        reader (the older attempt's files move to attempts/superseded/, kept)."""
         self._check_open()
         return StageAttempt(
             self, validate_iteration(iteration), validate_stage(stage), supersede=supersede
@@ -68,14 +78,7 @@ class RunWriter:
         highest), or 0 when the stage is not committed."""
         validate_stage(stage)
         pdir = self.layout.partition_dir(STAGES_TABLE, self.run_id, validate_iteration(iteration))
-        if not pdir.is_dir():
-            return 0
-        attempts = [
-            int(m["attempt"])
-            for n in os.listdir(pdir)
-            if (m := FILE_RE.match(n)) is not None and m["stage"] == stage
-        ]
-        return max(attempts, default=0)
+        return max((attempt for _, _, attempt in stage_files(pdir, stage)), default=0)
 
     def set_status(self, status: str, **fields: Any) -> None:
         """Update runs/<run_id>/status.json (merged with the previous fields), atomically."""
@@ -134,18 +137,17 @@ class StageAttempt:
         layout = self.writer.layout
         last = 0
         for table in TABLE_SCHEMAS:
-            pdir = layout.partition_dir(table, self.run_id, self.iteration)
-            if not pdir.is_dir():
-                continue
-            for name in os.listdir(pdir):
-                m = FILE_RE.match(name)
-                if m and m["stage"] == self.stage:
-                    last = max(last, int(m["attempt"]))
+            for area in AREAS:
+                pdir = layout.partition_dir(table, self.run_id, self.iteration, area)
+                for path, _, attempt in stage_files(pdir, self.stage):
+                    last = max(last, attempt)
                     # Committed attempts (all of them, superseded ones included) stay.
-                    if int(m["attempt"]) > self._replaces:
-                        (pdir / name).unlink(missing_ok=True)
-                elif name.startswith(f"{TMP_PREFIX}{self.stage}-"):
-                    (pdir / name).unlink(missing_ok=True)
+                    if attempt > self._replaces and area != SUPERSEDED:
+                        path.unlink(missing_ok=True)
+                if pdir.is_dir():
+                    for name in os.listdir(pdir):
+                        if name.startswith(f"{TMP_PREFIX}{self.stage}-"):
+                            (pdir / name).unlink(missing_ok=True)
         self.attempt = last + 1
         self._started_at = utc_now()
 
@@ -158,7 +160,8 @@ class StageAttempt:
             )
 
     def write(self, table: str, rows: pa.Table | Sequence[Mapping[str, Any]]) -> Path:
-        """Validate `rows` against `table`'s schema and write them as one new file."""
+        """Validate `rows` against `table`'s schema and write them as one new file (under
+        attempts/uncommitted/ until the commit)."""
         self._check_writable()
         if table == STAGES_TABLE:
             raise StoreError("the 'stages' table is written by commit(), not by write()")
@@ -166,14 +169,16 @@ class StageAttempt:
         part = self._parts.get(table, 0)
         self._parts[table] = part + 1
         suffix = f"-part{part}" if part else ""
-        pdir = self.writer.layout.partition_dir(table, self.run_id, self.iteration)
+        pdir = self.writer.layout.partition_dir(table, self.run_id, self.iteration, UNCOMMITTED)
         path = pdir / f"{self.stage}-{self.attempt}{suffix}.parquet"
         atomic_write_parquet(path, data)
         self._outputs[table] = self._outputs.get(table, 0) + data.num_rows
         return path
 
     def commit(self, info: Mapping[str, Any] | None = None) -> None:
-        """Make this attempt's files visible: one atomic write of its `stages` row."""
+        """Make this attempt's files visible: one atomic write of its `stages` row (the commit),
+        then its files moved into tables/ and a superseded attempt's out (a kill between the
+        two leaves moves that the run's next writer finishes, and readers follow the record)."""
         self._check_writable()
         if self.writer.committed_attempt(self.iteration, self.stage) != self._replaces:
             raise StageAlreadyCommittedError(
@@ -201,3 +206,7 @@ class StageAttempt:
         pdir = self.writer.layout.partition_dir(STAGES_TABLE, self.run_id, self.iteration)
         atomic_write_parquet(pdir / f"{self.stage}-{self.attempt}.parquet", record)
         self.committed = True
+        layout = self.writer.layout
+        publish(layout, self.run_id, self.iteration, self.stage, self.attempt)
+        if self._replaces:
+            retire(layout, self.run_id, self.iteration, self.stage, self.attempt)

@@ -19,6 +19,10 @@ from storage.schemas import LEGACY_COLUMNS, PARTITION_COLUMNS, duckdb_type, tabl
 
 log = logging.getLogger(__name__)
 
+# Times a reader lists a table's committed files again when some of those it listed are gone
+# (a commit meanwhile moved them: into tables/, or a superseded attempt's out).
+RELISTS = 3
+
 
 def quote_literal(text: str) -> str:
     """A SQL string literal."""

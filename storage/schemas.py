@@ -106,7 +106,7 @@ TABLE_SCHEMAS: dict[str, pa.Schema] = {
         _opt("reward_parts", _PARTS),
         _opt("reward_rm", _F64),
         _req("advantage", _F64),
-        _req("kl", _F64),
+        _opt("kl", _F64),  # the KL the step applied; NULL where none (older stores: 0.0)
         _req("ratio_mean", _F64),
         _req("ratio_max", _F64),
         _req("n_completion_tokens", _I32),

@@ -10,7 +10,7 @@ import duckdb
 import pyarrow as pa
 
 from storage.errors import SqlQueryError, SqlReadOnlyError
-from storage.scan import present_columns, quote_ident, resolve_corrupt, table_select_sql
+from storage.scan import RELISTS, present_columns, quote_ident, resolve_corrupt, table_select_sql
 from storage.schemas import TABLE_SCHEMAS
 from storage.store import RunStore
 
@@ -31,11 +31,16 @@ def _view_sql(
     con: duckdb.DuckDBPyConnection, store: RunStore, table: str
 ) -> tuple[str, list[Path]]:
     files = store.committed_files(table)
+    relists = 0
     while True:
         try:
             return table_select_sql(table, files, present_columns(con, files)), files
         except (duckdb.IOException, duckdb.InvalidInputException) as exc:
-            files = resolve_corrupt(files, exc, skip=True)
+            if relists < RELISTS and any(not f.exists() for f in files):
+                relists += 1  # a writer committed meanwhile and moved files: list them again
+                files = store.committed_files(table)
+            else:
+                files = resolve_corrupt(files, exc, skip=True)
 
 
 def view_statements(store: RunStore) -> list[str]:

@@ -3,11 +3,13 @@
 Layout under the root:
     tables/<table>/run_id=<id>/iteration=<k>/<stage>-<attempt>[-part<n>].parquet
     tables/stages/run_id=<id>/iteration=<k>/<stage>-<attempt>.parquet   (the commit record)
+    attempts/uncommitted/..., attempts/superseded/...   (the same tree, for other attempts)
     runs/<run_id>/config.yaml, status.json, lock
 A data file is visible to readers only once its attempt's commit record exists. A stage has one
 commit, except where a later attempt superseded it (RunWriter.stage(..., supersede=True), e.g.
 an ablation's table rewritten with more seeds): readers then see the highest committed attempt
-only, and the superseded one's files stay on disk.
+only, and the superseded one's files move to attempts/superseded/. Readers here follow the
+commit records, so stores of earlier versions (every attempt under tables/) read the same.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ import pyarrow as pa
 import yaml
 
 from storage.atomic import atomic_write_bytes, atomic_write_text
+from storage.attempts import commits, data_files, tidy_run
 from storage.errors import (
     ConfigMismatchError,
     DamagedRunRecordError,
@@ -30,12 +33,12 @@ from storage.errors import (
     StorePathError,
 )
 from storage.layout import (
+    COMMITTED,
     DEFAULT_ROOT,
-    FILE_RE,
     RUN_ID_RE,
     STORE_ENTRIES,
     STORE_ENV,
-    DataFile,
+    UNCOMMITTED,
     StoreLayout,
     utc_now,
     validate_run_id,
@@ -43,7 +46,13 @@ from storage.layout import (
 from storage.lock import acquire_lock, check_unlocked, lock_is_held
 from storage.run_record import read_config, read_status
 from storage.run_writer import RunWriter
-from storage.scan import present_columns, quote_ident, resolve_corrupt, table_select_sql
+from storage.scan import (
+    RELISTS,
+    present_columns,
+    quote_ident,
+    resolve_corrupt,
+    table_select_sql,
+)
 from storage.schemas import STAGES_TABLE, table_schema
 
 
@@ -180,6 +189,7 @@ class RunStore(StoreLayout):
         run_dir.mkdir(parents=True, exist_ok=True)
         lock = acquire_lock(run_dir / "lock", run_id)
         try:
+            tidy_run(self, run_id)
             self._record_config(run_id, dict(config), force_config, upgrade_config, stage_readers)
             if not (run_dir / "status.json").exists():
                 now = utc_now().isoformat()
@@ -278,67 +288,6 @@ class RunStore(StoreLayout):
 
     # ---- listing -------------------------------------------------------------------------
 
-    def _partitions(
-        self, table: str, run_id: str | None, iterations: Iterable[int] | None
-    ) -> list[tuple[str, int, Path]]:
-        base = self.tables_dir / table
-        wanted = None if iterations is None else {int(i) for i in iterations}
-        out = []
-        run_dirs = (
-            [base / f"run_id={run_id}"]
-            if run_id is not None
-            else sorted(base.glob("run_id=*"))
-            if base.is_dir()
-            else []
-        )
-        for rdir in run_dirs:
-            if not rdir.is_dir():
-                continue
-            rid = rdir.name.split("=", 1)[1]
-            for idir in rdir.glob("iteration=*"):
-                try:
-                    it = int(idir.name.split("=", 1)[1])
-                except ValueError:
-                    continue
-                if wanted is None or it in wanted:
-                    out.append((rid, it, idir))
-        return sorted(out, key=lambda x: (x[0], x[1]))
-
-    def data_files(
-        self,
-        table: str,
-        *,
-        run_id: str | None = None,
-        iterations: Iterable[int] | None = None,
-    ) -> list[DataFile]:
-        """All data files of `table` (committed or not), in path order."""
-        table_schema(table)
-        if run_id is not None:
-            validate_run_id(run_id)
-        out = []
-        for rid, it, pdir in self._partitions(table, run_id, iterations):
-            found = []
-            for name in os.listdir(pdir):
-                m = FILE_RE.match(name)
-                if m:
-                    part = int(m["part"] or 0)
-                    found.append(
-                        DataFile(pdir / name, table, rid, it, m["stage"], int(m["attempt"]), part)
-                    )
-            out.extend(sorted(found, key=lambda f: (f.stage, f.attempt, f.part)))
-        return out
-
-    def _commits(
-        self, run_id: str | None = None, iterations: Iterable[int] | None = None
-    ) -> set[tuple[str, int, str, int]]:
-        """(run, iteration, stage, attempt) of each stage's commit readers see: its highest
-        committed attempt (a stage has more than one only when one superseded another)."""
-        latest: dict[tuple[str, int, str], int] = {}
-        for f in self.data_files(STAGES_TABLE, run_id=run_id, iterations=iterations):
-            key = (f.run_id, f.iteration, f.stage)
-            latest[key] = max(latest.get(key, 0), f.attempt)
-        return {(*key, attempt) for key, attempt in latest.items()}
-
     def committed_files(
         self,
         table: str,
@@ -348,13 +297,19 @@ class RunStore(StoreLayout):
         stage: str | None = None,
     ) -> list[Path]:
         """Paths of the files of `table` that belong to committed stage attempts (of `stage`
-        only, when given)."""
+        only, when given), in path order; a committed attempt's files still under
+        attempts/uncommitted/ (a kill between its commit and their move) count too."""
         its = None if iterations is None else list(iterations)
-        files = self.data_files(table, run_id=run_id, iterations=its)
-        if stage is not None:
-            files = [f for f in files if f.stage == stage]
-        commits = self._commits(run_id, its)
-        return [f.path for f in files if (f.run_id, f.iteration, f.stage, f.attempt) in commits]
+        committed = commits(self, run_id, its)
+        files = [
+            f
+            for area in (COMMITTED, UNCOMMITTED)
+            for f in data_files(self, table, run_id=run_id, iterations=its, area=area)
+            if (f.run_id, f.iteration, f.stage, f.attempt) in committed
+            and (stage is None or f.stage == stage)
+        ]
+        files.sort(key=lambda f: (f.run_id, f.iteration, f.stage, f.attempt, f.part))
+        return [f.path for f in files]
 
     # ---- reading -------------------------------------------------------------------------
 
@@ -379,9 +334,11 @@ class RunStore(StoreLayout):
                 f"{', '.join(schema.names)}"
             )
         out_schema = pa.schema([schema.field(c) for c in cols])
-        files = self.committed_files(table, run_id=run_id, iterations=iterations, stage=stage)
+        its = None if iterations is None else list(iterations)
+        files = self.committed_files(table, run_id=run_id, iterations=its, stage=stage)
         con = duckdb.connect(":memory:")
         try:
+            relists = 0
             while True:
                 try:
                     source = table_select_sql(table, files, present_columns(con, files))
@@ -391,7 +348,13 @@ class RunStore(StoreLayout):
                     result = con.sql(sql).to_arrow_table()
                     break
                 except (duckdb.IOException, duckdb.InvalidInputException) as exc:
-                    files = resolve_corrupt(files, exc, skip=False)
+                    if relists < RELISTS and any(not f.exists() for f in files):
+                        relists += 1  # a writer committed meanwhile and moved files
+                        files = self.committed_files(
+                            table, run_id=run_id, iterations=its, stage=stage
+                        )
+                    else:
+                        files = resolve_corrupt(files, exc, skip=False)
         finally:
             con.close()
         return result.cast(out_schema)

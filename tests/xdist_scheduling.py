@@ -47,6 +47,7 @@ UNIT_SECONDS: dict[str, int] = {
     "tests/grpo_core/model/test_warm_start.py": 90,
     "tests/flows/ablate/test_fork_e2e.py": 55,
     "tests/flows/test_kill_resume.py": 55,
+    "tests/flows/test_continue_run.py": 50,
     "tests/flows/test_ppo_e2e.py": 45,
     "tests/flows/tracking/test_tracking_e2e.py": 45,
     "tests/flows/prefect/test_interrupt.py": 40,

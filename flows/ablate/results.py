@@ -14,6 +14,7 @@ from typing import Any
 
 from flows.ablate.problem_stats import RandomEffects, paired_by_problem
 from flows.ablate.stats import (
+    NOT_JUDGED,
     Interval,
     Relation,
     Verdict,
@@ -23,6 +24,7 @@ from flows.ablate.stats import (
     paired_verdict,
     seeds_to_decide,
     verdict,
+    why_not_judged,
 )
 from flows.eval_values import GREEDY, MAJ, PASS, ProblemValues, in_problem_order
 
@@ -184,7 +186,10 @@ class Link:
     def lines(self) -> list[str]:
         if self.seed_verdict is None or self.difference is None:
             return [f"  {self.text}: not run"]
-        lines = [f"  {self.text}: difference {_signed(self.difference)} -> {self.seed_verdict}"]
+        lines = [
+            f"  {self.text}: difference {_signed(self.difference)} -> "
+            f"{_judged(self.seed_verdict, self.difference)}"
+        ]
         if self.verdict == "inconclusive" and (needed := seeds_to_decide(self.difference)):
             lines.append(
                 f"    at this mean and spread about {needed} seeds would decide it (a planning "
@@ -198,7 +203,8 @@ class Link:
         per_seed = ", ".join(f"s{d.seed} {d.mean:+.3f} (se {d.se:.3f})" for d in pooled.seeds)
         lines += [
             f"    paired by problem and seed: {_signed(pooled.interval)} -> "
-            f"{self.problem_verdict}; between-seed sd {pooled.tau2**0.5:.3f}, "
+            f"{_judged(verdict(pooled.interval, self.relation), pooled.interval)}; "
+            f"between-seed sd {pooled.tau2**0.5:.3f}, "
             f"I^2 {pooled.i2:.0%}",
             f"    per seed: {per_seed}",
         ]
@@ -225,6 +231,12 @@ class Claim:
         for link in self.links:
             lines += link.lines()
         return "\n".join(lines)
+
+
+def _judged(found: Verdict, interval: Interval) -> str:
+    """A verdict as the report prints it: with the reason when the interval could not judge."""
+    why = why_not_judged(interval)
+    return f"{found} ({why})" if found == NOT_JUDGED and why else found
 
 
 def _signed(interval: Interval) -> str:
@@ -358,9 +370,12 @@ CLAIMS_NOTE = (
     "Cells: mean ± half-width of the 95% Student-t interval over seeds. A comparison holds when "
     "the 95% interval of the paired per-seed differences lies above 0 (at or above 0 for '>='), "
     "does not hold when it lies below (at or below 0 for '>'), and is inconclusive when it "
-    "straddles 0 or there is one seed. Where per-problem values are stored, a second interval "
-    "pairs the arms by problem within each seed and pools the seeds as a random-effects "
-    "meta-analysis (Hartung-Knapp); a comparison's verdict is the one both intervals reach, "
-    "else inconclusive. A large I^2 says the seeds differ by more than their evaluation noise: "
-    "more seeds, not more problems, would narrow the interval."
+    "straddles 0; an interval that cannot judge (one seed, or seeds whose differences all tie "
+    "exactly: a width of 0) gives no verdict ('not judged'). Where per-problem values are "
+    "stored, a second interval pairs the arms by problem within each seed and pools the seeds "
+    "as a random-effects meta-analysis (Hartung-Knapp, never narrower than the classic "
+    "random-effects interval of the seeds' own standard errors); a comparison's verdict is the "
+    "one every interval that could judge reaches, else inconclusive. A large I^2 says the "
+    "seeds differ by more than their evaluation noise: more seeds, not more problems, would "
+    "narrow the interval."
 )

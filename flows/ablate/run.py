@@ -31,6 +31,7 @@ from flows.config import ItergrpoConfig
 from flows.config_files import stored_config_as_current
 from flows.config_readers import stages_reading
 from flows.context import RunContext
+from flows.data_identity import check_data, data_now, record_data
 from flows.fork import describe, fork_from, prefix_from
 from flows.interrupts import INTERRUPT, graceful_sigint, stopped_by_a_signal, with_fault_hook
 from flows.loop import Executor, failure_record, planned_stages, tracked_run
@@ -320,8 +321,11 @@ def run_ablation(
     check_arm_runs(store, runs)
     policy_0 = plan.policy_0_config()
     check_trackers(policy_0.tracking)
+    data = data_now(policy_0)  # what the shared policy_0 and so every arm run was computed on
+    check_data(store, plan.ablation_id, data)
     # check_record has compared the stored record: it is replaced (the old one kept beside)
     with store.open_run(plan.ablation_id, plan.record(), force_config=True) as record:
+        record_data(store, plan.ablation_id, data)
         record.set_status("running", failure=None)
         # The ablation's own tracking run (policy_0's evaluation) is the arm-seed runs' parent.
         tracking = RunTracking(policy_0.tracking, tracked_run(policy_0), store)

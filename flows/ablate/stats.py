@@ -11,10 +11,17 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
+from statistics import NormalDist
 from typing import Literal
 
+# Values equal up to float rounding tie (0.80 - 0.75 and 0.90 - 0.85 differ by 1e-16): a
+# spread of 0, not one that float noise makes look like the tightest interval of all.
+TIE_TOLERANCE = 1e-9
+
 Relation = Literal[">", ">="]
-Verdict = Literal["holds", "does not hold", "inconclusive"]
+# "not judged": the interval cannot say anything (one seed, or seeds that all tie exactly)
+Verdict = Literal["holds", "does not hold", "inconclusive", "not judged"]
+NOT_JUDGED: Verdict = "not judged"
 
 
 def two_sided_t_probability(t: float, df: int) -> float:
@@ -54,6 +61,13 @@ def t_quantile(df: int, confidence: float = 0.95) -> float:
     return (low + high) / 2.0
 
 
+def normal_quantile(confidence: float = 0.95) -> float:
+    """The z with P(|Z| <= z) = `confidence` (1.960 at 95%)."""
+    if not 0.0 < confidence < 1.0:
+        raise ValueError(f"confidence must lie strictly between 0 and 1 (got {confidence})")
+    return NormalDist().inv_cdf((1.0 + confidence) / 2.0)
+
+
 @dataclass(frozen=True)
 class Interval:
     """Mean of n values and its two-sided t interval; `half` is None below two values."""
@@ -76,13 +90,16 @@ class Interval:
 
 
 def mean_ci(values: Sequence[float], confidence: float = 0.95) -> Interval:
-    """Mean and t interval mean ± t_{df=n-1} * s / sqrt(n), s the sample standard deviation."""
+    """Mean and t interval mean ± t_{df=n-1} * s / sqrt(n), s the sample standard deviation
+    (0 for values that tie to TIE_TOLERANCE)."""
     n = len(values)
     if n == 0:
         raise ValueError("mean_ci needs at least one value")
     mean = math.fsum(values) / n
     if n == 1:
         return Interval(mean, None, 1)
+    if max(values) - min(values) <= TIE_TOLERANCE:
+        return Interval(mean, 0.0, n)
     sd = math.sqrt(math.fsum((v - mean) ** 2 for v in values) / (n - 1))
     return Interval(mean, t_quantile(n - 1, confidence) * sd / math.sqrt(n), n)
 
@@ -92,7 +109,7 @@ def seeds_to_decide(difference: Interval, confidence: float = 0.95, most: int = 
     t_{S-1} * sd / sqrt(S) would be narrower than |mean|, were the mean and the seeds' sd
     (sd = half * sqrt(n) / t_{n-1}) what this interval measured. None without an interval,
     at a mean of 0, or beyond `most` seeds. Estimated from few seeds, it can be far off."""
-    if difference.half is None or difference.mean == 0.0:
+    if not difference.half or difference.mean == 0.0:  # no spread measured: nothing to scale
         return None
     n = difference.n
     sd = difference.half * math.sqrt(n) / t_quantile(n - 1, confidence)
@@ -109,16 +126,31 @@ def seeds_to_decide(difference: Interval, confidence: float = 0.95, most: int = 
     return high
 
 
+def why_not_judged(difference: Interval) -> str | None:
+    """Why an interval of paired differences cannot judge a claim, None if it can: one value
+    (no interval), or values that all tie exactly (a spread, and a width, of 0: it measured
+    nothing of the chance that separates seeds)."""
+    if difference.half is None:
+        return "one seed: no interval"
+    if difference.half == 0.0:
+        return (
+            f"the {difference.n} seeds' differences are all {difference.mean:+.3f}: their "
+            "spread, and so the interval's width, is 0, which measures no chance at all"
+        )
+    return None
+
+
 def verdict(difference: Interval, relation: Relation) -> Verdict:
     """Whether `A relation B` holds given the interval of the paired differences A - B.
 
     '>': holds if the whole interval is above 0, does not hold if it lies at or below 0.
     '>=': holds if it lies at or above 0 (equal arms on every seed satisfy it), does not hold
-    if it is wholly below 0. Anything straddling 0, or one seed (no interval), is inconclusive.
+    if it is wholly below 0. Anything straddling 0 is inconclusive; an interval that cannot
+    judge (why_not_judged: one seed, or a width of 0) is not judged.
     """
     low, high = difference.low, difference.high
-    if low is None or high is None:
-        return "inconclusive"
+    if low is None or high is None or why_not_judged(difference) is not None:
+        return NOT_JUDGED
     if relation == ">":
         return "holds" if low > 0 else "does not hold" if high <= 0 else "inconclusive"
     return "holds" if low >= 0 else "does not hold" if high < 0 else "inconclusive"
@@ -137,14 +169,21 @@ def paired_verdict(
 
 
 def agreed(verdicts: Sequence[Verdict]) -> Verdict:
-    """Two methods' verdicts of one claim: a verdict both reach, else inconclusive."""
-    return verdicts[0] if verdicts and all(v == verdicts[0] for v in verdicts) else "inconclusive"
+    """Several methods' verdicts of one claim: the one every method that could judge reaches,
+    inconclusive where they differ, not judged where none could."""
+    judged = [v for v in verdicts if v != NOT_JUDGED]
+    if not judged:
+        return NOT_JUDGED
+    return judged[0] if all(v == judged[0] for v in judged) else "inconclusive"
 
 
 def combine(verdicts: Sequence[Verdict]) -> Verdict:
-    """A chain of claims: holds if every link holds, does not hold if any link does not."""
+    """A chain of claims: holds if every link holds, does not hold if any link does not, not
+    judged if no link could be judged."""
     if any(v == "does not hold" for v in verdicts):
         return "does not hold"
     if verdicts and all(v == "holds" for v in verdicts):
         return "holds"
+    if verdicts and all(v == NOT_JUDGED for v in verdicts):
+        return NOT_JUDGED
     return "inconclusive"

@@ -15,7 +15,7 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
-from flows.cli.store_commands import add_runs, add_sql, add_tables
+from flows.cli.store_commands import add_export, add_runs, add_sql, add_tables
 from flows.progress import PACKAGE_LOGGERS
 from grpo_core.contracts.errors import UserError
 
@@ -23,7 +23,12 @@ AddCommand = Callable[[Any], None]
 
 # ---- registry -----------------------------------------------------------------------------
 
-COMMANDS: dict[str, AddCommand] = {"sql": add_sql, "tables": add_tables, "runs": add_runs}
+COMMANDS: dict[str, AddCommand] = {
+    "sql": add_sql,
+    "tables": add_tables,
+    "runs": add_runs,
+    "export": add_export,
+}
 # Commands of modules that load torch and Prefect, with their one-line help (shown by
 # `itergrpo --help` without importing them): "module": ("function adding them", {name: help}).
 LAZY_COMMANDS: dict[str, tuple[str, dict[str, str]]] = {

@@ -187,25 +187,38 @@ def cmd_report(args: argparse.Namespace) -> int:
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
-    from prefect.settings import PREFECT_API_URL
-
-    from flows.prefect_flow import SERVED_CONFIG_ENV, iterative_rl
-    from flows.prefect_server import check_api_answers
+    from flows.serving import serve_until_stopped, served_api
 
     cfg = load_config(args.config, args.set or [])
-    if PREFECT_API_URL.value():  # unset, Prefect serves against a temporary server of its own
-        check_api_answers(str(PREFECT_API_URL.value()))
+    api = served_api()  # refused at once, with the commands to run, when there is none
+    from flows.prefect_flow import SERVED_CONFIG_ENV, iterative_rl
+
     # UI-triggered runs write where this command would have: resolved once, here.
     root = resolve_store_root(args.store, cfg.store.root)
     cfg = validate_config({**cfg.model_dump(mode="json"), "store": {"root": str(root)}})
     # Flow runs are child processes of this one: they merge partial parameters onto this.
     os.environ[SERVED_CONFIG_ENV] = json.dumps(cfg.model_dump(mode="json"))
-    iterative_rl.serve(
+    deployment = f"{iterative_rl.name}/{args.name}"
+
+    def serving(ui: str | None) -> None:
+        print(f"itergrpo serve: deployment {deployment} on {api}, runs write to {root}")
+        if ui:
+            print(f"UI: {ui} (Run -> Custom run)")
+        print(f"or: prefect deployment run {deployment!r}; stop with Ctrl-C or SIGTERM", flush=True)
+
+    stopped_by = serve_until_stopped(
+        iterative_rl,
         name=args.name,
+        on_serving=serving,
         cron=args.cron,
         parameters={"config": cfg.model_dump(mode="json")},
         description="Iterative GRPO with reward-model retraining (DeepSeekMath Algorithm 1)",
         tags=["itergrpo"],
+    )
+    print(
+        f"itergrpo serve: stopped by {stopped_by} ({deployment} stays registered; its "
+        "schedule, if any, is paused)",
+        file=sys.stderr,
     )
     return 0
 

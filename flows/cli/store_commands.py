@@ -1,5 +1,6 @@
 """The store commands: `itergrpo sql` (read-only DuckDB over the committed tables), `tables`
-(row counts and columns) and `runs` (status of each run). They load neither torch nor Prefect."""
+(row counts and columns), `runs` (status of each run) and `export` (a run's table as Parquet,
+JSON lines or a Hugging Face datasets folder). They load neither torch nor Prefect."""
 
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ from flows.cli.options import store_option
 from flows.errors import OutputPathError
 from flows.tracking.record import mlflow_run
 from storage.errors import StoreError
+from storage.export import EXPORTS, FORMATS, export_run
 from storage.schemas import TABLE_SCHEMAS
 from storage.store import RunStore
 
@@ -248,3 +250,33 @@ def _stopped_cell(failure: dict[str, Any] | None) -> str | None:
     stage = failure.get("stage")
     where = f"{stage}:{failure.get('iteration')}" if stage else "-"
     return f"{where} {failure.get('type')}"
+
+
+# ---- export -------------------------------------------------------------------------------
+
+
+def add_export(sub: Any) -> None:
+    p = sub.add_parser(
+        "export",
+        help="write a run's committed rows as Parquet, JSON lines or a Hugging Face dataset",
+        description="Write the committed rows of one run's table into a new folder: "
+        "<table>.parquet or <table>.jsonl per table, or a `datasets` folder "
+        "(datasets.load_from_disk; labels: a DatasetDict of orm_labels and prm_labels).",
+    )
+    p.add_argument("--run", required=True, dest="run_id", help="the run (`itergrpo runs`)")
+    p.add_argument("--table", required=True, choices=list(EXPORTS))
+    p.add_argument("--format", choices=FORMATS, default="parquet")
+    p.add_argument("--out", required=True, help="a new folder to write")
+    store_option(p)
+    p.set_defaults(func=cmd_export)
+
+
+def cmd_export(args: argparse.Namespace) -> int:
+    store = RunStore(args.store).require_existing()
+    try:
+        rows = export_run(store, args.run_id, args.table, args.format, Path(args.out))
+    except OSError as exc:
+        raise OutputPathError(f"--out {args.out} cannot be written: {exc}") from exc
+    counts = ", ".join(f"{n} {table} rows" for table, n in rows.items())
+    print(f"exported {counts} of run {args.run_id} as {args.format} to {args.out}")
+    return 0

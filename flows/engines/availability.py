@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from importlib.util import find_spec
 
-from flows.config import EnginesSection
+from flows.engines_config import EnginesSection
 from grpo_core.contracts.errors import SettingError
 from grpo_core.engines.registry import ROLLOUT_ENGINES, TRAIN_ENGINES
 

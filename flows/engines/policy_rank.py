@@ -20,7 +20,7 @@ import torch
 from torch import Tensor, nn
 from transformers import PreTrainedModel
 
-from flows.config import EnginesSection
+from flows.engines_config import EnginesSection
 from grpo_core.algo.config import GRPOConfig
 from grpo_core.contracts.policy_batch import update_inputs
 from grpo_core.contracts.registry import Registry

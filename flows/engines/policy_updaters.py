@@ -17,8 +17,9 @@ from safetensors.torch import load_file
 from torch import Tensor, nn
 from transformers import PreTrainedModel
 
-from flows.config import EnginesSection, GRPOStageSection
+from flows.config import GRPOStageSection
 from flows.engines.train_engines import build_policy_engine, grpo_total_steps
+from flows.engines_config import EnginesSection
 from flows.progress import log
 from grpo_core.algo.config import GRPOConfig
 from grpo_core.algo.update import grpo_update

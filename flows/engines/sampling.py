@@ -11,9 +11,9 @@ from typing import Literal, Protocol, runtime_checkable
 
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-from flows.config import EnginesSection
 from flows.engines import vllm_actors  # noqa: F401  (registers engines.vllm.placement = ray)
 from flows.engines.ray_runtime import start_ray
+from flows.engines_config import EnginesSection
 from grpo_core.contracts.numerics import DIVERGED, require_finite
 from grpo_core.contracts.rollout import RolloutBatch, RolloutEngine, Sampler, SamplingParams
 from grpo_core.engines.registry import ROLLOUT_ENGINES, RolloutRequest

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 from torch import nn
 
-from flows.config import EnginesSection, GRPOStageSection
+from flows.config import GRPOStageSection
+from flows.engines_config import EnginesSection
 from grpo_core.contracts.training import OptimizerSettings, TrainEngine
 from grpo_core.engines.registry import TRAIN_ENGINES
 from reward_models.config import RewardModelConfig

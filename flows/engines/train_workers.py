@@ -23,10 +23,11 @@ import torch
 from torch import Tensor, nn
 from transformers import PreTrainedModel
 
-from flows.config import EnginesSection, GRPOStageSection
+from flows.config import GRPOStageSection
 from flows.engines.policy_rank import PolicyRank
 from flows.engines.ray_runtime import start_ray
 from flows.engines.train_engines import grpo_total_steps
+from flows.engines_config import EnginesSection
 from flows.progress import log
 from grpo_core.contracts.errors import SettingError
 from grpo_core.contracts.policy_batch import PolicyBatch, update_tensors

@@ -31,7 +31,7 @@ from flows.engines.policy_updaters import (
     stage_holds_policy_weights,
 )
 from flows.engines.sampling import SleepingEngine, SleepsAfterSampling
-from flows.guards import GuardChecks
+from flows.guards import NOT_JUDGED_INFO, GuardChecks
 from flows.interrupts import INTERRUPT
 from flows.names import CRITIC, GRPO, GRPO_PROGRESS, POLICY, POLICY_LORA, TRAIN_SPLIT
 from flows.progress import ProgressFn, log
@@ -40,6 +40,7 @@ from flows.stages.critic import commit_critic, open_critic
 from flows.stages.grpo_progress import (
     ResumePoint,
     Row,
+    remove_committed_progress,
     resume_point,
     resume_weights,
     save_policy,
@@ -196,8 +197,13 @@ def commit_grpo(
     checks = check_step_rewards(GuardChecks(ctx.cfg.guards, ctx.run_id), k, metric_log)
     metric_log = metric_log + metric_rows(GRPO, {**checks.metrics, PEAK_MEMORY_MIB: peak_mib})
     with ctx.run.stage(k, GRPO) as attempt:
+        if checks.not_judged:
+            attempt.info[NOT_JUDGED_INFO] = checks.not_judged
         attempt.write("policy_samples", sample_rows)
         attempt.write("metrics", metric_log)
+    if ctx.cfg.store.progress_checkpoints == "remove":  # only after the commit: resume needs it
+        committed = functools.partial(ctx.run.is_committed, stage=GRPO)
+        remove_committed_progress(ctx.store.root, ctx.run_id, GRPO_PROGRESS, committed)
     # means over the steps that report each figure (a step skipped without prompts has none)
     summary = {
         name: mean(r["value"] for r in metric_log if r["name"] == name)

@@ -1,9 +1,11 @@
 """The GRPO stage's checkpoints: its progress checkpoint (weights or LoRA adapters, optimizer,
 RNG, step and prompt cursor, the rows of finished steps, the critic), where a rerun resumes
-from, and policy_{k+1} at the end."""
+from until the stage commits (then removed, unless store.progress_checkpoints = keep), and
+policy_{k+1} at the end."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -22,7 +24,9 @@ from grpo_core.model.policy import holds_weights, load_weights_into
 from storage.checkpoints import (
     TRAINING_STATE_FILE,
     capture_rng_state,
+    checkpoints_of,
     load_training_state,
+    remove_checkpoint,
     restore_rng_state,
     save_checkpoint,
     save_training_state,
@@ -125,3 +129,19 @@ def resume_point(path: Path, updater: PolicyUpdater, per_step: int) -> ResumePoi
     next_step = int(state["extra"]["next_step"])
     next_prompt = int(state["extra"].get("next_prompt", next_step * per_step))
     return ResumePoint(True, next_step, samples, metrics, next_prompt)
+
+
+def remove_committed_progress(
+    root: Path, run_id: str, role: str, committed: Callable[[int], bool]
+) -> list[int]:
+    """Remove the progress checkpoints (`role` of run `run_id` in store `root`) of every
+    iteration whose GRPO stage `committed` says is committed: no rerun reads them again. Every
+    committed one, so one a kill kept after its commit goes at the next; the iterations removed."""
+    removed = []
+    for k, path in checkpoints_of(root, run_id, role):
+        if committed(k):
+            remove_checkpoint(path)
+            removed.append(k)
+    if removed:
+        log.debug("GRPO: removed the progress checkpoints of iterations %s", removed)
+    return removed

@@ -58,13 +58,13 @@ def report_step(k: int, step: int, steps: int, out: StepOutcome, progress: Progr
         return
     progress((step + 1) / steps, f"GRPO step {step + 1}/{steps}: reward {stats['reward_mean']:.3f}")
     log.info(
-        "GRPO iter %d step %d: reward %.3f (RM %.3f) verifier acc %.3f kl %.4f",
+        "GRPO iter %d step %d: reward %.3f (RM %.3f) verifier acc %.3f kl %s",
         k,
         step,
         stats["reward_mean"],
         stats.get("rm_reward_mean", float("nan")),
         stats["verifier_accuracy"],
-        stats.get("kl", float("nan")),
+        f"{stats['kl']:.4f}" if "kl" in stats else "- (none applied)",
     )
     if "prompts_drawn" in stats:  # dynamic sampling: what it took to fill the batch
         log.info(
@@ -98,7 +98,7 @@ def policy_sample_rows(
             "reward_parts": {name: float(score[r]) for name, score in rewards.parts.items()},
             "reward_rm": None if rewards.rm is None else float(rewards.rm[r]),
             "advantage": seq_adv[r],
-            "kl": stats.get("kl", 0.0),
+            "kl": stats.get("kl"),  # NULL where the step applied no KL (no term, no penalty)
             "ratio_mean": stats.get("ratio_mean", 1.0),
             "ratio_max": stats.get("ratio_max", 1.0),
             "n_completion_tokens": lengths[r],

@@ -19,7 +19,14 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from flows.context import RunContext
 from flows.engines.train_engines import build_rm_engine
-from flows.guards import RM_AUROC, RM_LABELS, GuardChecks, auroc_finding, label_balance_finding
+from flows.guards import (
+    NOT_JUDGED_INFO,
+    RM_AUROC,
+    RM_LABELS,
+    GuardChecks,
+    auroc_finding,
+    label_balance_finding,
+)
 from flows.model_io import save_reward_model
 from flows.names import EVAL_SPLIT, ORM, POLICY, PRM, TRAIN_RM, TRAIN_SPLIT
 from flows.progress import ProgressFn, iteration_label, log
@@ -227,10 +234,12 @@ def train_rm_stage(ctx: RunContext, iteration: int, progress: ProgressFn) -> Sta
         where = iteration_label(iteration, ctx.cfg.run.iterations)
         log.info("%s: %s", where, auroc_line(eval_rows))
         metrics.update(auroc_metrics(eval_rows))
-        _check_auroc(checks, iteration, eval_rows)
+        _check_auroc(checks, iteration, eval_rows, kinds)
     metrics.update(checks.metrics)
     progress(1.0, f"writing {len(trained)} rm_train rows")
     with ctx.run.stage(iteration, TRAIN_RM) as attempt:
+        if checks.not_judged:
+            attempt.info[NOT_JUDGED_INFO] = checks.not_judged
         if trained:
             attempt.write("rm_train", trained)
         if eval_rows:
@@ -251,15 +260,20 @@ def auroc_metrics(eval_rows: list[dict[str, Any]]) -> dict[str, float]:
     return out
 
 
-def _check_auroc(checks: GuardChecks, iteration: int, eval_rows: list[dict[str, Any]]) -> None:
-    """The rm_auroc guard on RM_k's ranking of fresh outputs of the questions GRPO rewards (an
-    AUROC undefined there, with outputs all right or all wrong, has no row and no check)."""
+def _check_auroc(
+    checks: GuardChecks, iteration: int, eval_rows: list[dict[str, Any]], kinds: list[RMKind]
+) -> None:
+    """The rm_auroc guard on RM_k's ranking of fresh outputs of the questions GRPO rewards, for
+    each RM the run uses (an AUROC undefined there, with outputs all right or all wrong, has no
+    row: the guard cannot judge it)."""
     floor = checks.guards.rm_auroc_floor
-    for row in eval_rows:
-        metric = str(row["metric"])
-        if row["split"] == TRAIN_SPLIT and metric in ("orm_auroc", "prm_step_auroc"):
-            finding = auroc_finding(metric, float(row["value"]), floor, iteration)
-            checks.check(RM_AUROC, finding, metric.split("_")[0])
+    measured = {
+        str(row["metric"]): float(row["value"]) for row in eval_rows if row["split"] == TRAIN_SPLIT
+    }
+    for kind in kinds:
+        metric = "orm_auroc" if kind == ORM else "prm_step_auroc"
+        finding = auroc_finding(metric, measured.get(metric), floor, iteration)
+        checks.check(RM_AUROC, finding, kind)
 
 
 def _fresh_outputs(

@@ -5,7 +5,10 @@ so only a run that selects it needs it installed."""
 from __future__ import annotations
 
 import importlib.util
+import ssl
 import time
+import urllib.error
+import urllib.request
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, Protocol
@@ -18,6 +21,9 @@ from grpo_core.contracts.errors import SettingError
 _MLFLOW_PARAMS_PER_BATCH = 100
 _MLFLOW_METRICS_PER_BATCH = 1000
 _MLFLOW_PARAM_CHARS = 6000
+# How long a tracking server may take to answer the pre-flight's request: one that is up
+# answers in milliseconds, and MLflow's client would retry a dead one for minutes.
+REACHABLE_SECONDS = 2.0
 
 
 class Tracker(Protocol):
@@ -44,6 +50,29 @@ def require_installed(field: str, module: str) -> None:
         raise SettingError(
             f"{field} is set but {module} is not installed: {TRACKING_EXTRA}, or unset {field}"
         )
+
+
+def require_reachable(field: str, uri: str) -> None:
+    """A SettingError naming `field` when the tracking server at `uri` (http or https; other
+    URIs are databases and folders, opened by the run itself) does not answer an HTTP request
+    within REACHABLE_SECONDS. Any HTTP answer counts: a login page or an error still says a
+    server is there."""
+    if not uri.startswith(("http://", "https://")):
+        return
+    try:
+        with urllib.request.urlopen(f"{uri.rstrip('/')}/health", timeout=REACHABLE_SECONDS):
+            return
+    except urllib.error.HTTPError:  # an answer, if not the one a health check hopes for
+        return
+    except (OSError, ValueError) as exc:  # refused, timed out, unknown host, a malformed URI
+        reason = getattr(exc, "reason", None) or exc
+        if isinstance(reason, ssl.SSLError):  # a server answered (MLflow may be told to
+            return  # accept its certificate: MLFLOW_TRACKING_INSECURE_TLS)
+        raise SettingError(
+            f"{field} = {uri} does not answer ({reason}, waited up to "
+            f"{REACHABLE_SECONDS:.0f} s): start that MLflow server (`mlflow server --host "
+            f"HOST --port PORT`), correct the URI, or unset {field}"
+        ) from None
 
 
 class MLflowTracker:

@@ -14,7 +14,13 @@ from pathlib import Path
 from typing import Any
 
 import flows
-from flows.tracking.backends import MLflowTracker, TensorBoardTracker, Tracker, require_installed
+from flows.tracking.backends import (
+    MLflowTracker,
+    TensorBoardTracker,
+    Tracker,
+    require_installed,
+    require_reachable,
+)
 from flows.tracking.config import TrackingSection
 from flows.tracking.points import duration_point, flatten_config, stage_points
 from flows.tracking.record import read_record, write_record
@@ -40,9 +46,11 @@ class TrackedRun:
 
 
 def check_trackers(tracking: TrackingSection) -> None:
-    """Fail before any stage when a configured tracker's library is not installed."""
+    """Fail before any stage when a configured tracker's library is not installed, or its
+    server does not answer (at once, not after minutes of the client's retries)."""
     if tracking.mlflow.uri is not None:
         require_installed("tracking.mlflow.uri", "mlflow")
+        require_reachable("tracking.mlflow.uri", tracking.mlflow.uri)
     if tracking.tensorboard is not False:
         require_installed("tracking.tensorboard", "tensorboard")
 

@@ -26,6 +26,7 @@ from grpo_core.algo.ppo import (
     explained_variance,
     ppo_targets,
     sequence_kl,
+    token_kl,
 )
 from grpo_core.contracts.numerics import DIVERGED, require_finite
 from grpo_core.contracts.policy_batch import PolicyBatch
@@ -172,6 +173,10 @@ class CriticLearner:
             "kl_coef": terms.kl_coef,
             "reward_kl": current_kl,
         }
+        if self.reference is not None and terms.kl_coef > 0 and algo.beta == 0:
+            # the KL this step applied, as a penalty in the reward (with a KL term in the loss
+            # as well, grpo.algo.beta > 0, the step's `kl` is the loss's)
+            metrics["kl"] = token_kl(terms.log_ratio, mask)
         variance_explained = explained_variance(terms.values, targets.returns, mask)
         if variance_explained == variance_explained:  # undefined (NaN) when returns are equal
             metrics["explained_variance"] = variance_explained

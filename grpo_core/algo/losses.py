@@ -153,7 +153,8 @@ def grpo_loss(
     All tensors are (B, T) and aligned; `ref_logp` may be None only when cfg.beta == 0.
     The surrogate's ratio is cfg.importance_sampling's (section 10); w is the rollout
     correction's weight from `sampler_logp` (section 11; 1 when cfg.rollout_correction is
-    off, and then `sampler_logp` is not read). `entropy` (no grad) is only reported.
+    off, and then `sampler_logp` is not read). `entropy` (no grad) is only reported; `kl`
+    only where the loss has a KL term (beta > 0).
     `num_tokens` / `num_seqs` / `row_weights` as in agg_loss: the loss and the metrics count
     each row row_weights times.
     """
@@ -201,7 +202,7 @@ def grpo_loss(
         metrics = {
             "loss": float(loss.detach()),
             "policy_loss": float(aggregate(-surrogate)),
-            "kl": _masked_mean(kl, counted) if kl is not None else 0.0,
+            **({} if kl is None else {"kl": _masked_mean(kl, counted)}),
             "clip_frac_low": _masked_mean(clipped_low.float(), counted),
             "clip_frac_high": _masked_mean(clipped_high.float(), counted),
             "approx_kl_old": _masked_mean(kl_penalty(old_logp, logp, "k3"), counted),

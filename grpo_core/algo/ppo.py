@@ -139,3 +139,10 @@ def sequence_kl(log_ratio: Tensor, mask: Tensor) -> float:
     if log_ratio.shape[0] == 0:
         return 0.0
     return float((log_ratio * mask.to(log_ratio.dtype)).sum(dim=-1).mean())
+
+
+def token_kl(log_ratio: Tensor, mask: Tensor) -> float:
+    """Mean over response tokens of log(pi_old / pi_ref): the per-token KL estimate the reward
+    penalty scales by kl_coef (k1, the unit of GRPO's per-token loss term); 0 without tokens."""
+    m = mask.to(log_ratio.dtype)
+    return float((log_ratio * m).sum() / m.sum().clamp(min=1.0))

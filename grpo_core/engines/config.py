@@ -7,6 +7,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from grpo_core.contracts.paths import LocalPath
+
 ZeroStage = Literal[0, 1, 2, 3]
 
 
@@ -32,7 +34,7 @@ class DeepSpeedConfig(BaseModel):
         description="Processes (one per GPU) per node when launched with the deepspeed "
         "launcher, 1 to 1024; on a CPU machine each process is a CPU rank (gloo).",
     )
-    hostfile: str | None = Field(
+    hostfile: LocalPath = Field(
         default=None,
         description="DeepSpeed hostfile ('host slots=N' lines) for a multi-node launch; "
         "empty: this node only.",

@@ -11,6 +11,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from grpo_core.contracts.paths import LocalPath
 from grpo_core.model.prompt_styles import PROMPT_STYLES
 
 DEFAULT_ALPHABET = string.digits + string.ascii_letters + string.punctuation + " \n"
@@ -101,10 +102,12 @@ class PolicyConfig(BaseModel):
         description="tiny: characters of the tokenizer (others map to <unk>); default printable "
         "ASCII with space and newline.",
     )
-    path: str | None = Field(
-        default=None, description="local: directory with config.json + weights."
+    path: LocalPath = Field(
+        default=None,
+        description="local: directory with config.json + weights (relative: to the current "
+        "directory; stored absolute).",
     )
-    cache_dir: str | None = Field(
+    cache_dir: LocalPath = Field(
         default=None,
         description="smollm2: where the converted fp32 model is cached (default ~/.cache).",
     )

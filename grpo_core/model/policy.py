@@ -191,6 +191,11 @@ def encode_prompt(tokenizer: PreTrainedTokenizerBase, prompt: str) -> list[int]:
     Chat-templated prompts already hold their special tokens; plain prompts get the
     tokenizer's own (the char tokenizer prepends `<bos>`).
     """
-    templated = bool(getattr(tokenizer, "chat_template", None))
-    ids = tokenizer(prompt, add_special_tokens=not templated)["input_ids"]
+    ids = tokenizer(prompt, add_special_tokens=prompt_adds_special_tokens(tokenizer))["input_ids"]
     return list(ids)
+
+
+def prompt_adds_special_tokens(tokenizer: PreTrainedTokenizerBase) -> bool:
+    """Whether encode_prompt adds the tokenizer's special tokens (chat-templated prompts
+    already hold theirs)."""
+    return not getattr(tokenizer, "chat_template", None)

@@ -12,6 +12,7 @@ import pytest
 
 from flows.loop import execute_run
 from flows.names import GRPO_PROGRESS
+from flows.report import iteration_table
 from storage.checkpoints import EXTRA_FILE, checkpoint_path
 from storage.store import RunStore
 from tests.flow_helpers import cli, micro_config, snapshot
@@ -70,6 +71,10 @@ def test_the_dapo_preset_runs_micro_and_stores_its_metrics(dapo_run: Path) -> No
     assert all(dict(s["reward_parts"])["overlong"] == -1.0 for s in truncated)
     # every step stored its prompts_per_step kept groups of group_size outputs
     assert [sum(1 for s in samples if s["step"] == k) for k in range(3)] == [8, 8, 8]
+    # no KL term (beta 0) and no penalty: no `kl` row, a NULL in the samples, "-" in the table
+    assert not any("kl" in values for values in by_step.values())
+    assert {s["kl"] for s in samples} == {None}
+    assert [row["kl"] for row in iteration_table(store, RUN_ID)] == [None, None]
 
 
 @pytest.mark.slow

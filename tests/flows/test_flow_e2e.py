@@ -201,6 +201,13 @@ def test_each_guard_metric_agrees_with_the_numbers_it_judged(
     for k in (0, 1):
         assert verdicts[k, "guard_rm_labels_orm"] == verdicts[k, "guard_rm_labels_prm"] == 0.0
         assert (k, "guard_equal_rewards") in verdicts
+    # micro's 3 GRPO steps are fewer than the over-optimisation window (5): no verdict (it
+    # stored 0, "passed", before), and the commit says why
+    commits = {(c["iteration"], c["stage"]): c["info"] for c in store.committed_stages(run_id)}
+    for k in (0, 1):
+        assert (k, "guard_over_optimisation") not in verdicts
+        why = commits[k, "grpo"]["guards_not_judged"]["guard_over_optimisation"]
+        assert "had 3 step(s) with a learned reward, fewer than" in why
 
 
 def test_orm_trains_on_both_labels(micro_run: tuple[RunStore, str]) -> None:

@@ -12,6 +12,7 @@ from flows.guards import (
     GuardChecks,
     GuardsConfig,
     GuardTripped,
+    NotJudged,
     auroc_finding,
     equal_rewards_finding,
     label_balance_finding,
@@ -43,6 +44,10 @@ def test_auroc_under_the_floor_and_below_chance() -> None:
     assert low is not None and "0.550" in low and "below chance" not in low
     worse = auroc_finding("prm_step_auroc", 0.359, floor=0.6, iteration=1)
     assert worse is not None and "below chance" in worse
+    undefined = auroc_finding("orm_auroc", None, floor=0.6, iteration=2)
+    assert isinstance(undefined, NotJudged)
+    assert "orm_auroc of iteration 2 is undefined" in undefined.why
+    assert "all right or all wrong" in undefined.why
 
 
 def test_over_optimisation_needs_the_gap_at_each_of_the_last_steps() -> None:
@@ -52,7 +57,8 @@ def test_over_optimisation_needs_the_gap_at_each_of_the_last_steps() -> None:
     hit = over_optimisation_finding(rm, acc, gap=0.25, steps=3, iteration=1)
     assert hit is not None and "paid 0.35 more" in hit  # (0.30 + 0.35 + 0.40) / 3
     assert over_optimisation_finding(rm, acc, gap=0.25, steps=4, iteration=1) is None
-    assert over_optimisation_finding(rm[:2], acc[:2], gap=0.25, steps=3, iteration=1) is None
+    few = over_optimisation_finding(rm[:2], acc[:2], gap=0.25, steps=3, iteration=1)
+    assert isinstance(few, NotJudged) and "2 step(s) with a learned reward, fewer" in few.why
 
 
 def test_equal_rewards_share_of_flat_steps() -> None:
@@ -61,7 +67,8 @@ def test_equal_rewards_share_of_flat_steps() -> None:
     found = equal_rewards_finding(shares, share=0.5, iteration=0)
     assert found is not None and "2 of 4 steps" in found
     assert equal_rewards_finding(shares, share=0.75, iteration=0) is None
-    assert equal_rewards_finding([], share=0.5, iteration=0) is None
+    nothing = equal_rewards_finding([], share=0.5, iteration=0)
+    assert isinstance(nothing, NotJudged) and "no step sampled a group" in nothing.why
 
 
 def test_each_action_stop_warn_off(caplog: pytest.LogCaptureFixture) -> None:
@@ -101,3 +108,26 @@ def test_the_grpo_stage_judges_its_steps_from_their_metric_rows() -> None:
     stop_flat = GuardChecks(guards.model_copy(update={"equal_rewards": "stop"}), "r")
     with pytest.raises(GuardTripped, match="1 of 1 steps had every group"):
         check_step_rewards(stop_flat, 0, log[:3])  # step 0 alone: flat, too few for the gap
+
+
+def test_a_guard_with_too_few_steps_stores_no_verdict_and_says_why(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    # Issue 55, Why 3: a stage of 3 steps, each over-paid by 0.4, under the default window of
+    # 5 steps stored guard_over_optimisation = 0 ("passed"). It cannot judge: no verdict.
+    log = []
+    for step in range(3):
+        values = {"equal_reward_groups": 0.0, "rm_reward_mean": 0.5, "verifier_accuracy": 0.1}
+        log += [{"stage": "grpo", "step": step, "name": n, "value": v} for n, v in values.items()]
+    checks = GuardChecks(GuardsConfig(over_optimisation="stop"), "r")
+    with caplog.at_level(logging.WARNING, logger="itergrpo"):
+        check_step_rewards(checks, 1, log)  # not judged: no stop, whatever the action
+    assert checks.metrics == {"guard_equal_rewards": 0.0}
+    why = checks.not_judged["guard_over_optimisation"]
+    assert "GRPO iteration 1 had 3 step(s) with a learned reward" in why
+    assert "guards.over_optimisation_steps = 5" in why
+    assert "guard over_optimisation: not judged: GRPO iteration 1" in caplog.text
+    assert checks.warnings == [f"over_optimisation: not judged: {why}"]
+    # off: not checked, so not reported either
+    off = check_step_rewards(GuardChecks(GuardsConfig(over_optimisation="off"), "r"), 1, log)
+    assert off.not_judged == {}

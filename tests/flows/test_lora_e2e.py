@@ -56,7 +56,8 @@ def test_lora_run_stores_adapters_and_merged_policies_and_resumes_exactly(
 
     monkeypatch.setattr(RunContext, "policy", counting_policy)
     reference = tmp_path / "reference"
-    cfg = micro_config(reference, RUN_ID, *LORA)
+    # its progress checkpoints kept, to check what one holds (removed at the commit otherwise)
+    cfg = micro_config(reference, RUN_ID, *LORA, "store.progress_checkpoints=keep")
     assert cfg.grpo.algo.beta > 0  # the KL term runs: the adapters-off reference is used
     execute_run(cfg)
     assert loads_by_grpo == [0, 1]  # one copy of policy_k per GRPO stage, no reference copy

@@ -151,7 +151,8 @@ def _rerun_grpo(
     copy = tmp_path / "store"
     shutil.copytree(store.root, copy)
     cfg = micro_config(copy, run_id)
-    shutil.rmtree(checkpoint_path(copy, run_id, GRPO_PROGRESS, 1))  # start from step 0
+    # removed at the stage's commit (store.progress_checkpoints): a rerun starts at step 0
+    assert not checkpoint_path(copy, run_id, GRPO_PROGRESS, 1).exists()
     tables = sorted((copy / "tables").rglob("*"))
     inject()
     upgrade = functools.partial(stored_config_as_current, current=cfg)

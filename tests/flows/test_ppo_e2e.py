@@ -16,6 +16,7 @@ from safetensors.torch import load_file
 
 from flows.loop import execute_run
 from flows.names import CRITIC, GRPO_PROGRESS, POLICY
+from flows.report import iteration_table
 from grpo_core.engines.cost import (
     MEASURED_METRICS,
     MIB,
@@ -95,6 +96,12 @@ def test_ppo_runs_micro_stores_the_critic_and_resumes_a_kill_exactly(
     for name in ("value_loss", "explained_variance", "value_mean", "returns_mean", "kl_coef"):
         assert all((step, name) in metrics for step in range(3)), name
     assert metrics[(0, "kl_coef")] == 0.04  # the start value, then the controller moves it
+    # The KL it applies, a penalty in the reward, is its `kl` (the loss's 0 stood there
+    # before): 0 at step 0, where policy_0 is its own reference, then the policy's drift.
+    kls = [metrics[(step, "kl")] for step in range(3)]
+    assert abs(kls[0]) < 1e-6 and kls[1] != 0.0 and kls[2] != 0.0
+    (_, trained) = iteration_table(RunStore(reference), RUN_ID)
+    assert trained["kl"] == pytest.approx(sum(kls) / 3)
     assert_cost_recorded(reference)
     assert metrics[(2, "kl_coef")] != metrics[(0, "kl_coef")]
 

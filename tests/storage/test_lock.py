@@ -80,7 +80,7 @@ def test_sigkill_between_write_and_commit_leaves_nothing_visible(tmp_path: Path)
     holder.send_signal(signal.SIGKILL)
     holder.wait()
     store = RunStore(tmp_path)
-    leftover = tmp_path / "tables/orm_labels/run_id=r1/iteration=0/label-1.parquet"
+    leftover = tmp_path / "attempts/uncommitted/orm_labels/run_id=r1/iteration=0/label-1.parquet"
     assert leftover.exists()
     assert store.read("orm_labels").num_rows == 0
     with store.open_run("r1", {}) as run:

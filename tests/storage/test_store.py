@@ -32,7 +32,13 @@ def orm_rows(n: int, start: int = 0) -> list[dict[str, object]]:
 
 
 def data_files(root: Path) -> list[str]:
-    return sorted(str(p.relative_to(root)) for p in (root / "tables").rglob("*") if p.is_file())
+    """Every data file: in tables/ (committed) and attempts/ (uncommitted, superseded)."""
+    return sorted(
+        str(p.relative_to(root))
+        for area in ("tables", "attempts")
+        for p in (root / area).rglob("*")
+        if p.is_file()
+    )
 
 
 def test_committed_stage_is_visible_and_reported(tmp_path: Path) -> None:
@@ -64,7 +70,9 @@ def test_exception_inside_stage_leaves_nothing_visible_and_rerun_cleans_up(
             raise RuntimeError("boom")
         assert not run.is_committed(0, "label")
         assert store.read("orm_labels").num_rows == 0
-        assert data_files(tmp_path) == ["tables/orm_labels/run_id=r1/iteration=0/label-1.parquet"]
+        assert data_files(tmp_path) == [
+            "attempts/uncommitted/orm_labels/run_id=r1/iteration=0/label-1.parquet"
+        ]
 
         with run.stage(0, "label") as attempt:
             attempt.write("orm_labels", orm_rows(2))
@@ -113,9 +121,9 @@ def test_a_superseding_attempt_replaces_the_commit_for_readers_and_keeps_the_old
     (log,) = store.committed_stages("r1")
     assert (log["attempt"], log["n_rows"]) == (3, 5)
     assert data_files(tmp_path) == [
-        "tables/orm_labels/run_id=r1/iteration=0/label-1.parquet",
+        "attempts/superseded/orm_labels/run_id=r1/iteration=0/label-1.parquet",
+        "attempts/superseded/stages/run_id=r1/iteration=0/label-1.parquet",
         "tables/orm_labels/run_id=r1/iteration=0/label-3.parquet",
-        "tables/stages/run_id=r1/iteration=0/label-1.parquet",
         "tables/stages/run_id=r1/iteration=0/label-3.parquet",
     ]
 

@@ -1,11 +1,12 @@
-"""The task contract: seeded problems with gold answers, answer checking, exact step labels;
-and the task registry, where each task declares its settings section and its builder."""
+"""The task contract: seeded problems with gold answers, answer checking, exact step labels
+(and, for a task read from rows of data, every row listed and left out by id); and the task
+registry, where each task declares its settings section and its builder."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Generic, Literal, Protocol, TypeVar
+from typing import Any, Generic, Literal, Protocol, TypeVar, runtime_checkable
 
 from pydantic import BaseModel
 
@@ -14,6 +15,7 @@ from grpo_core.contracts.registry import Registry
 from grpo_core.data.answer_formats import AnswerFormat
 
 Split = Literal["train", "test"]
+OnBadRows = Literal["refuse", "drop"]  # what a task read from rows does with the unusable ones
 
 
 class TaskDataError(UserError, ValueError):
@@ -56,6 +58,28 @@ class Task(Protocol):
         ...
 
 
+@runtime_checkable
+class RowTask(Task, Protocol):
+    """A task whose problems are the rows of its data (local_files), not a generator's draws:
+    every problem a run can draw is listed, so the pre-flight checks each one, and a row the
+    run cannot use is left out or refused, as its settings say (`on_bad_rows`)."""
+
+    on_bad_rows: OnBadRows
+
+    def every_problem(self, split: Split) -> list[Problem]:
+        """Every problem `split` can draw, in the data's order."""
+        ...
+
+    def row_of(self, problem: Problem) -> str:
+        """Where `problem`'s row is, for messages: FILE:LINE or FILE row N."""
+        ...
+
+    def without(self, problem_ids: Collection[str]) -> RowTask:
+        """This task with those problems left out: draws keep the seeded order of the rest,
+        and the problem ids of the rest are unchanged."""
+        ...
+
+
 Settings = TypeVar("Settings", bound=BaseModel)
 
 
@@ -77,6 +101,10 @@ class TaskSpec(Generic[Settings]):
     needs: fields of its section that must be set when it is the task chosen.
     earlier_keys: its knobs as earlier versions named them in the flat task section
     (task.rg_task) -> the field of its section they now are (dataset), so old configs load.
+    data_paths: fields of its section that name data on disk (a file or folder): a run records
+    a fingerprint of each and refuses to resume or fork on changed data (flows/data_identity.py).
+    earlier_values: a field of its section -> the values earlier versions named otherwise ->
+    their names now (on_bad_rows: error -> refuse), so old configs load as this version's.
     """
 
     name: str
@@ -86,6 +114,8 @@ class TaskSpec(Generic[Settings]):
     answer_format: str | None = None
     needs: tuple[str, ...] = ()
     earlier_keys: Mapping[str, str] = field(default_factory=dict)
+    data_paths: tuple[str, ...] = ()
+    earlier_values: Mapping[str, Mapping[str, str]] = field(default_factory=dict)
 
 
 TASKS: Registry[TaskSpec[Any]] = Registry("task")

@@ -4,10 +4,12 @@ file read with it), with a column mapping and the data's own train/test splits.
 
 Reading is data_reading.py's, the row rules are row_checks.py's, the formats and their
 columns data_formats.py's. Checking happens when the task is built, so `make_task(cfg.task)`
-is a complete pre-flight check of the data before any stage runs: `on_bad_rows="error"`
-raises `TaskDataError` listing the first few bad rows; `"skip"` drops them with one warning.
+is a complete check of the rows themselves before any stage runs: `on_bad_rows="refuse"`
+raises `TaskDataError` listing the first few bad rows; `"drop"` drops them with one warning.
 Errors that make the rest of the data unreadable (a broken JSON array, gzip or parquet file,
-a missing column) and data with no valid rows are refused either way.
+a missing column) and data with no valid rows are refused either way. Rows too long for the
+policy or the reward models are found by the pre-flight (flows/preflight_rows.py), which reads
+every row of the task (`every_problem`) and leaves out those it drops (`without`).
 
 Splits: `test_path` when given; else the data's own `test` split (a DatasetDict's, or a
 folder of data files named by split); else a hash split of the questions by
@@ -16,15 +18,25 @@ folder of data files named by split); else a hash split of the questions by
 
 from __future__ import annotations
 
+import copy
 import logging
 import random
+from collections.abc import Collection
 from dataclasses import dataclass
 from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from grpo_core.contracts.paths import LocalPath
 from grpo_core.data.answer_formats import ANSWER_FORMATS, AnswerFormat
-from grpo_core.data.tasks.base import Problem, Split, TaskCommon, TaskDataError, TaskSpec
+from grpo_core.data.tasks.base import (
+    OnBadRows,
+    Problem,
+    Split,
+    TaskCommon,
+    TaskDataError,
+    TaskSpec,
+)
 from grpo_core.data.tasks.data_formats import (
     AUTO,
     DATA_FORMATS,
@@ -37,8 +49,8 @@ from grpo_core.data.tasks.data_formats import (
 )
 from grpo_core.data.tasks.data_reading import BadRow, FileReader, RawData, read_data
 from grpo_core.data.tasks.row_checks import (
+    EARLIER_ON_BAD_ROWS,
     GoldRow,
-    OnBadRows,
     check_row,
     drop_duplicates,
     report_bad_rows,
@@ -98,7 +110,7 @@ def _check_table_columns(raw: RawData, layout: Layout) -> None:
         )
 
 
-def check_rows(raw: RawData, layout: Layout, on_bad_rows: OnBadRows = "error") -> list[GoldRow]:
+def check_rows(raw: RawData, layout: Layout, on_bad_rows: OnBadRows = "refuse") -> list[GoldRow]:
     """Valid, de-duplicated problems of one split of the data (see row_checks.py)."""
     _check_table_columns(raw, layout)
     wanted = [*layout.columns.named().values(), *layout.data_format.meta]
@@ -130,7 +142,7 @@ def check_rows(raw: RawData, layout: Layout, on_bad_rows: OnBadRows = "error") -
 
 def load_rows(
     path: str | Path,
-    on_bad_rows: OnBadRows = "error",
+    on_bad_rows: OnBadRows = "refuse",
     answer_format: str = AUTO,
     data_format: str = AUTO,
     columns: ColumnMap | None = None,
@@ -183,13 +195,15 @@ class LocalFilesTask:
         path: str | Path,
         test_path: str | Path | None = None,
         test_fraction: float = 0.2,
-        on_bad_rows: OnBadRows = "error",
+        on_bad_rows: OnBadRows = "refuse",
         answer_format: str = AUTO,
         data_format: str = AUTO,
         columns: ColumnMap | None = None,
         file_reader: FileReader = "itergrpo",
     ) -> None:
         self.name = f"local_files/{Path(path).name}"
+        self.on_bad_rows: OnBadRows = on_bad_rows
+        self._left_out: frozenset[str] = frozenset()
         mapped = columns or {}
         train_raw, test_raw = _train_and_test(Path(path), test_path, file_reader)
         layout = layout_of(train_raw, data_format, mapped, answer_format)
@@ -224,16 +238,44 @@ class LocalFilesTask:
     def problems(self, split: Split, n: int, seed: int) -> list[Problem]:
         """`n` problems of `split` in a seeded order (all of them, with a warning, if fewer)."""
         rows = self._rows[split]
-        if n > len(rows):
-            log.warning("%s has %d %s problems; %d requested", self.name, len(rows), split, n)
         order = list(range(len(rows)))
         random.Random(f"local/{split}/{seed}").shuffle(order)
-        return [self._problem(split, i, rows[i]) for i in order[:n]]
+        # Rows left out are skipped in the same order: the others keep their places and ids.
+        kept = (
+            [i for i in order if self._id(split, i) not in self._left_out]
+            if self._left_out
+            else order
+        )
+        if n > len(kept):
+            log.warning("%s has %d %s problems; %d requested", self.name, len(kept), split, n)
+        return [self._problem(split, i, rows[i]) for i in kept[:n]]
+
+    def every_problem(self, split: Split) -> list[Problem]:
+        return [
+            self._problem(split, i, row)
+            for i, row in enumerate(self._rows[split])
+            if self._id(split, i) not in self._left_out
+        ]
+
+    def row_of(self, problem: Problem) -> str:
+        for split, rows in self._rows.items():
+            index = problem.problem_id.removeprefix(f"{self.name}-{split}-")
+            if index != problem.problem_id:
+                return str(rows[int(index)].source)
+        raise ValueError(f"{problem.problem_id!r} is not a problem of {self.name}")
+
+    def without(self, problem_ids: Collection[str]) -> LocalFilesTask:
+        fewer = copy.copy(self)
+        fewer._left_out = self._left_out | frozenset(problem_ids)
+        return fewer
+
+    def _id(self, split: Split, index: int) -> str:
+        return f"{self.name}-{split}-{index}"
 
     def _problem(self, split: Split, index: int, row: GoldRow) -> Problem:
         solution = row.solution
         return Problem(
-            problem_id=f"{self.name}-{split}-{index}",
+            problem_id=self._id(split, index),
             question=row.question,
             answer=row.answer,
             solution=None if solution is None else self.data_format.clean_solution(solution),
@@ -274,17 +316,19 @@ class LocalFilesSettings(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    path: str | None = Field(
+    path: LocalPath = Field(
         default=None,
         description="A .jsonl/.json(.gz)/.parquet file, or a folder written by datasets' "
         "save_to_disk (a Dataset, or a DatasetDict whose train/test splits are used) or "
         "holding data files that datasets.load_dataset reads (splits by file name). Required "
-        "when task.name is local_files.",
+        "when task.name is local_files. Relative: to the current directory; stored absolute, "
+        "with a fingerprint of the data that a resume checks.",
     )
-    test_path: str | None = Field(
+    test_path: LocalPath = Field(
         default=None,
         description="Optional test data (a file or folder); else the data's own test split, "
-        "else a hash split of path by task.test_fraction.",
+        "else a hash split of path by task.test_fraction. Stored absolute and fingerprinted, "
+        "as path.",
     )
     data_format: str = Field(
         default=AUTO,
@@ -305,11 +349,14 @@ class LocalFilesSettings(BaseModel):
         "N. Folders are always read with datasets.",
     )
     on_bad_rows: OnBadRows = Field(
-        default="error",
-        description="Rows that fail the load-time check (invalid JSON, a missing or empty "
-        "question or solution, no gold answer its answer format can read, one question with "
-        "two gold answers). error: stop before the run and list them by file:line or row; "
-        "skip: drop them with a warning.",
+        default="refuse",
+        description="Rows the run cannot use: those that fail the load-time check (invalid "
+        "JSON, a missing or empty question or solution, no gold answer its answer format can "
+        "read, one question with two gold answers) and, at pre-flight, those whose prompt plus "
+        "the largest max_new_tokens exceeds the policy's context or reward_models.max_length. "
+        "refuse: stop before the run and name them; drop: leave them out, with a warning, and "
+        "count them in the run's status.json (rows_dropped). error and skip, their earlier "
+        "names, are read as refuse and drop.",
     )
 
     @field_validator("data_format")
@@ -339,5 +386,7 @@ TASK = TaskSpec(
     summary="GSM8K- or MATH-format data on local disk (jsonl/json/parquet files or a "
     "datasets folder; docs/data.md)",
     needs=("path",),
+    data_paths=("path", "test_path"),
     earlier_keys={k: k for k in LocalFilesSettings.model_fields},
+    earlier_values={"on_bad_rows": EARLIER_ON_BAD_ROWS},
 )

@@ -128,12 +128,25 @@ class TaskConfigBase(BaseModel):
 def with_task_sections(task: Mapping[str, Any]) -> dict[str, Any]:
     """A task section with the flat keys of earlier versions (task.min_steps, task.rg_task,
     task.path, ...) moved into the section of the task that reads them (task.arith.min_steps,
-    task.reasoning_gym.dataset, task.local_files.path). A flat key wins over the section's own
-    value, as `--set task.min_steps=3` on a preset that states task.arith.min_steps means."""
+    task.reasoning_gym.dataset, task.local_files.path), and values earlier versions named
+    otherwise renamed (task.local_files.on_bad_rows: skip -> drop). A flat key wins over the
+    section's own value, as `--set task.min_steps=3` on a preset that states
+    task.arith.min_steps means."""
     out = dict(task)
     for _, spec in TASKS.items():
-        out = _moved(out, spec)
+        out = _renamed_values(_moved(out, spec), spec)
     return out
+
+
+def _renamed_values(task: dict[str, Any], spec: TaskSpec[Any]) -> dict[str, Any]:
+    section = task.get(spec.name)
+    if not spec.earlier_values or not isinstance(section, Mapping):
+        return task
+    renamed = {
+        key: spec.earlier_values.get(key, {}).get(value, value) if isinstance(value, str) else value
+        for key, value in section.items()
+    }
+    return {**task, spec.name: renamed}
 
 
 def _moved(task: dict[str, Any], spec: TaskSpec[Any]) -> dict[str, Any]:

@@ -16,19 +16,19 @@ from __future__ import annotations
 import logging
 import re
 from dataclasses import dataclass, field
-from typing import Literal
 
 from grpo_core.data.answer_formats import AnswerFormat
 from grpo_core.data.answers import extract_answer, normalize_number
-from grpo_core.data.tasks.base import TaskDataError
+from grpo_core.data.tasks.base import OnBadRows, TaskDataError
 from grpo_core.data.tasks.data_formats import Columns
 from grpo_core.data.tasks.data_reading import BadRow, RowSource
 
 log = logging.getLogger("grpo_core.data.tasks.local_files")  # the task's log, as before the split
-OnBadRows = Literal["error", "skip"]
+# Earlier names of the values, still read (stored configs of earlier runs hold them).
+EARLIER_ON_BAD_ROWS = {"error": "refuse", "skip": "drop"}
 _CANONICAL_NUMBER = re.compile(r"^-?\d+(\.\d+)?$")  # what normalize_number makes of a number
 _SHOWN = 5  # bad rows named in an error or warning
-_FIX = "fix or remove {these}, or set task.local_files.on_bad_rows: skip to drop {them}"
+_FIX = "fix or remove {these}, or set task.local_files.on_bad_rows: drop to leave {them} out"
 _MISSING = object()
 
 
@@ -205,16 +205,16 @@ _REPORTED: set[str] = set()  # the skipped-rows warnings already given by this p
 
 
 def report_bad_rows(origin: str, bad: list[BadRow], total: int, on_bad_rows: OnBadRows) -> None:
-    """Raise `TaskDataError` naming the first few bad rows, or (skip) warn about them once
+    """Raise `TaskDataError` naming the first few bad rows, or (drop) warn about them once
     per process."""
     count = sum(b.rows for b in bad)
     listed = [f"{b.source}: {b.problem}" for b in bad[:_SHOWN]]
     if len(bad) > _SHOWN:
         listed.append(f"... and {len(bad) - _SHOWN} more")
-    if on_bad_rows == "skip":
+    if on_bad_rows == "drop":
         message = (
             f"{origin}: dropped {count} bad row(s) of {total} "
-            "(task.local_files.on_bad_rows: skip): "
+            "(task.local_files.on_bad_rows: drop): "
         )
         message += "; ".join(listed)
         # The pre-flight, the run and each stage build the task: say it once per process.

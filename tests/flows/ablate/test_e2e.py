@@ -7,6 +7,7 @@ from __future__ import annotations
 import signal
 from pathlib import Path
 
+import pyarrow.dataset as ds
 import pytest
 
 from flows.ablate.cost import PEAK_MIB, S_PER_STEP, STATE_MIB
@@ -138,6 +139,9 @@ def test_micro_ablation_survives_kills_and_reports(
     grown_rows = RunStore(store).read("ablation", run_id=ABLATION).to_pylist()
     old_seeds = sorted((r for r in grown_rows if r["seed"] < 2), key=repr)
     assert old_seeds == sorted(rows, key=repr)  # the old seeds' rows, unchanged
+    # a raw reader of the Parquet tree sees the new table only (the superseded one moved out)
+    raw = ds.dataset(store / "tables" / "ablation", format="parquet", partitioning="hive")
+    assert raw.to_table(filter=ds.field("run_id") == ABLATION).num_rows == len(grown_rows)
     assert "(n=3)" in grown.stdout
     assert [s[:3] for s in commits(store, ABLATION)] == [
         ("warm_start", 0, 1),

@@ -10,6 +10,7 @@ import pytest
 from flows.ablate.results import Values, claims, format_results_table, results_table
 from flows.ablate.stats import (
     Interval,
+    agreed,
     combine,
     mean_ci,
     paired_verdict,
@@ -17,6 +18,7 @@ from flows.ablate.stats import (
     t_quantile,
     two_sided_t_probability,
     verdict,
+    why_not_judged,
 )
 
 
@@ -43,10 +45,11 @@ def test_mean_ci_of_three_seeds() -> None:
     assert ci.text() == "0.800 ± 0.248"
 
 
-def test_one_seed_has_no_interval_and_is_inconclusive() -> None:
+def test_one_seed_has_no_interval_and_is_not_judged() -> None:
     ci = mean_ci([0.6])
     assert (ci.mean, ci.half, ci.text()) == (0.6, None, "0.600")
-    assert verdict(ci, ">") == "inconclusive"
+    assert verdict(ci, ">") == "not judged"
+    assert why_not_judged(ci) == "one seed: no interval"
     with pytest.raises(ValueError, match="at least one value"):
         mean_ci([])
 
@@ -57,8 +60,10 @@ def test_one_seed_has_no_interval_and_is_inconclusive() -> None:
         (Interval(0.10, 0.05, 3), ">", "holds"),
         (Interval(0.02, 0.05, 3), ">", "inconclusive"),
         (Interval(-0.10, 0.05, 3), ">", "does not hold"),
-        (Interval(0.0, 0.0, 3), ">", "does not hold"),  # equal on every seed: not greater
-        (Interval(0.0, 0.0, 3), ">=", "holds"),  # ... but at least as good
+        # seeds that tie exactly: a width of 0 measures no chance, so it cannot judge
+        (Interval(0.0, 0.0, 3), ">", "not judged"),
+        (Interval(0.0, 0.0, 3), ">=", "not judged"),
+        (Interval(0.05, 0.0, 2), ">", "not judged"),
         (Interval(-0.02, 0.05, 3), ">=", "inconclusive"),
         (Interval(-0.10, 0.05, 3), ">=", "does not hold"),
     ],
@@ -68,12 +73,13 @@ def test_verdict_at_the_interval_level(interval: Interval, relation: str, expect
 
 
 def test_pairing_by_seed_separates_arms_whose_own_intervals_overlap() -> None:
-    a, b = [0.80, 0.90, 0.70], [0.75, 0.85, 0.65]
+    # diffs 0.05, 0.06, 0.04: mean 0.05, sd 0.01, half 4.303 * 0.01 / sqrt(3) = 0.0248
+    a, b = [0.80, 0.90, 0.70], [0.75, 0.84, 0.66]
     assert mean_ci(a).low < mean_ci(b).high  # type: ignore[operator]
     outcome, difference = paired_verdict(a, b, ">")
     assert outcome == "holds"
     assert difference.mean == pytest.approx(0.05)
-    assert difference.half == pytest.approx(0.0, abs=1e-12)
+    assert difference.half == pytest.approx(0.0248, abs=1e-4)
     # diffs 0.1, 0.15, 0.05: mean 0.1, sd 0.05, half 4.303 * 0.05 / sqrt(3) = 0.1242
     outcome, difference = paired_verdict([0.8, 0.9, 0.85], [0.7, 0.75, 0.8], ">")
     assert (outcome, round(difference.half or 0, 4)) == ("inconclusive", 0.1242)
@@ -95,6 +101,27 @@ def test_a_chain_holds_only_if_every_link_holds() -> None:
     assert combine(["holds", "holds"]) == "holds"
     assert combine(["holds", "inconclusive"]) == "inconclusive"
     assert combine(["inconclusive", "does not hold"]) == "does not hold"
+    assert combine(["holds", "not judged"]) == "inconclusive"  # a link nobody could judge
+    assert combine(["not judged", "not judged"]) == "not judged"
+
+
+def test_seeds_that_tie_are_not_judged_whatever_float_rounding_left() -> None:
+    # Issue 55, Why 5 (the interval over seeds): 0.05 better at every seed gave
+    # "+0.050 ± 0.000 -> holds"; two seeds tied at 0 gave "+0.000 ± 0.000 -> does not hold".
+    outcome, difference = paired_verdict([0.80, 0.90, 0.70], [0.75, 0.85, 0.65], ">")
+    assert (outcome, difference.half) == ("not judged", 0.0)  # 0.8 - 0.75 != 0.9 - 0.85 in float
+    assert why_not_judged(difference) == (
+        "the 3 seeds' differences are all +0.050: their spread, and so the interval's width, "
+        "is 0, which measures no chance at all"
+    )
+    assert paired_verdict([0.5, 0.5], [0.5, 0.5], ">")[0] == "not judged"
+    assert seeds_to_decide(difference) is None  # no spread to plan from
+
+
+def test_methods_that_could_not_judge_leave_the_verdict_to_those_that_could() -> None:
+    assert agreed(["not judged", "holds"]) == "holds"
+    assert agreed(["not judged", "not judged"]) == "not judged"
+    assert agreed(["holds", "inconclusive"]) == "inconclusive"
 
 
 def _rows(arm: str, policy: int, metric: str, k: int, values: list[float]) -> list[dict]:
@@ -110,7 +137,7 @@ def test_claims_and_table_from_ablation_rows() -> None:
         *_rows("grpo_os", 1, "greedy_accuracy", 1, [0.80, 0.90, 0.70]),
         *_rows("grpo_os", 2, "greedy_accuracy", 1, [0.85, 0.90, 0.80]),
         *_rows("online_rft", 0, "greedy_accuracy", 1, [0.50, 0.60, 0.55]),
-        *_rows("online_rft", 1, "greedy_accuracy", 1, [0.75, 0.85, 0.65]),
+        *_rows("online_rft", 1, "greedy_accuracy", 1, [0.75, 0.84, 0.66]),
         # grpo_os, policy_0 -> policy_2: Maj@8 gains 0.2, 0.3, 0.25; Pass@8 gains 0, 0.05, -0.05
         *_rows("grpo_os", 0, "maj@k", 8, [0.5, 0.5, 0.5]),
         *_rows("grpo_os", 2, "maj@k", 8, [0.7, 0.8, 0.75]),
@@ -119,7 +146,7 @@ def test_claims_and_table_from_ablation_rows() -> None:
     ]
     values = Values.from_rows(rows)
     fig5, fig6, fig7 = claims(values)
-    # Fig. 5 compares policy_1 (equal budgets): 0.05 better on every seed
+    # Fig. 5 compares policy_1 (equal budgets): 0.04 to 0.06 better at every seed
     assert [link.verdict for link in fig5.links] == [None, "holds", None]
     assert fig5.verdict == "holds"
     assert fig6.verdict is None and "not run" in fig6.text()

@@ -25,9 +25,10 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from flows.config import EnginesSection, ItergrpoConfig
+from flows.config import ItergrpoConfig
 from flows.engines.availability import check_engines
 from flows.engines.policy_updaters import DEEPSPEED_STATE, LAUNCH_JOBS
+from flows.engines_config import EnginesSection
 from flows.errors import ConfigError
 from flows.loop import execute_run
 from flows.names import GRPO_PROGRESS, POLICY

@@ -11,10 +11,11 @@ from typing import Any
 
 import pytest
 
-from flows.config import EnginesSection, GRPOStageSection
+from flows.config import GRPOStageSection
 from flows.engines import sampling
 from flows.engines.policy_updaters import stage_holds_policy_weights
 from flows.engines.sampling import RolloutEngines
+from flows.engines_config import EnginesSection
 from grpo_core.engines.config import VLLMSettings
 from grpo_core.engines.registry import (
     ROLLOUT_ENGINES,

@@ -21,7 +21,7 @@ from typing import Any
 import pytest
 import torch
 
-from flows.config import EnginesSection, GRPOStageSection, ItergrpoConfig
+from flows.config import GRPOStageSection, ItergrpoConfig
 from flows.engines.policy_updaters import (
     InProcessUpdater,
     build_policy_updater,
@@ -29,6 +29,7 @@ from flows.engines.policy_updaters import (
 )
 from flows.engines.train_engines import build_policy_engine
 from flows.engines.train_workers import RankGroup, RayWorkersUpdater, ranks_live_for_run
+from flows.engines_config import EnginesSection
 from grpo_core.contracts.errors import SettingError
 from grpo_core.contracts.policy_batch import PolicyBatch, build_policy_batch
 from grpo_core.engines.sharded_rollout import PromptShardedEngines

@@ -56,9 +56,12 @@ def test_cli_with_an_unreachable_api_is_one_line_exit_2(tmp_path: Path, command:
     assert errors[0].startswith(
         f"itergrpo {command}: error: PREFECT_API_URL={url} does not answer (ConnectError: "
     )
-    assert errors[0].endswith(
-        "; start that server (`prefect server start`), unset PREFECT_API_URL to let the run "
-        "start a temporary one, or pass --no-prefect"
-    )
+    fixes = {
+        "run": "start that server (`prefect server start`), unset PREFECT_API_URL to let the "
+        "run start a temporary one, or pass --no-prefect",
+        # serve needs a server of its own choosing: no temporary one, no --no-prefect
+        "serve": "start that server (`prefect server start`), or point PREFECT_API_URL at one",
+    }
+    assert errors[0].endswith(f"; {fixes[command]}")
     assert "Traceback" not in out.stderr
     assert not (tmp_path / "store" / "runs").exists()  # refused before any write

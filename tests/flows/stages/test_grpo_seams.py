@@ -40,7 +40,8 @@ def test_setup_then_train_is_the_stage(micro_run: tuple[RunStore, str], tmp_path
     store, run_id = micro_run
     copy = tmp_path / "store"
     shutil.copytree(store.root, copy)
-    shutil.rmtree(checkpoint_path(copy, run_id, GRPO_PROGRESS, 1))  # start from step 0
+    # removed at the stage's commit (store.progress_checkpoints): a rerun starts at step 0
+    assert not checkpoint_path(copy, run_id, GRPO_PROGRESS, 1).exists()
     cfg = micro_config(copy, run_id)
     upgrade = functools.partial(stored_config_as_current, current=cfg)
     run = RunStore(copy).open_run(run_id, cfg.model_dump(mode="json"), upgrade_config=upgrade)

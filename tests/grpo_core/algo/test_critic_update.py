@@ -11,7 +11,7 @@ import torch
 
 from grpo_core.algo.config import GRPOConfig
 from grpo_core.algo.critic_update import CriticLearner, critic_optimizer_settings
-from grpo_core.algo.ppo import adaptive_kl_coef, ppo_targets, sequence_kl
+from grpo_core.algo.ppo import adaptive_kl_coef, ppo_targets, sequence_kl, token_kl
 from grpo_core.contracts.policy_batch import build_policy_batch
 from grpo_core.engines.train import TorchEngine
 from grpo_core.model.checkpointing import is_checkpointing
@@ -81,6 +81,31 @@ def test_updates_on_one_batch_fit_the_returns(tmp_path: Path) -> None:
     returns = ppo_targets(terms, SCORES, mask).returns
     assert first["returns_mean"] == pytest.approx(float(returns.sum() / mask.sum()), abs=1e-6)
     assert first["kl_coef"] == 0.04 and critic.kl_coef == 0.04  # fixed: never moves
+
+
+def test_a_step_stores_the_kl_its_reward_penalty_applied(tmp_path: Path) -> None:
+    # PPO puts the KL in the reward: the step's `kl` is that penalty's per-token KL estimate
+    # (today's code stored none here, and the loss's 0 stood in the table for it).
+    critic = learner(tmp_path)
+    terms = critic.prepare(BATCH)
+    stats = critic.update(BATCH, terms, SCORES, seed=0)
+    mask = BATCH.full_to_response(BATCH.response_mask)
+    assert stats["kl"] == pytest.approx(float((terms.log_ratio * mask).sum() / mask.sum()))
+    assert stats["kl"] == token_kl(terms.log_ratio, mask) and stats["kl"] != 0.0
+    # No penalty applied (no reference, or kl_coef 0): no `kl` at all, not a 0.
+    for none in (learner(tmp_path, None), learner(tmp_path, kl_coef=0.0)):
+        assert "kl" not in none.update(BATCH, none.prepare(BATCH), SCORES, seed=0)
+    # A KL term in the loss as well (beta > 0): the step's `kl` is the loss's, not this one.
+    both = on_engine(ValueModel.from_backbone(tmp_path / "policy"), algo(), tiny_llama(seed=4))
+    both.algo = both.algo.model_copy(update={"beta": 0.04})
+    assert "kl" not in both.update(BATCH, both.prepare(BATCH), SCORES, seed=0)
+
+
+def test_token_kl_by_hand() -> None:
+    # log ratios 0.2, 0.4 | 0.3 (padding ignored): 0.9 / 3 tokens
+    log_ratio = torch.tensor([[0.2, 0.4], [0.3, 5.0]])
+    assert token_kl(log_ratio, torch.tensor([[1, 1], [1, 0]])) == pytest.approx(0.3)
+    assert token_kl(torch.zeros(2, 0), torch.zeros(2, 0)) == 0.0
 
 
 def test_the_adaptive_controller_updates_the_coefficient_after_each_step(tmp_path: Path) -> None:

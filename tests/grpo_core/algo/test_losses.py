@@ -252,7 +252,7 @@ def test_grpo_loss_metrics_and_ref_requirement() -> None:
     assert metrics["ratio_min"] == pytest.approx(0.5, abs=1e-5)
     assert metrics["response_length"] == pytest.approx(2.5)
     assert metrics["entropy"] == pytest.approx(1.0)
-    assert metrics["kl"] == 0.0
+    assert "kl" not in metrics  # no KL term (beta 0): no KL figure, not a 0
     with pytest.raises(ValueError, match="reference"):
         grpo_loss(logp, old, None, adv, mask, GRPOConfig(beta=0.04))
 

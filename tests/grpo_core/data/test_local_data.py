@@ -199,7 +199,7 @@ def test_a_saved_dataset_is_hash_split_and_its_bad_rows_named_by_row(tmp_path: P
         local(tmp_path / "d")
     assert str(err.value).startswith(f"{tmp_path / 'd'} row 5: 'solution' states no final answer")
     assert "no answer column (task.local_files.columns.answer)" in str(err.value)
-    task = local(tmp_path / "d", on_bad_rows="skip", test_fraction=0.5)
+    task = local(tmp_path / "d", on_bad_rows="drop", test_fraction=0.5)
     train, test = problems(task, "train"), problems(task, "test")
     assert set(train) | set(test) == {r["problem"] for i, r in enumerate(rows) if i != 5}
     assert train and test and not set(train) & set(test)
@@ -268,7 +268,7 @@ def test_files_read_with_datasets_name_bad_rows_by_row(tmp_path: Path, suffix: s
     assert str(err.value).startswith(
         f"{path} row 3: gold answer '??': math-verify cannot parse it (read from 'solution')"
     )
-    task = local(path, file_reader="datasets", on_bad_rows="skip")
+    task = local(path, file_reader="datasets", on_bad_rows="drop")
     assert len(everything(task)) == len(rows) - 1
 
 
@@ -397,12 +397,12 @@ def test_a_bad_math_row_is_named_by_file_and_line_or_skipped(
     with pytest.raises(TaskDataError) as err:
         local(path, data_format="math")
     assert str(err.value).startswith(f"{path}:4: {problem}")
-    assert "task.local_files.on_bad_rows: skip" in str(err.value)
+    assert "task.local_files.on_bad_rows: drop" in str(err.value)
     with caplog.at_level(logging.WARNING, logger=LOG):
-        task = local(path, data_format="math", on_bad_rows="skip")
+        task = local(path, data_format="math", on_bad_rows="drop")
     assert set(everything(task)) == {r["problem"] for r in good}
     assert (
-        f"dropped 1 bad row(s) of 7 (task.local_files.on_bad_rows: skip): {path}:4: {problem}"
+        f"dropped 1 bad row(s) of 7 (task.local_files.on_bad_rows: drop): {path}:4: {problem}"
         in caplog.text
     )
 
@@ -483,9 +483,9 @@ def test_any_valid_rows_read_the_same_from_jsonl_parquet_and_a_saved_dataset(
     for path in paths:
         if len(conflicting) == len(expected):
             with pytest.raises(TaskDataError, match="no valid rows"):
-                local(path, on_bad_rows="skip")
+                local(path, on_bad_rows="drop")
             continue
-        got = everything(local(path, on_bad_rows="skip"))
+        got = everything(local(path, on_bad_rows="drop"))
         assert {q.strip(): p.answer for q, p in got.items()} == {
             q: a for q, a in expected.items() if q not in conflicting
         }

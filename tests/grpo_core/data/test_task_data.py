@@ -22,7 +22,7 @@ def good_lines() -> list[bytes]:
     return [json.dumps(row).encode() for row in GOOD]
 
 
-def build(tmp_path: Path, on_bad_rows: str = "error", name: str = "data.jsonl") -> Task:
+def build(tmp_path: Path, on_bad_rows: str = "refuse", name: str = "data.jsonl") -> Task:
     section = {"path": str(tmp_path / name), "on_bad_rows": on_bad_rows}
     cfg = TaskConfig(name="local_files", local_files=section)
     return make_task(cfg)
@@ -69,14 +69,14 @@ def test_bad_row_is_named_by_file_and_line_or_skipped(
     message = str(err.value)
     assert isinstance(err.value, ValueError)
     assert problem in message
-    assert "on_bad_rows: skip" in message
+    assert "on_bad_rows: drop" in message
     if conflict:  # named at the first copy, line 3, and the second copy's line
         assert f"{path}:3:" in message and "line 7" in message
     else:
         assert f"{path}:7:" in message and "\n" not in message
 
     with caplog.at_level(logging.WARNING, logger="grpo_core.data.tasks.local_files"):
-        task = build(tmp_path, on_bad_rows="skip")
+        task = build(tmp_path, on_bad_rows="drop")
     expected = {row["question"] for row in GOOD}
     if conflict:  # both copies dropped: neither gold answer can be trusted
         expected.discard(GOOD[2]["question"])
@@ -134,7 +134,7 @@ def test_a_file_without_valid_rows_is_refused_even_under_skip(
 ) -> None:
     (tmp_path / "data.jsonl").write_bytes(content)
     with pytest.raises(TaskDataError, match="no valid rows"):
-        build(tmp_path, on_bad_rows="skip")
+        build(tmp_path, on_bad_rows="drop")
 
 
 def test_parquet_bad_rows_are_named_by_row_index(tmp_path: Path) -> None:
@@ -146,12 +146,12 @@ def test_parquet_bad_rows_are_named_by_row_index(tmp_path: Path) -> None:
     pq.write_table(pa.Table.from_pylist(rows), tmp_path / "data.parquet")
     with pytest.raises(TaskDataError, match=r"data\.parquet row 2: 'answer' is null"):
         build(tmp_path, name="data.parquet")
-    task = build(tmp_path, on_bad_rows="skip", name="data.parquet")
+    task = build(tmp_path, on_bad_rows="drop", name="data.parquet")
     assert all_questions(task) == {r["question"] for i, r in enumerate(GOOD[:4]) if i != 2}
 
     pq.write_table(pa.Table.from_pylist([{"question": "q"}]), tmp_path / "data.parquet")
     with pytest.raises(TaskDataError, match=r"lacks columns \['answer'\]"):
-        build(tmp_path, on_bad_rows="skip", name="data.parquet")
+        build(tmp_path, on_bad_rows="drop", name="data.parquet")
 
 
 def test_json_array_rows_are_named_by_the_line_they_start_on(tmp_path: Path) -> None:
@@ -161,11 +161,11 @@ def test_json_array_rows_are_named_by_the_line_they_start_on(tmp_path: Path) -> 
     path.write_text(json.dumps(rows, indent=2))  # each object spans 4 lines after '['
     with pytest.raises(TaskDataError, match=rf"{path}:6: answer has no"):
         load_rows(path)
-    assert [r.source.number for r in load_rows(path, "skip")] == [2, 10]
+    assert [r.source.number for r in load_rows(path, "drop")] == [2, 10]
 
     path.write_text('[\n  {"question": "q", "answer": "#### 1"},\n  {"question": }\n]')
     with pytest.raises(TaskDataError, match=rf"{path}:3: invalid JSON"):
-        load_rows(path, "skip")  # an array cannot be read past broken JSON
+        load_rows(path, "drop")  # an array cannot be read past broken JSON
 
 
 def test_json_lines_in_a_json_file_and_gzip_work(tmp_path: Path) -> None:
@@ -194,7 +194,10 @@ def test_separate_test_file_is_checked_too(tmp_path: Path) -> None:
         make_task(cfg)
 
 
-def test_on_bad_rows_accepts_only_error_or_skip() -> None:
-    assert TaskConfig().local_files.on_bad_rows == "error"  # type: ignore[attr-defined]
+def test_on_bad_rows_accepts_only_refuse_or_drop_and_their_earlier_names() -> None:
+    assert TaskConfig().local_files.on_bad_rows == "refuse"  # type: ignore[attr-defined]
+    for earlier, now in (("error", "refuse"), ("skip", "drop")):
+        cfg = TaskConfig(local_files={"on_bad_rows": earlier})
+        assert cfg.local_files.on_bad_rows == now  # type: ignore[attr-defined]
     with pytest.raises(ValidationError, match=r"local_files\.on_bad_rows"):
         TaskConfig(local_files={"on_bad_rows": "ignore"})

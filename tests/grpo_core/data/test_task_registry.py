@@ -30,8 +30,8 @@ FLAT = {
     "test_fraction": 0.3,
     "rg_task": "gsm_symbolic",
     "rg_kwargs": {"difficulty": 1},
-    "path": "data.jsonl",
-    "test_path": "test.jsonl",
+    "path": "/data/train.jsonl",
+    "test_path": "/data/test.jsonl",
     "data_format": "math",
     "columns": {"question": "prompt"},
     "file_reader": "datasets",
@@ -52,12 +52,12 @@ SECTIONED = {
     "math_style": {"kinds": ["midpoint"], "max_number": 6},
     "reasoning_gym": {"dataset": "gsm_symbolic", "options": {"difficulty": 1}},
     "local_files": {
-        "path": "data.jsonl",
-        "test_path": "test.jsonl",
+        "path": "/data/train.jsonl",
+        "test_path": "/data/test.jsonl",
         "data_format": "math",
         "columns": {"question": "prompt", "solution": None, "answer": None},
         "file_reader": "datasets",
-        "on_bad_rows": "skip",
+        "on_bad_rows": "drop",  # skip, its earlier name
     },
 }
 
