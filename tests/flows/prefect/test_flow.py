@@ -76,9 +76,12 @@ def test_flow_runs_each_stage_as_a_task_publishes_artifacts_and_resumes(tmp_path
     assert "greedy_acc" in str(table[0].data)
     summary = artifacts(artifact_key("pf-1", "summary"))
     assert summary and summary[0].type == "markdown" and "pf-1" in str(summary[0].data)
-    guards = artifacts(artifact_key("pf-1", "guards"))
-    assert guards and guards[0].type == "markdown"
-    assert "train_rm" in str(guards[0].data) and "rm_auroc: " in str(guards[0].data)
+    # one version per stage that warned (train_rm's AUROC, grpo's over-optimisation check
+    # that micro's 3 steps cannot judge)
+    guards = [
+        str(a.data) for a in artifacts(artifact_key("pf-1", "guards")) if a.type == "markdown"
+    ]
+    assert any("train_rm" in text and "rm_auroc: " in text for text in guards), guards
     # the report page with its plots: PNGs inlined, since the UI cannot read the store
     reports = tmp_path / "reports" / "pf-1"
     pngs = sorted(reports.glob("*.png"))
