@@ -41,15 +41,18 @@ def _mapping(value: Any, path: Path, what: str, fix: str) -> dict[str, Any]:
     return value
 
 
-def read_status(path: Path) -> dict[str, Any]:
-    """runs/<id>/status.json as a dict; DamagedRunRecordError if it is not a JSON object."""
+def _read_json_object(path: Path, fix: str) -> dict[str, Any]:
+    """The JSON object in `path`; DamagedRunRecordError naming `fix` if it is not one."""
     try:
         value = json.loads(path.read_text(encoding="utf-8"))
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise DamagedRunRecordError(
-            f"damaged run record {path}: not JSON ({exc}); {STATUS_FIX}"
-        ) from None
-    return _mapping(value, path, "the JSON", STATUS_FIX)
+        raise DamagedRunRecordError(f"damaged run record {path}: not JSON ({exc}); {fix}") from None
+    return _mapping(value, path, "the JSON", fix)
+
+
+def read_status(path: Path) -> dict[str, Any]:
+    """runs/<id>/status.json as a dict; DamagedRunRecordError if it is not a JSON object."""
+    return _read_json_object(path, STATUS_FIX)
 
 
 def read_config(path: Path) -> dict[str, Any]:
@@ -67,13 +70,7 @@ def read_config(path: Path) -> dict[str, Any]:
 def read_data_record(path: Path) -> dict[str, dict[str, Any]]:
     """runs/<id>/data.json: config key -> the fingerprint of the data it named, as recorded;
     DamagedRunRecordError if it is not a JSON object of objects."""
-    try:
-        value = json.loads(path.read_text(encoding="utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise DamagedRunRecordError(
-            f"damaged run record {path}: not JSON ({exc}); {DATA_FIX}"
-        ) from None
-    record = _mapping(value, path, "the JSON", DATA_FIX)
+    record = _read_json_object(path, DATA_FIX)
     for key, entry in record.items():
         _mapping(entry, path, f"its entry {key!r}", DATA_FIX)
     return record
