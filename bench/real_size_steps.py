@@ -131,11 +131,10 @@ def _our_steps(bench: Bench, prompts: list[str]) -> list[object]:
 
 def _trl_steps(bench: Bench, prompts: list[str]) -> list[object]:
     """TRL's GRPOTrainer on the same model (saved, then loaded by TRL), prompts and work, its
-    settings as bench/trl_side.py sets them; steps timed by trl_side.StepClock."""
+    settings from trl_side.matched_config; steps timed by trl_side.StepClock."""
     from datasets import Dataset
-    from trl import GRPOConfig as TRLConfig
     from trl import GRPOTrainer
-    from trl_side import StepClock
+    from trl_side import StepClock, matched_config
 
     sizes, dev = bench.sizes, bench.device
     shape = SHAPES[sizes.decode_shape]
@@ -152,37 +151,14 @@ def _trl_steps(bench: Bench, prompts: list[str]) -> list[object]:
         build_model(shape, torch.device("cpu"), bench.dtype).save_pretrained(model_dir)
         tokenizer = word_tokenizer(shape.vocab)
         tokenizer.save_pretrained(model_dir)
-        args = TRLConfig(
-            output_dir=str(Path(tmp) / "out"),
+        args = matched_config(
+            str(Path(tmp) / "out"),
             use_cpu=dev.type == "cpu",
             max_steps=1 + sizes.timed_steps,
-            per_device_train_batch_size=sizes.step_prompts * sizes.group_size,
-            gradient_accumulation_steps=1,
-            num_generations=sizes.group_size,
-            max_completion_length=sizes.step_new_tokens,
-            temperature=common.TEMPERATURE,
-            top_p=1.0,
-            top_k=0,
-            learning_rate=common.LR,
-            lr_scheduler_type="constant",
-            warmup_steps=0,
-            weight_decay=0.0,
-            max_grad_norm=1.0,
-            optim="adamw_torch",
-            beta=common.BETA,
-            epsilon=common.EPS,
-            num_iterations=1,
-            loss_type="grpo",
-            scale_rewards="group",
+            batch=sizes.step_prompts * sizes.group_size,
+            group_size=sizes.group_size,
+            max_new_tokens=sizes.step_new_tokens,
             bf16=bench.dtype == torch.bfloat16,
-            activation_checkpointing=False,
-            use_vllm=False,
-            shuffle_dataset=False,
-            report_to=[],
-            save_strategy="no",
-            logging_steps=1,
-            disable_tqdm=True,
-            seed=0,
         )
         trainer = GRPOTrainer(
             model=str(model_dir),

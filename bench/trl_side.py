@@ -113,6 +113,62 @@ def effective_settings(trainer: GRPOTrainer) -> dict[str, Any]:
     }
 
 
+def matched_config(
+    output_dir: str,
+    *,
+    use_cpu: bool,
+    max_steps: int,
+    batch: int,
+    group_size: int,
+    max_new_tokens: int,
+    bf16: bool,
+) -> GRPOConfig:
+    """TRL's GRPOConfig set to do our side's work: the paper's GRPO loss, constant LR, torch's
+    plain AdamW, no checkpointing, no vLLM, nothing shuffled or saved; `batch` completions per
+    step, `group_size` per prompt."""
+    return GRPOConfig(
+        output_dir=output_dir,
+        use_cpu=use_cpu,
+        max_steps=max_steps,
+        per_device_train_batch_size=batch,
+        gradient_accumulation_steps=1,
+        num_generations=group_size,
+        max_completion_length=max_new_tokens,
+        temperature=common.TEMPERATURE,
+        top_p=1.0,
+        top_k=0,
+        learning_rate=common.LR,
+        lr_scheduler_type="constant",
+        warmup_steps=0,
+        weight_decay=0.0,
+        adam_beta1=0.9,
+        adam_beta2=0.999,
+        max_grad_norm=1.0,
+        # torch's AdamW with fused/foreach unset, as our engine builds it; TRL's default on
+        # torch >= 2.8 is adamw_torch_fused
+        optim="adamw_torch",
+        beta=common.BETA,
+        epsilon=common.EPS,
+        num_iterations=1,
+        loss_type="grpo",  # per-sequence token mean, then mean over sequences (paper)
+        scale_rewards="group",
+        bf16=bf16,
+        fp16=False,
+        # the current name: TRL defaults the deprecated alias gradient_checkpointing to True,
+        # and the alias only applies while activation_checkpointing is unset
+        activation_checkpointing=False,
+        use_vllm=False,
+        shuffle_dataset=False,
+        report_to=[],
+        push_to_hub=False,
+        save_strategy="no",
+        logging_steps=1,
+        disable_tqdm=True,
+        dataloader_num_workers=0,
+        seed=0,
+    )
+
+
 def timed(fn: Any, log: list[float]) -> Any:
     """fn wrapped to append its seconds per call to `log`."""
 
@@ -148,46 +204,14 @@ def main() -> int:
     steps = common.WARMUP_STEPS + common.TIMED_STEPS
     batch = common.PROMPTS_PER_STEP * common.GROUP_SIZE
     with tempfile.TemporaryDirectory(prefix="trl-bench-") as out_dir:
-        config = GRPOConfig(
-            output_dir=out_dir,
+        config = matched_config(
+            out_dir,
             use_cpu=True,
             max_steps=steps,
-            per_device_train_batch_size=batch,  # completions in TRL 1.x: 8 prompts x 8
-            gradient_accumulation_steps=1,
-            num_generations=common.GROUP_SIZE,
-            max_completion_length=cfg.max_new_tokens,
-            temperature=common.TEMPERATURE,
-            top_p=1.0,
-            top_k=0,
-            learning_rate=common.LR,
-            lr_scheduler_type="constant",
-            warmup_steps=0,
-            weight_decay=0.0,
-            adam_beta1=0.9,
-            adam_beta2=0.999,
-            max_grad_norm=1.0,
-            # torch's AdamW with fused/foreach unset, as our engine builds it; TRL's default on
-            # torch >= 2.8 is adamw_torch_fused
-            optim="adamw_torch",
-            beta=common.BETA,
-            epsilon=common.EPS,
-            num_iterations=1,
-            loss_type="grpo",  # per-sequence token mean, then mean over sequences (paper)
-            scale_rewards="group",
+            batch=batch,  # completions in TRL 1.x: 8 prompts x 8
+            group_size=common.GROUP_SIZE,
+            max_new_tokens=cfg.max_new_tokens,
             bf16=False,
-            fp16=False,
-            # the current name: TRL defaults the deprecated alias gradient_checkpointing to True,
-            # and the alias only applies while activation_checkpointing is unset
-            activation_checkpointing=False,
-            use_vllm=False,
-            shuffle_dataset=False,
-            report_to=[],
-            push_to_hub=False,
-            save_strategy="no",
-            logging_steps=1,
-            disable_tqdm=True,
-            dataloader_num_workers=0,
-            seed=0,
         )
         trainer = GRPOTrainer(
             model=str(args.model_dir),

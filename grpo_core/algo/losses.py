@@ -201,7 +201,7 @@ def grpo_loss(
         counted = maskf if row_weights is None else maskf * row_weights.to(maskf.dtype)[:, None]
         metrics = {
             "loss": float(loss.detach()),
-            "policy_loss": float(aggregate(-surrogate)),
+            "policy_loss": float(aggregate(policy_term)),  # weighted when corrected
             **({} if kl is None else {"kl": _masked_mean(kl, counted)}),
             "clip_frac_low": _masked_mean(clipped_low.float(), counted),
             "clip_frac_high": _masked_mean(clipped_high.float(), counted),
@@ -214,8 +214,7 @@ def grpo_loss(
         }
         if entropy is not None:
             metrics["entropy"] = _masked_mean(entropy, counted)
-        if correction is not None:  # the policy term the loss holds is the weighted one
-            metrics["policy_loss"] = float(aggregate(policy_term))
+        if correction is not None:
             metrics.update(_correction_metrics(correction, cfg.rollout_correction, counted))
     return loss, metrics
 
