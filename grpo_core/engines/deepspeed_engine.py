@@ -12,11 +12,9 @@ from __future__ import annotations
 import math
 import os
 import socket
-import sys
 from collections.abc import Callable
 from functools import partial
 from pathlib import Path
-from types import ModuleType
 from typing import Any, Literal
 
 import torch
@@ -27,35 +25,8 @@ from grpo_core.contracts.policy_batch import PolicyBatch
 from grpo_core.contracts.training import OptimizerSettings
 from grpo_core.engines.config import DeepSpeedConfig
 from grpo_core.engines.train import build_adamw, build_lr_schedule, check_schedule
+from grpo_core.model.deepspeed_import import import_deepspeed
 from grpo_core.model.forward import sequence_logprobs, sequence_logprobs_and_entropy
-
-# DeepSpeed's shared-memory all-reduce op serves DeepSpeed inference only; on a CPU machine
-# building it compiles C++ for 30-130 s on first start, so training runs skip it.
-CPU_SHM_OP = "deepspeed_shm_comm"
-
-
-def import_deepspeed() -> ModuleType:
-    """deepspeed, with the accelerator pinned (cuda when torch sees a GPU, else cpu)."""
-    os.environ.setdefault("DS_ACCELERATOR", "cuda" if torch.cuda.is_available() else "cpu")
-    # deepspeed's autotuner imports mlflow at import time, only to log autotuning experiments
-    # (never run here): 1-2 s in every rank of every launcher job. A None entry makes that
-    # import fail, which deepspeed treats as "no mlflow"; removed again afterwards, so the
-    # process can still import mlflow itself.
-    hide_mlflow = "mlflow" not in sys.modules
-    if hide_mlflow:
-        sys.modules["mlflow"] = None  # type: ignore[assignment]
-    try:
-        import deepspeed
-    except ImportError as err:
-        raise ImportError(
-            f"the DeepSpeed engine needs the `gpu` extra: pip install -e '.[gpu]' ({err})"
-        ) from err
-    finally:
-        if hide_mlflow:
-            del sys.modules["mlflow"]
-    if os.environ["DS_ACCELERATOR"] == "cpu":
-        deepspeed.ops.__compatible_ops__[CPU_SHM_OP] = False
-    return deepspeed
 
 
 def set_single_process_env() -> None:

@@ -26,8 +26,11 @@ from transformers import (
 
 from grpo_core.contracts.errors import MissingPathError, SettingError, UserError
 from grpo_core.model.config import DEFAULT_ALPHABET, PolicyConfig
+from grpo_core.model.deepspeed_import import import_deepspeed_if_installed
 
 log = logging.getLogger(__name__)
+# Before this process's first save_pretrained, which would import deepspeed the slow way.
+import_deepspeed_if_installed()
 
 # policy.dtype names and the torch dtypes they mean
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}

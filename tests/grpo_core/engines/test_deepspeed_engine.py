@@ -257,7 +257,7 @@ def test_launcher_command_runs_this_package_on_every_rank(tmp_path: Path) -> Non
 
 
 def test_missing_deepspeed_names_the_extra(monkeypatch: pytest.MonkeyPatch) -> None:
-    from grpo_core.engines.deepspeed_engine import import_deepspeed
+    from grpo_core.model.deepspeed_import import import_deepspeed
 
     monkeypatch.setitem(sys.modules, "deepspeed", None)
     with pytest.raises(ImportError, match=r"pip install -e '\.\[gpu\]'"):
