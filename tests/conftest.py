@@ -65,6 +65,45 @@ def shared_dir(tmp_path_factory: pytest.TempPathFactory, name: str) -> Path:
 
 
 @pytest.fixture(scope="session")
+def warm_start_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The warm-start cache of this test run (tests/warm_start_cache.py): one directory for
+    every xdist worker and the CLI runs they start."""
+    from tests.warm_start_cache import CACHE, ENV
+
+    CACHE.directory = shared_dir(tmp_path_factory, "warm-starts")
+    os.environ[ENV] = str(CACHE.directory)
+    return CACHE.directory
+
+
+@pytest.fixture(autouse=True)
+def shared_warm_start(
+    request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch, warm_start_cache: Path
+) -> None:
+    """In-process runs reuse an earlier identical warm start, except in tests marked
+    `fresh_warm_start` (whose CLI runs train their own too)."""
+    from tests.warm_start_cache import ENV, cached
+
+    if request.node.get_closest_marker("fresh_warm_start") is not None:
+        monkeypatch.delenv(ENV)
+        return
+    from flows.stages import warm_start as stage
+
+    monkeypatch.setattr(stage, "warm_start", cached(stage.warm_start))
+
+
+def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> None:
+    """How many warm starts the cache saved, in every process of the test run."""
+    from tests.warm_start_cache import uses_summary
+
+    base = config._tmp_path_factory.getbasetemp()  # type: ignore[attr-defined]
+    found = [*base.glob("shared-*/warm-starts"), *base.glob("warm-starts*")]
+    for directory in sorted({path.resolve() for path in found}):
+        summary = uses_summary(directory)
+        if summary:
+            terminalreporter.write_line(f"warm starts: {summary}")
+
+
+@pytest.fixture(scope="session")
 def micro_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[RunStore, str]:
     """One completed `micro` run, shared by the tests that only read it (or copy its store);
     under xdist the first worker that needs it runs it and the others wait and read it."""

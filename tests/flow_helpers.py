@@ -55,6 +55,10 @@ REPO = Path(__file__).resolve().parent.parent
 _DIST_VARS = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
 
 
+# `itergrpo`, its warm starts shared with the test run's (tests/warm_start_cache.py)
+CLI_MODULE = "tests.cli_shared_warm_starts"
+
+
 def cli(store: Path, *args: str, fault: str | None = None) -> subprocess.CompletedProcess[str]:
     """`itergrpo ARGS --store STORE --no-prefect` in a child process, one torch thread, with
     the ITERGRPO_FAULT signal `fault` (or none)."""
@@ -63,7 +67,7 @@ def cli(store: Path, *args: str, fault: str | None = None) -> subprocess.Complet
     if fault:
         env[FAULT_ENV] = fault
     return subprocess.run(
-        [sys.executable, "-m", "flows.cli", *args, "--store", str(store), "--no-prefect"],
+        [sys.executable, "-m", CLI_MODULE, *args, "--store", str(store), "--no-prefect"],
         cwd=REPO,
         env=env,
         capture_output=True,
