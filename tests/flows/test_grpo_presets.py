@@ -121,7 +121,10 @@ def test_the_presets_of_the_update_variants() -> None:
     assert GRPO_PRESETS.names() == [
         *("paper", "dr_grpo", "dapo", "ppo"),
         *("sft", "rft", "online_rft", "grpo_os", "grpo_ps"),
+        "dpo",
     ]
+    dpo = algo("dpo")  # pi_ref sits in DPO's loss: no KL term besides
+    assert (dpo.adv_estimator, dpo.beta, dpo.loss_reads_reference) == ("dpo", 0.0, True)
 
 
 def test_a_stored_preset_run_resumes_as_it_started() -> None:
