@@ -125,6 +125,15 @@ register_grpo_preset(
     algo={"adv_estimator": "dpo", "beta": 0.0},
 )
 
+# Offline DPO on the stored pairs of grpo.pairs_file (a JSONL the user names beside it).
+register_grpo_preset(
+    "offline_dpo",
+    "offline DPO on the preference pairs of grpo.pairs_file",
+    data_source="pairs_file",
+    group_size=2,
+    algo={"adv_estimator": "dpo_file", "beta": 0.0},
+)
+
 
 def apply_preset(grpo: dict[str, Any]) -> dict[str, Any]:
     """A raw `grpo` tree (its keys are the fields set) with the fields of the preset it names

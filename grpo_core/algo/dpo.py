@@ -145,3 +145,12 @@ def dpo_ranked_estimator(inputs: AdvantageInputs, eps: float) -> Tensor:
         raise ValueError("advantage estimator 'dpo_ranked' needs AdvantageInputs.rewards")
     sides = ranked_pairs(inputs.rewards, _eligible(inputs, inputs.rewards.shape))
     return _sides_on_tokens(sides, inputs.response_mask)
+
+
+def dpo_file_estimator(inputs: AdvantageInputs, eps: float) -> Tensor:
+    """Spec section 12, offline: each group is a stored pair, its first output chosen."""
+    rows = inputs.response_mask.shape[0]
+    if rows % 2:
+        raise ValueError(f"stored pairs come as groups of 2 outputs (got {rows} rows)")
+    sides = torch.tensor([1.0, -1.0]).repeat(rows // 2)
+    return _sides_on_tokens(sides, inputs.response_mask)

@@ -25,9 +25,9 @@ if TYPE_CHECKING:
 
 AdvantageEstimator = Callable[["AdvantageInputs", float], "Tensor"]
 # Where a GRPO stage's outputs come from: samples of the current policy, samples of the
-# warm-started policy_0, or the task's gold solutions.
-DataSource = Literal["online", "policy_0", "gold"]
-DATA_SOURCES: tuple[DataSource, ...] = ("online", "policy_0", "gold")
+# warm-started policy_0, the task's gold solutions, or the preference pairs of grpo.pairs_file.
+DataSource = Literal["online", "policy_0", "gold", "pairs_file"]
+DATA_SOURCES: tuple[DataSource, ...] = ("online", "policy_0", "gold", "pairs_file")
 SAMPLED_SOURCES: frozenset[DataSource] = frozenset({"online", "policy_0"})
 # The AdvantageInputs an estimator reads besides response_mask: the weighted outcome reward,
 # the verifier's verdict, or the PRM's step rewards (which need a trained PRM).
@@ -171,4 +171,13 @@ register_adv_estimator(
     loss="dpo",
     summary="DPO on pairs of the best and the worst outputs of each group by the weighted "
     "reward (the ORM's ranking under the demo's weights); the DPO loss of grpo.algo.dpo",
+)
+register_adv_estimator(
+    "dpo_file",
+    "grpo_core.algo.dpo:dpo_file_estimator",
+    reads=set(),
+    data_sources={"pairs_file"},
+    loss="dpo",
+    summary="offline DPO on the stored pairs of grpo.pairs_file (chosen over rejected); the "
+    "DPO loss of grpo.algo.dpo",
 )

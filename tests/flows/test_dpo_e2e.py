@@ -1,6 +1,6 @@
 """`grpo.preset=dpo` end to end on `micro`: each GRPO step trains on the pairs it built from
 its own groups and stores their count and the DPO figures, and a run killed mid-GRPO
-resumes to exactly the uninterrupted run."""
+resumes to exactly the uninterrupted run; `grpo.preset=offline_dpo` trains on a pairs file."""
 
 from __future__ import annotations
 
@@ -11,7 +11,8 @@ from pathlib import Path
 import pytest
 
 from flows.loop import execute_run
-from flows.names import GRPO_PROGRESS
+from flows.names import GRPO_PROGRESS, TRAIN_SPLIT
+from grpo_core.data.tasks.registry import make_task
 from storage.checkpoints import EXTRA_FILE, checkpoint_path
 from storage.store import RunStore
 from tests.flow_helpers import cli, micro_config, snapshot
@@ -39,12 +40,18 @@ def dpo_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return store
 
 
-def test_the_dpo_preset_stores_each_steps_pairs_and_figures(dpo_run: Path) -> None:
-    store = RunStore(dpo_run)
+def grpo_step_metrics(store: RunStore, run_id: str) -> dict[int, dict[str, float]]:
+    """Each GRPO step's stored metrics, by name."""
     by_step: dict[int, dict[str, float]] = {}
-    for m in store.read("metrics", run_id=RUN_ID).to_pylist():
+    for m in store.read("metrics", run_id=run_id).to_pylist():
         if m["stage"] == "grpo" and m["step"] is not None:
             by_step.setdefault(m["step"], {})[m["name"]] = m["value"]
+    return by_step
+
+
+def test_the_dpo_preset_stores_each_steps_pairs_and_figures(dpo_run: Path) -> None:
+    store = RunStore(dpo_run)
+    by_step = grpo_step_metrics(store, RUN_ID)
     assert sorted(by_step) == [0, 1, 2]
     samples = store.read("policy_samples", run_id=RUN_ID).to_pylist()
     trained = [step for step, values in by_step.items() if "skipped" not in values]
@@ -79,3 +86,31 @@ def test_a_dpo_run_killed_mid_grpo_resumes_exactly(dpo_run: Path, tmp_path: Path
     assert resumed.returncode == 0, resumed.stderr[-2000:]
     assert "GRPO: resuming at step 1" in resumed.stderr
     assert snapshot(RunStore(store), RUN_ID) == want
+
+
+def test_offline_dpo_trains_on_the_pairs_of_its_file(tmp_path: Path) -> None:
+    # chosen: a gold solution of micro's task; rejected: the same with a wrong final answer
+    cfg = micro_config(tmp_path, "offline")
+    problems = make_task(cfg.task).problems(TRAIN_SPLIT, 6, seed=0)
+    lines = [
+        {
+            "prompt": p.question,
+            "chosen": p.solution,
+            "rejected": (p.solution or "").replace(f"#### {p.answer}", f"#### {p.answer}0"),
+            "answer": p.answer,
+        }
+        for p in problems
+    ]
+    pairs = tmp_path / "pairs.jsonl"
+    pairs.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    settings = ("grpo.preset=offline_dpo", f"grpo.pairs_file={pairs}", "run.iterations=1")
+    execute_run(micro_config(tmp_path / "store", "offline", *settings))
+    store = RunStore(tmp_path / "store")
+    steps = grpo_step_metrics(store, "offline")
+    assert sorted(steps) == [0, 1, 2]
+    assert all(values["dpo_pairs"] == 4 for values in steps.values())  # prompts_per_step
+    samples = store.read("policy_samples", run_id="offline").to_pylist()
+    chosen = {line["chosen"] for line in lines}
+    for s in samples:
+        assert s["advantage"] == (1.0 if s["completion"] in chosen else -1.0)
+        assert s["correct"] == (s["advantage"] > 0)  # the file's answers judge both
