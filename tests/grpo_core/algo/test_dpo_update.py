@@ -63,6 +63,24 @@ def test_micro_batches_give_the_gradient_of_the_mean_pair_loss(micro: int) -> No
     assert (metrics["dpo_pairs"], metrics["optimizer_steps"]) == (3.0, 1.0)
 
 
+def test_two_ranks_add_up_to_the_one_process_gradient() -> None:
+    """3 pairs over 2 ranks at one pair per pass: rank 1 runs a padding pass with no loss,
+    so both make the same number of passes and their gradients sum to one process's."""
+    cfg = GRPOConfig(**DPO, micro_batch_size=2, dpo={"beta": 0.5})
+    batch, advantages = pair_batch()
+    one = RecordingEngine(tiny_llama())
+    grpo_update(one, tiny_llama(seed=1), batch, advantages, cfg)
+    summed: list[torch.Tensor] | None = None
+    for rank in (0, 1):
+        engine = RecordingEngine(tiny_llama())
+        engine.data_parallel_size, engine.data_parallel_rank = 2, rank
+        grpo_update(engine, tiny_llama(seed=1), batch, advantages, cfg)
+        (grads,) = engine.grads
+        summed = grads if summed is None else [a + b for a, b in zip(summed, grads, strict=True)]
+    assert summed is not None
+    assert_same_gradients([summed], one.grads, atol=1e-6)
+
+
 def test_the_update_learns_the_preference_from_the_reference() -> None:
     cfg = GRPOConfig(**DPO, lr=3e-3, dpo={"beta": 0.5})
     batch, advantages = pair_batch()
