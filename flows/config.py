@@ -35,6 +35,7 @@ from flows.stage_table import (
 from flows.tracking.config import TrackingSection
 from grpo_core.algo.config import GRPOConfig
 from grpo_core.algo.estimators import ADVANTAGE_ESTIMATORS, DataSource
+from grpo_core.contracts.paths import LocalPath
 from grpo_core.data.tasks.registry import TaskConfig
 from grpo_core.model.config import (
     EvalConfig,
@@ -137,7 +138,15 @@ class GRPOStageSection(_Section):
         "online",
         description="What the policy is trained on: 'online' (G samples of the current policy "
         "per prompt: GRPO, Online RFT), 'policy_0' (G samples of the warm-started policy_0, "
-        "the same distribution every step: RFT), or 'gold' (the task's gold solutions: SFT).",
+        "the same distribution every step: RFT), 'gold' (the task's gold solutions: SFT), or "
+        "'pairs_file' (the stored preference pairs of grpo.pairs_file: offline DPO).",
+    )
+    pairs_file: LocalPath = Field(
+        None,
+        description="A JSONL of preference pairs, one object per line with the question "
+        "'prompt', the completions 'chosen' and 'rejected' and optionally the gold 'answer'; "
+        "read with data_source pairs_file (offline DPO, docs/algorithm.md section 12), "
+        "checked line by line before the run.",
     )
     steps: int = Field(10, ge=1, le=1_000_000, description="GRPO steps M per iteration (>= 1).")
     prompts_per_step: int = Field(32, ge=1, le=65536, description="Prompts per step (>= 1).")
@@ -203,6 +212,21 @@ class GRPOStageSection(_Section):
             raise ValueError(
                 "grpo.data_source = gold has no sampling log-probs: set "
                 "grpo.algo.use_sampling_logprobs_as_old: false"
+            )
+        if source == "pairs_file" and not self.pairs_file:
+            raise ValueError(
+                "grpo.data_source = pairs_file trains on the pairs of grpo.pairs_file, which is "
+                "not set: set grpo.pairs_file: PATH (a JSONL of prompt / chosen / rejected)"
+            )
+        if self.pairs_file and source != "pairs_file":
+            raise ValueError(
+                f"grpo.pairs_file is read with data_source pairs_file only (got {source}): set "
+                "grpo.preset: offline_dpo, or remove grpo.pairs_file"
+            )
+        if source == "pairs_file" and self.group_size != 2:
+            raise ValueError(
+                f"grpo.data_source = pairs_file gives each prompt one stored pair, a group of "
+                f"2 outputs: set grpo.group_size: 2 (got {self.group_size})"
             )
         if source == "gold" and self.algo.rollout_correction.on:
             raise ValueError(

@@ -1,6 +1,7 @@
 """Which data a run is computed on: a fingerprint (flows/data_fingerprint.py) of each data file
-or folder its task names (the task's registered `data_paths`), recorded with the run as
-runs/<id>/data.json and checked whenever the run starts again or another run forks it.
+or folder its task names (the task's registered `data_paths`) and of grpo.pairs_file, recorded
+with the run as runs/<id>/data.json and checked whenever the run starts again or another run
+forks it.
 
 The rule is the one config keys follow (flows/config_readers.py): data that a committed stage
 read may not change, since the run would then finish on other data than it started on; data no
@@ -31,9 +32,11 @@ DataNow = dict[str, Fingerprint | None]
 
 
 def data_locations(cfg: ItergrpoConfig) -> dict[str, Path]:
-    """The data files or folders `cfg`'s task reads, by the config key that names each."""
+    """The data files or folders `cfg`'s task reads, and offline DPO's pairs file, by the
+    config key that names each."""
     spec, section = TASKS[cfg.task.name], cfg.task.section()
     paths = {f"task.{spec.name}.{field}": getattr(section, field) for field in spec.data_paths}
+    paths["grpo.pairs_file"] = cfg.grpo.pairs_file
     return {key: Path(value) for key, value in paths.items() if value}
 
 

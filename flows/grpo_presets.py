@@ -1,7 +1,7 @@
 """Named settings of the GRPO stage (`grpo.preset`) and the one function that applies them:
 DeepSeekMath's unified paradigm, where SFT, RFT, Online RFT and GRPO differ only in data
 source, reward and gradient coefficient (paper section 5.2.1), the paper / Dr. GRPO / DAPO
-variants of the GRPO update, and PPO with a critic.
+variants of the GRPO update, PPO with a critic, and DPO on the policy's own pairs.
 
 A preset is a partial tree of the `grpo` section. It fills the fields the user did not set
 (in YAML or its `base:` chain, `--set`, a run's parameters) and only those: a field the user
@@ -113,6 +113,25 @@ register_grpo_preset(
     data_source="online",
     algo={"adv_estimator": "grpo_process"},
     rewards={"verifier": 0.0, "orm": 0.0},
+)
+
+# DPO (Rafailov et al. 2023) on pairs built each step from the current policy's groups, a right
+# and a wrong output of one prompt (docs/algorithm.md section 12); pi_ref is policy_k, reset
+# each iteration as for GRPO, and sits in DPO's loss itself, so the loss has no KL term.
+register_grpo_preset(
+    "dpo",
+    "iterative DPO: pairs of a right and a wrong output of the current policy",
+    data_source="online",
+    algo={"adv_estimator": "dpo", "beta": 0.0},
+)
+
+# Offline DPO on the stored pairs of grpo.pairs_file (a JSONL the user names beside it).
+register_grpo_preset(
+    "offline_dpo",
+    "offline DPO on the preference pairs of grpo.pairs_file",
+    data_source="pairs_file",
+    group_size=2,
+    algo={"adv_estimator": "dpo_file", "beta": 0.0},
 )
 
 

@@ -19,6 +19,7 @@ from flows.plan import plan_writes
 from flows.preflight_rows import Budget, Limit, drawn_problems, fitting_task, warn_long_solutions
 from flows.progress import log
 from flows.runtime import derive_seed
+from grpo_core.data.pairs_file import read_pairs
 from grpo_core.data.tasks.base import RowTask, Split, Task
 from grpo_core.data.tasks.registry import make_task
 from grpo_core.model.config import PolicyConfig
@@ -53,6 +54,8 @@ def check_policy_and_data(cfg: ItergrpoConfig) -> None:
                 f"problem {unsolved[0].problem_id!r} has none: use a task with gold solutions, "
                 "or another grpo.data_source"
             )
+    if cfg.grpo.pairs_file:  # offline DPO's pairs: a bad line is an error naming FILE:LINE
+        read_pairs(Path(cfg.grpo.pairs_file))
     _check_warm_start_solutions(cfg, task)
 
 

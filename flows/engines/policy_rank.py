@@ -64,7 +64,7 @@ def free_port(host: str) -> int:
 
 class PolicyRank:
     """One training rank (the body of a Ray actor): joins the group, loads the policy (and the
-    reference when beta > 0) once, then runs grpo_update on every step's batch."""
+    reference when the loss reads it) once, then runs grpo_update on every step's batch."""
 
     def __init__(self, rank: int, world: int, cuda: bool, threads: int | None) -> None:
         self.rank, self.world, self.cuda = rank, world, cuda
@@ -120,7 +120,7 @@ class PolicyRank:
         dtype: str,
     ) -> None:
         """The engine on the policy saved at start_dir (policy_k, or a progress checkpoint's
-        weights on resume); the frozen reference from policy_dir when beta > 0. A rank kept
+        weights on resume); the frozen reference from policy_dir when the loss reads it. A rank kept
         for the run loads again at each GRPO stage: what the last stage held goes first (a
         new optimizer each iteration, as in one process)."""
         from grpo_core.model.policy import load_policy
@@ -133,7 +133,7 @@ class PolicyRank:
         self.model = model
         optim = algo.optimizer_settings(total_steps)
         self.engine = RANK_ENGINES[engines.train](model, optim, engines)
-        if algo.beta > 0:
+        if algo.loss_reads_reference:
             ds = engines.deepspeed
             ref_dtype = "bfloat16" if engines.train == "deepspeed" and ds.bf16 else dtype
             reference = _in_torch_memory(load_policy(policy_dir, ref_dtype)[0])

@@ -178,7 +178,7 @@ class LaunchedUpdater:
         self.policy_dtype = policy_dtype
         self.total_steps = grpo_total_steps(grpo)
         self.model = model
-        self.reference_dir = policy_dir if grpo.algo.beta > 0 else None
+        self.reference_dir = policy_dir if grpo.algo.loss_reads_reference else None
         self.current_dir = policy_dir  # HF weights the next job starts from
         self.state_dir: Path | None = None  # DeepSpeed checkpoint the next job resumes
         self.root = jobs_dir

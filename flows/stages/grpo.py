@@ -46,7 +46,7 @@ from flows.stages.grpo_progress import (
     save_policy,
     save_progress,
 )
-from flows.stages.grpo_prompts import PromptCursor, extra_round
+from flows.stages.grpo_prompts import PromptCursor, extra_round, pairs_pool, pairs_rollout
 from flows.stages.grpo_steps import check_step_rewards, policy_sample_rows, report_step
 from grpo_core.algo.critic_update import CriticLearner
 from grpo_core.algo.step import SKIPPED, StepOutcome, StepParts, grpo_step, step_parts
@@ -122,7 +122,10 @@ def setup_grpo(ctx: RunContext, k: int) -> GRPOParts:
     outputs = _outputs(ctx, k)
     # the weights before the update engine is built: DeepSpeed copies them at its start
     resumed = resume_weights(outputs.progress, model, adapters)
-    pool = ctx.task.problems(TRAIN_SPLIT, g.steps * g.prompts_per_step, seed=ctx.seed(GRPO, k))
+    if g.pairs_file:  # data_source pairs_file: offline DPO's prompts
+        pool = pairs_pool(Path(g.pairs_file), ctx.seed(GRPO, k))
+    else:
+        pool = ctx.task.problems(TRAIN_SPLIT, g.steps * g.prompts_per_step, seed=ctx.seed(GRPO, k))
     # The sampling engine first: vLLM engines on Ray actors that start a local Ray own it for
     # the run; started after the training ranks, they would stop with the ranks' Ray.
     sampler, follower = _training_data(ctx, k, model, tokenizer, pool)
@@ -337,7 +340,8 @@ def _training_data(
     pool: list[Problem],
 ) -> tuple[Sampler, RolloutEngine | None]:
     """Where grpo.data_source says the outputs come from: the current policy (online), the
-    warm-started policy_0 (RFT: the same distribution every step), or gold solutions (SFT);
+    warm-started policy_0 (RFT: the same distribution every step), gold solutions (SFT), or
+    the stored pairs of grpo.pairs_file (offline DPO);
     and the engine that must be given each updated policy (None: none follows the policy, or
     it samples `model` itself, which the update changes in place). An engine that sleeps while
     the update trains (engines.vllm.sleep_while_training) is put to sleep after sampling."""
@@ -354,6 +358,8 @@ def _training_data(
         if can.sleeps_while_training and isinstance(follower, SleepingEngine):
             return SleepsAfterSampling(follower), follower
         return engine, follower
+    if cfg.grpo.pairs_file:  # data_source pairs_file; preflight checked every line
+        return pairs_rollout(Path(cfg.grpo.pairs_file), ctx.prompter(tokenizer), tokenizer), None
     if cfg.grpo.data_source == "gold":  # preflight checked every problem has a solution
         prompter = ctx.prompter(tokenizer)
         solutions = {prompter(p.question): prompter.gold_output(p.solution or "") for p in pool}

@@ -66,6 +66,16 @@ def report_step(k: int, step: int, steps: int, out: StepOutcome, progress: Progr
         stats["verifier_accuracy"],
         f"{stats['kl']:.4f}" if "kl" in stats else "- (none applied)",
     )
+    if "dpo_loss" in stats:  # DPO: its pairs, loss and implicit reward (algorithm.md 12)
+        log.info(
+            "GRPO iter %d step %d: DPO on %d pairs, loss %.4f, reward margin %.4f, accuracy %.2f",
+            k,
+            step,
+            stats["dpo_pairs"],
+            stats["dpo_loss"],
+            stats["dpo_reward_margin"],
+            stats["dpo_reward_accuracy"],
+        )
     if "prompts_drawn" in stats:  # dynamic sampling: what it took to fill the batch
         log.info(
             "GRPO iter %d step %d: dynamic sampling drew %d prompts in %d rounds, dropped %d "

@@ -7,6 +7,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from grpo_core.algo.dpo_config import DPOConfig
 from grpo_core.algo.estimators import ADVANTAGE_ESTIMATORS, EstimatorSpec
 from grpo_core.algo.importance_config import ImportanceSampling, RolloutCorrection
 from grpo_core.algo.ppo_config import PPOConfig
@@ -19,7 +20,7 @@ ProcessCredit = Literal["sum", "min"]
 
 
 class GRPOConfig(BaseModel):
-    """Hyper-parameters of one GRPO policy update (docs/algorithm.md sections 1-6, 10-11)."""
+    """Hyper-parameters of one GRPO policy update (docs/algorithm.md sections 1-6, 10-12)."""
 
     model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
@@ -227,6 +228,12 @@ class GRPOConfig(BaseModel):
         description="PPO's critic, GAE and KL-in-reward settings; read only when "
         "adv_estimator = ppo (grpo_core/algo/ppo_config.py).",
     )
+    dpo: DPOConfig = Field(
+        default_factory=DPOConfig,
+        description="The DPO loss (beta, sigmoid or IPO, label smoothing, sequence log-prob); "
+        "read only when adv_estimator = dpo or dpo_ranked (grpo_core/algo/dpo_config.py, "
+        "docs/algorithm.md section 12).",
+    )
 
     @model_validator(mode="before")
     @classmethod
@@ -286,6 +293,31 @@ class GRPOConfig(BaseModel):
             )
         return self
 
+    @model_validator(mode="after")
+    def _dpo_has_no_policy_gradient_term(self) -> GRPOConfig:
+        """The DPO loss has no per-token policy-gradient term for a KL term, a ratio level, a
+        correction or a truncation mask to act on, and keeps a pair in one pass: such a
+        setting would be silently ignored, so it is refused."""
+        if not self.estimator.pairs:
+            return self
+        ignored = (
+            (self.beta > 0, "beta: 0 (DPO's loss holds pi_ref itself; its weight is dpo.beta)"),
+            (self.importance_sampling != "token", "importance_sampling: token"),
+            (self.rollout_correction.on, "rollout_correction.mode: off"),
+            (self.mask_truncated, "mask_truncated: false (a truncated output still pairs)"),
+            (
+                self.max_tokens_per_micro_batch is not None,
+                "max_tokens_per_micro_batch: null (DPO passes micro_batch_size // 2 pairs)",
+            ),
+        )
+        fixes = [fix for applies, fix in ignored if applies]
+        if fixes:
+            raise ValueError(
+                f"grpo.algo.adv_estimator = {self.adv_estimator} trains with the DPO loss, which "
+                f"does not use the clipped surrogate's settings: set grpo.algo.{fixes[0]}"
+            )
+        return self
+
     @field_validator("adv_estimator")
     @classmethod
     def _registered_estimator(cls, name: str) -> str:
@@ -297,10 +329,16 @@ class GRPOConfig(BaseModel):
         return ADVANTAGE_ESTIMATORS[self.adv_estimator]
 
     @property
+    def loss_reads_reference(self) -> bool:
+        """The policy loss reads pi_ref's log-probs: its KL term (beta), or DPO's implicit
+        reward (section 12)."""
+        return self.beta > 0 or self.estimator.pairs
+
+    @property
     def needs_reference(self) -> bool:
-        """A reference model is run: the KL term of the loss (beta), or PPO's KL penalty in
-        the reward."""
-        return self.beta > 0 or (self.estimator.needs_values and self.ppo.kl_coef > 0)
+        """A reference model is run: for the loss (loss_reads_reference), or PPO's KL
+        penalty in the reward."""
+        return self.loss_reads_reference or (self.estimator.needs_values and self.ppo.kl_coef > 0)
 
     @property
     def clip_range(self) -> tuple[float, float]:

@@ -25,9 +25,9 @@ if TYPE_CHECKING:
 
 AdvantageEstimator = Callable[["AdvantageInputs", float], "Tensor"]
 # Where a GRPO stage's outputs come from: samples of the current policy, samples of the
-# warm-started policy_0, or the task's gold solutions.
-DataSource = Literal["online", "policy_0", "gold"]
-DATA_SOURCES: tuple[DataSource, ...] = ("online", "policy_0", "gold")
+# warm-started policy_0, the task's gold solutions, or the preference pairs of grpo.pairs_file.
+DataSource = Literal["online", "policy_0", "gold", "pairs_file"]
+DATA_SOURCES: tuple[DataSource, ...] = ("online", "policy_0", "gold", "pairs_file")
 SAMPLED_SOURCES: frozenset[DataSource] = frozenset({"online", "policy_0"})
 # The AdvantageInputs an estimator reads besides response_mask: the weighted outcome reward,
 # the verifier's verdict, or the PRM's step rewards (which need a trained PRM).
@@ -35,6 +35,9 @@ SAMPLED_SOURCES: frozenset[DataSource] = frozenset({"online", "policy_0"})
 AdvantageField = Literal["rewards", "correct", "step_rewards", "values"]
 # The reward part every GRPO step scores whatever its weight: its 1/0 is `correct`.
 VERIFIER = "verifier"
+# The loss an estimator's output feeds: the clipped surrogate of per-token advantages
+# (sections 1-3), or DPO's on the pairs it marks (+1 chosen, -1 rejected; section 12).
+PolicyLoss = Literal["clipped_surrogate", "dpo"]
 
 
 @dataclass(frozen=True)
@@ -47,6 +50,7 @@ class EstimatorSpec:
     reads: frozenset[AdvantageField]
     data_sources: frozenset[DataSource]
     summary: str  # one line for the config's field description
+    loss: PolicyLoss = "clipped_surrogate"
 
     @cached_property
     def fn(self) -> AdvantageEstimator:
@@ -72,6 +76,11 @@ class EstimatorSpec:
         """Reads a critic's values (PPO): the stage trains a value model beside the policy."""
         return "values" in self.reads
 
+    @property
+    def pairs(self) -> bool:
+        """Marks preference pairs for the DPO loss instead of giving advantages."""
+        return self.loss == "dpo"
+
 
 ADVANTAGE_ESTIMATORS: Registry[EstimatorSpec] = Registry("advantage estimator")
 
@@ -83,11 +92,13 @@ def register_adv_estimator(
     reads: set[AdvantageField],
     summary: str,
     data_sources: set[DataSource] | None = None,
+    loss: PolicyLoss = "clipped_surrogate",
 ) -> EstimatorSpec:
-    """Register an estimator under `name`, with the inputs it reads and the data sources it
-    trains on (default: sampled outputs, the current policy's or policy_0's)."""
+    """Register an estimator under `name`, with the inputs it reads, the data sources it
+    trains on (default: sampled outputs, the current policy's or policy_0's) and the loss
+    its output feeds."""
     sources = frozenset(data_sources) if data_sources else SAMPLED_SOURCES
-    spec = EstimatorSpec(name, impl, frozenset(reads), sources, summary)
+    spec = EstimatorSpec(name, impl, frozenset(reads), sources, summary, loss)
     return ADVANTAGE_ESTIMATORS.add(name, spec)
 
 
@@ -144,4 +155,29 @@ register_adv_estimator(
     data_sources={"online"},
     summary="PPO with a critic: GAE (grpo.algo.ppo.gamma, lam) on per-token rewards, the "
     "weighted reward on the last token minus the KL penalty; trains a value model",
+)
+register_adv_estimator(
+    "dpo",
+    "grpo_core.algo.dpo:dpo_estimator",
+    reads={"correct"},
+    loss="dpo",
+    summary="DPO on pairs of a right and a wrong output of each group (the verifier's); "
+    "trains with the DPO loss of grpo.algo.dpo",
+)
+register_adv_estimator(
+    "dpo_ranked",
+    "grpo_core.algo.dpo:dpo_ranked_estimator",
+    reads={"rewards"},
+    loss="dpo",
+    summary="DPO on pairs of the best and the worst outputs of each group by the weighted "
+    "reward (the ORM's ranking under the demo's weights); the DPO loss of grpo.algo.dpo",
+)
+register_adv_estimator(
+    "dpo_file",
+    "grpo_core.algo.dpo:dpo_file_estimator",
+    reads=set(),
+    data_sources={"pairs_file"},
+    loss="dpo",
+    summary="offline DPO on the stored pairs of grpo.pairs_file (chosen over rejected); the "
+    "DPO loss of grpo.algo.dpo",
 )

@@ -10,6 +10,7 @@ need a CUDA attention kernel; on CPU / SDPA the budget minimises padding instead
 from __future__ import annotations
 
 import logging
+import math
 from collections.abc import Callable, Sequence
 
 import torch
@@ -73,6 +74,24 @@ def note_rows_over_budget(lengths: Sequence[int], max_tokens: int) -> None:
             longest,
             max_tokens,
         )
+
+
+def rank_micro_batches(
+    rows: Tensor, micro_batch_size: int, rank: int = 0, world_size: int = 1
+) -> list[tuple[Tensor, bool]]:
+    """This rank's share of a mini-batch's row indices as micro-batches, with a live flag.
+
+    One process: consecutive chunks of micro_batch_size rows, all live. Several: rank r
+    takes the r-th of world_size near-equal shares, cut into the same number of chunks on
+    every rank (ZeRO passes are collective); a rank with fewer rows than chunks pads with
+    a non-live pass over one row, which the caller masks out.
+    """
+    if world_size == 1:
+        return [(micro, True) for micro in torch.split(rows, micro_batch_size)]
+    share = torch.tensor_split(rows, world_size)[rank]
+    passes = math.ceil(math.ceil(len(rows) / world_size) / micro_batch_size)
+    chunks = [(micro, True) for micro in torch.tensor_split(share, passes) if len(micro)]
+    return chunks + [(rows[:1], False)] * (passes - len(chunks))
 
 
 def rank_token_micro_batches(

@@ -42,12 +42,15 @@ from grpo_core.contracts.rollout import RolloutBatch, Sampler, SamplingParams
 NO_PROMPTS = "no_prompts"
 NO_RESPONSE_TOKENS = "no_response_tokens"
 ALL_TRUNCATED = "all_truncated"
+NO_PAIRS = "no_pairs"
 SKIPPED = "skipped"
 SKIP_EXPLAINED = {
     NO_PROMPTS: "the task has no train problem for this step",
     NO_RESPONSE_TOKENS: "every output is empty, so no token has a log-prob to train",
     ALL_TRUNCATED: "every output was cut at max_new_tokens and grpo.algo.mask_truncated "
     "leaves such outputs out of the loss",
+    NO_PAIRS: "the DPO pairing found no group with a preferred and a dispreferred output "
+    "(dpo: a right and a wrong one; dpo_ranked: two different rewards)",
     ALL_GROUPS_EQUAL: "under grpo.algo.dynamic_sampling every group drawn had equal rewards "
     "(raise dynamic_sampling_max_rounds, or check the reward)",
 }
@@ -298,6 +301,11 @@ def grpo_step(
     advantages = token_advantages(algo, rewards, rows.response_mask, shape, terms)
     require_finite("advantages", advantages, where=where, cause=REWARD_SOURCE)
     advantages = rows.in_loss(advantages)
+    if algo.estimator.pairs and not bool(advantages.any()):  # DPO with nothing to prefer
+        stats = {**skip_stats(NO_PAIRS), "dpo_pairs": 0.0}
+        stats.update({**reward_stats(rewards, parts.group_size), **extra})
+        require_finite_metrics(stats, where=where, cause=REWARD_SOURCE)
+        return StepOutcome(batch, rewards, advantages, stats, NO_PAIRS, kept)
     old = rows.padded.lists_to_full(batch.logprobs) if algo.reads_sampling_logprobs else None
     trained = rows.trained
     stats = parts.policy.update(trained, trained.response_to_full(advantages), old, seed)

@@ -11,10 +11,12 @@ import torch
 from torch import Tensor, nn
 
 from grpo_core.algo.config import GRPOConfig
+from grpo_core.algo.dpo_update import dpo_update
 from grpo_core.algo.losses import grpo_loss
 from grpo_core.algo.micro_batches import (
     attended_columns,
     columns,
+    rank_micro_batches,
     rank_token_micro_batches,
     row_lengths,
     widen,
@@ -49,7 +51,12 @@ def grpo_update(
     Identical rows of a mini-batch (same tokens, advantages, given pi_old and, under the
     correction, sampler log-probs) run once, weighted by their count; the reference and
     pi_old forwards run once per distinct tokens.
+
+    A pairing estimator's batch (cfg.estimator.pairs: +1 / -1 marks in `advantages`) trains
+    with the DPO loss instead (dpo_update.py, section 12).
     """
+    if cfg.estimator.pairs:
+        return dpo_update(engine, ref_model, batch, advantages, cfg, generator)
     _check_inputs(batch, advantages, cfg, ref_model, old_logprobs)
     engine.train()
     set_gradient_checkpointing(engine.model, cfg.gradient_checkpointing)
@@ -294,24 +301,6 @@ class _UpdateMetrics:
                 sign * value if math.isfinite(value) else self.empty_extremes.get(key, value)
             )
         return result
-
-
-def rank_micro_batches(
-    rows: Tensor, micro_batch_size: int, rank: int = 0, world_size: int = 1
-) -> list[tuple[Tensor, bool]]:
-    """This rank's share of a mini-batch's row indices as micro-batches, with a live flag.
-
-    One process: consecutive chunks of micro_batch_size rows, all live. Several: rank r
-    takes the r-th of world_size near-equal shares, cut into the same number of chunks on
-    every rank (ZeRO passes are collective); a rank with fewer rows than chunks pads with
-    a non-live pass over one row, which the caller masks out.
-    """
-    if world_size == 1:
-        return [(micro, True) for micro in torch.split(rows, micro_batch_size)]
-    share = torch.tensor_split(rows, world_size)[rank]
-    passes = math.ceil(math.ceil(len(rows) / world_size) / micro_batch_size)
-    chunks = [(micro, True) for micro in torch.tensor_split(share, passes) if len(micro)]
-    return chunks + [(rows[:1], False)] * (passes - len(chunks))
 
 
 def _reduce_over_ranks(

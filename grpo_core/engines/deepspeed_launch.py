@@ -47,7 +47,8 @@ class UpdateJob(BaseModel):
 
     policy_dir: str = Field(description="HF model directory (save_pretrained) of the policy.")
     reference_dir: str | None = Field(
-        default=None, description="HF model directory of the reference; needed when beta > 0."
+        default=None,
+        description="HF model directory of the reference; needed when the loss reads it.",
     )
     output_dir: str = Field(
         description="Written by rank 0: policy/ (updated weights), metrics.json last; "
@@ -161,9 +162,9 @@ def main(argv: list[str] | None = None) -> None:
     if job.resume_from is not None:
         engine.load_checkpoint(Path(job.resume_from))
     reference: torch.nn.Module | None = None
-    if g.beta > 0:
+    if g.loss_reads_reference:
         if job.reference_dir is None:
-            raise ValueError(f"beta = {g.beta} > 0 needs reference_dir in {job_dir / JOB_FILE}")
+            raise ValueError(f"the loss reads pi_ref: needs reference_dir in {job_dir / JOB_FILE}")
         ref_dtype = torch.bfloat16 if job.deepspeed.bf16 else dtype  # DeepSpeed computes in it
         reference = AutoModelForCausalLM.from_pretrained(job.reference_dir, dtype=ref_dtype)
         torch.nn.Module.to(reference, engine.device).eval().requires_grad_(False)

@@ -121,7 +121,10 @@ def test_the_presets_of_the_update_variants() -> None:
     assert GRPO_PRESETS.names() == [
         *("paper", "dr_grpo", "dapo", "ppo"),
         *("sft", "rft", "online_rft", "grpo_os", "grpo_ps"),
+        *("dpo", "offline_dpo"),
     ]
+    dpo = algo("dpo")  # pi_ref sits in DPO's loss: no KL term besides
+    assert (dpo.adv_estimator, dpo.beta, dpo.loss_reads_reference) == ("dpo", 0.0, True)
 
 
 def test_a_stored_preset_run_resumes_as_it_started() -> None:
@@ -159,3 +162,26 @@ def test_partial_parameters_with_a_preset_keep_a_field_set_to_its_default() -> N
     cfg = parameters_merged(_served(), given)
     _dapo_kept_but_dynamic_sampling(cfg)
     assert cfg == load_config("micro", DAPO_WITHOUT_DYNAMIC_SAMPLING)
+
+
+def test_offline_dpo_reads_its_pairs_file_in_groups_of_two(tmp_path: Path) -> None:
+    pairs = tmp_path / "pairs.jsonl"
+    cfg = load_config("micro", ["grpo.preset=offline_dpo", f"grpo.pairs_file={pairs}"])
+    grpo = cfg.grpo
+    assert (grpo.data_source, grpo.group_size, grpo.algo.adv_estimator) == (
+        "pairs_file",
+        2,
+        "dpo_file",
+    )
+    with pytest.raises(ConfigError, match=r"set grpo\.pairs_file: PATH"):
+        load_config("micro", ["grpo.preset=offline_dpo"])
+    with pytest.raises(ConfigError, match=r"set grpo\.group_size: 2"):
+        load_config(
+            "micro", ["grpo.preset=offline_dpo", f"grpo.pairs_file={pairs}", "grpo.group_size=4"]
+        )
+    with pytest.raises(
+        ConfigError, match=r"grpo\.pairs_file is read with data_source pairs_file only"
+    ):
+        load_config("micro", ["grpo.preset=dpo", f"grpo.pairs_file={pairs}"])
+    with pytest.raises(ConfigError, match="trains on data_source pairs_file, not online"):
+        load_config("micro", ["grpo.algo.adv_estimator=dpo_file", "grpo.algo.beta=0"])

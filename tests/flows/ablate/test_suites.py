@@ -20,7 +20,7 @@ def test_the_default_suite_has_the_papers_arms_at_three_seeds(tmp_path: Path) ->
     plan = make_plan(name, suite, seeds=None, ablation_id=None, store_root=tmp_path)
     assert plan.ablation_id == "ablate-default"
     runs = plan.arm_runs()
-    assert {r.arm for r in runs} >= {"sft", "rft", "online_rft", "grpo_os", "grpo_ps"}
+    assert {r.arm for r in runs} >= {"sft", "rft", "online_rft", "dpo", "grpo_os", "grpo_ps"}
     assert "grpo_os_rm_once" in suite.arms
     assert {r.seed for r in runs} == {0, 1, 2}
     policy_0 = plan.policy_0_dir()
@@ -31,12 +31,13 @@ def test_the_default_suite_has_the_papers_arms_at_three_seeds(tmp_path: Path) ->
         assert r.run_id == f"ablate-default-{r.arm}-s{r.seed}"
     by_arm = {r.arm: r.config for r in runs if r.seed == 0}
     assert by_arm["grpo_ps"].grpo.algo.adv_estimator == "grpo_process"
+    assert by_arm["dpo"].grpo.algo.estimator.pairs  # the DPO arm trains on the policy's pairs
     # Fig. 6: 3 iterations, the reward model retrained or trained once
     assert by_arm["grpo_os"].reward_models.retrain
     assert not by_arm["grpo_os_rm_once"].reward_models.retrain
     assert by_arm["grpo_os"].run.iterations == by_arm["grpo_os_rm_once"].run.iterations == 3
     # equal sampled outputs and update steps per iteration across the Fig. 5 arms
-    fig5 = [by_arm[a] for a in ("sft", "rft", "online_rft", "grpo_os", "grpo_ps")]
+    fig5 = [by_arm[a] for a in ("sft", "rft", "online_rft", "dpo", "grpo_os", "grpo_ps")]
     shapes = {(c.grpo.steps, c.grpo.prompts_per_step, c.grpo.group_size) for c in fig5}
     assert len(shapes) == 1
     assert by_arm["grpo_os"].evaluation.k_values()[-1] == 64  # Fig. 7: K up to 64
