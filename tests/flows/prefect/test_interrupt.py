@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from storage.store import RunStore
-from tests.flow_helpers import REPO
+from tests.flow_helpers import CLI_MODULE, REPO
 
 pytestmark = pytest.mark.slow
 RUN_ID = "pi"
@@ -53,7 +53,7 @@ def alive(pids: set[int]) -> set[int]:
 def start(*args: str, store: Path) -> tuple[subprocess.Popen[str], queue.Queue[str]]:
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     proc = subprocess.Popen(
-        [sys.executable, "-m", "flows.cli", *args, "--store", str(store)],
+        [sys.executable, "-m", CLI_MODULE, *args, "--store", str(store)],
         cwd=REPO,
         env=env,
         stdout=subprocess.DEVNULL,
