@@ -118,6 +118,7 @@ def test_registry_names_and_token_broadcast() -> None:
         "online_rft",
         "sft",
         "ppo",
+        "distill",
     }
     response_mask = torch.tensor([[1.0, 1.0, 0.0], [1.0, 0.0, 0.0]])
     inputs = AdvantageInputs(
