@@ -282,6 +282,14 @@ class ItergrpoConfig(_Section):
                 "grpo.algo.ppo.critic_init = orm starts the critic from the ORM, but "
                 "reward_models.use_orm = false: set use_orm: true, or critic_init: policy"
             )
+        per_token = [n for n, w in rewards.weights().items() if w > 0 and REWARD_PARTS[n].per_token]
+        if estimator.needs_token_rewards and not per_token:
+            parts = [name for name, part in REWARD_PARTS.items() if part.per_token]
+            raise ValueError(
+                f"grpo.algo.adv_estimator = {estimator.name} reads a reward per token, but no "
+                f"per-token reward part ({', '.join(parts)}) has a weight: set one > 0 (e.g. "
+                "grpo.rewards.teacher: 1 with grpo.rewards.teacher_path), or use another estimator"
+            )
         if estimator.needs_weighted_reward and not any(rewards.weights().values()):
             raise ValueError(
                 f"grpo.rewards: {', '.join(rewards.weights())} are all 0, so every GRPO "

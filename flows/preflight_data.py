@@ -27,8 +27,10 @@ from grpo_core.model.lora import require_peft
 from grpo_core.model.policy import build_char_tokenizer, ensure_pad_token
 from grpo_core.model.prompts import Prompter
 from grpo_core.model.smollm2 import INSTALL, default_cache_dir, find_gguf, smollm2_path
+from grpo_core.model.teacher import tokenizer_mismatch
 from reward_models.config import RMKind
 from reward_models.models import META_FILE
+from reward_models.parts.teacher import TEACHER
 from reward_models.sources import check_source
 from storage.checkpoints import checkpoint_path
 
@@ -44,6 +46,7 @@ def check_policy_and_data(cfg: ItergrpoConfig) -> None:
     prompter = Prompter(tokenizer, cfg.prompt, task.answer_format.instruction)
     drawn = drawn_problems(task, _wants(cfg), cfg.run.seed)
     warn_long_solutions(task, drawn[TRAIN_SPLIT], prompter, _max_new_tokens(cfg))
+    _check_teacher(cfg, tokenizer, [prompter(p.question) for p in drawn[TRAIN_SPLIT][:16]])
     _check_splits(cfg, task)
     if cfg.grpo.data_source == "gold":
         wanted = cfg.grpo.steps * cfg.grpo.prompts_per_step
@@ -94,6 +97,50 @@ def _check_reward_models(cfg: ItergrpoConfig, policy: PreTrainedTokenizerBase | 
         if (checkpoint_path(root, run_id, kind, 0) / META_FILE).is_file():
             continue  # RM_0 is in the store: a resumed run never reads the source again
         check_source(rms.settings(kind), kind, policy, rms.max_length)
+
+
+def _check_teacher(
+    cfg: ItergrpoConfig, student: PreTrainedTokenizerBase, prompts: list[str]
+) -> None:
+    """On-policy distillation (grpo.rewards.teacher > 0): the teacher is a model directory
+    whose tokenizer reads the student's sampled ids as the student does (one vocabulary, the
+    same ids for the run's prompts)."""
+    rewards = cfg.grpo.rewards
+    if rewards.weight(TEACHER) <= 0:
+        return
+    path = rewards.options(TEACHER)["path"]
+    if not path:
+        raise PreflightError(
+            "grpo.rewards.teacher > 0 needs grpo.rewards.teacher_path: the directory of the "
+            "teacher's checkpoint (e.g. a run's policy_N)"
+        )
+    if not (Path(path) / "config.json").is_file():
+        raise PreflightError(
+            f"grpo.rewards.teacher_path {path} is not an HF model directory (no config.json): "
+            "point it at a folder written by save_pretrained, e.g. a run's policy_N"
+        )
+    try:
+        teacher = AutoTokenizer.from_pretrained(path, local_files_only=True)
+    except (OSError, ValueError) as exc:
+        raise PreflightError(f"the teacher's tokenizer at {path} cannot be loaded: {exc}") from exc
+    why = tokenizer_mismatch(teacher, student, prompts)
+    if why is not None:
+        raise PreflightError(
+            f"the teacher at {path} cannot score the tokens of the student "
+            f"({_policy_source(cfg)}): {why}; distil from a teacher with the student's tokenizer"
+        )
+
+
+def _policy_source(cfg: ItergrpoConfig) -> str:
+    """Where policy_0's tokenizer comes from, for messages."""
+    stored = checkpoint_path(cfg.store.resolved_root(), cfg.run.run_id or "", POLICY, 0)
+    if (stored / "config.json").is_file():
+        return str(stored)
+    if cfg.policy.kind == "tiny":
+        return "policy.kind tiny: the character tokenizer of policy.alphabet"
+    if cfg.policy.kind == "local":
+        return str(cfg.policy.path)
+    return f"SmolLM2 at {cfg.policy.cache_dir or default_cache_dir()}"
 
 
 def _policy_tokenizer(cfg: ItergrpoConfig) -> tuple[PreTrainedTokenizerBase, int]:

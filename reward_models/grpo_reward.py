@@ -5,14 +5,21 @@ grpo_core/algo/rewards.py.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from dataclasses import dataclass, field
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from typing import Any
 
 import torch
 from torch import Tensor
 from transformers import PreTrainedTokenizerBase
 
-from grpo_core.algo.rewards import ScoredPart, StepRewards, outcome_reward, process_rewards
+from grpo_core.algo.rewards import (
+    ScoredPart,
+    StepRewards,
+    outcome_reward,
+    process_rewards,
+    token_rewards,
+)
 from grpo_core.contracts.rollout import RolloutBatch
 from grpo_core.data.reasoning_steps import step_end_token_indices
 from grpo_core.data.tasks.base import Problem, Task
@@ -35,10 +42,13 @@ def models_needed(weights: RewardWeightsBase, step_rewards: bool) -> set[RMKind]
 
 @dataclass
 class GRPORewarder:
-    """Scores a step's outputs; `process_supervision` adds the PRM's per-step rewards.
+    """Scores a step's outputs; `process_supervision` adds the PRM's per-step rewards, and the
+    per-token parts scored give the token rewards.
 
     Step boundaries under process supervision come from the policy's own sampled tokens
     (`policy_tokenizer`); the PRM reads each step in its own tokenization of the same text.
+    `temperature`: the outputs' sampling temperature; `device`: where the models the scored
+    parts load (a teacher) run.
     """
 
     task: Task
@@ -47,11 +57,19 @@ class GRPORewarder:
     max_new_tokens: int
     models: Mapping[RMKind, RewardModel] = field(default_factory=dict)
     process_supervision: bool = False
+    temperature: float = 1.0
+    device: str = "cpu"
+    loaded: dict[str, Any] = field(init=False, default_factory=dict)
 
     def __post_init__(self) -> None:
         missing = models_needed(self.weights, self.process_supervision) - set(self.models)
         if missing:
             raise ValueError(f"the reward parts and estimator need {sorted(missing)}: give them")
+        self.loaded = {
+            part.name: part.load(self.weights.options(part.name), self.device)
+            for part in scored_parts(self.weights)
+            if part.load is not None
+        }
 
     def __call__(
         self, problems: list[Problem], prompts: list[str], batch: RolloutBatch
@@ -63,16 +81,39 @@ class GRPORewarder:
             batch=batch,
             max_new_tokens=self.max_new_tokens,
             models=self.models,
+            temperature=self.temperature,
+            loaded=self.loaded,
         )
         parts: dict[str, Tensor] = {}
         scored: list[ScoredPart] = []
+        per_token: list[tuple[float, Sequence[Sequence[float]]]] = []
         for part in scored_parts(self.weights):
-            values = part.score(context, self.weights.options(part.name))
+            options, weight = self.weights.options(part.name), self.weights.weight(part.name)
+            if part.token_score is not None:
+                tokens = _checked_token_scores(part.name, part.token_score(context, options), batch)
+                per_token.append((weight, tokens))
+                values: Tensor | Sequence[float] = [sum(row) for row in tokens]
+            else:
+                assert part.score is not None  # RewardPart has one of the two
+                values = part.score(context, options)
             parts[part.name] = torch.as_tensor(values, dtype=torch.float32)
-            weight = self.weights.weight(part.name)
             scored.append(ScoredPart(weight, parts[part.name], part.learned))
         total, rm = outcome_reward(scored)
         if not self.process_supervision:
-            return StepRewards(total, parts, rm)
+            return StepRewards(total, parts, rm, token_rewards=token_rewards(per_token))
         ends = [step_end_token_indices(ids, self.policy_tokenizer) for ids in batch.completion_ids]
-        return process_rewards(context.step_scores(), ends, total, parts)
+        rewards = process_rewards(context.step_scores(), ends, total, parts)
+        return replace(rewards, token_rewards=token_rewards(per_token))
+
+
+def _checked_token_scores(
+    name: str, scores: Sequence[Sequence[float]], batch: RolloutBatch
+) -> list[list[float]]:
+    """A per-token part's scores as floats, one per response token of each output."""
+    lengths = [len(ids) for ids in batch.completion_ids]
+    if [len(row) for row in scores] != lengths:
+        raise ValueError(
+            f"reward part {name!r} gave {[len(row) for row in scores]} token scores for outputs "
+            f"of {lengths} tokens: one per response token"
+        )
+    return [[float(v) for v in row] for row in scores]

@@ -325,10 +325,18 @@ def _load_reward_models(ctx: RunContext, k: int) -> dict[RMKind, RewardModel]:
 def _rewarder(
     ctx: RunContext, tokenizer: PreTrainedTokenizerBase, reward_models: dict[RMKind, RewardModel]
 ) -> GRPORewarder:
-    """Scores a step's outputs: the grpo.rewards parts, RM_k's among them."""
+    """Scores a step's outputs: the grpo.rewards parts, RM_k's among them (and the models the
+    parts load, a teacher, on the run's device)."""
     g = ctx.cfg.grpo
     return GRPORewarder(
-        ctx.task, g.rewards, tokenizer, g.max_new_tokens, reward_models, g.algo.process_supervision
+        ctx.task,
+        g.rewards,
+        tokenizer,
+        g.max_new_tokens,
+        reward_models,
+        g.algo.process_supervision,
+        temperature=g.algo.temperature,
+        device=str(ctx.device),
     )
 
 

@@ -156,6 +156,17 @@ def pad_steps(
     )
 
 
+def pad_token_rewards(rewards: list[list[float]], width: int) -> Tensor:
+    """Ragged per-output token rewards (one value per response token) as (B, width) in response
+    coordinates, 0 on padding."""
+    out = torch.zeros(len(rewards), width)
+    for r, values in enumerate(rewards):
+        if len(values) > width:
+            raise ValueError(f"output {r}: {len(values)} token rewards for {width} token columns")
+        out[r, : len(values)] = torch.tensor(values, dtype=out.dtype)
+    return out
+
+
 def sft_coefficients(correct: Tensor) -> Tensor:
     """SFT gradient coefficient, spec section 6: 1 for every output; shape of `correct`."""
     return torch.ones_like(correct, dtype=torch.float32)
@@ -191,6 +202,8 @@ class AdvantageInputs:
     response-token index where each step ends.
     process_credit: 'sum' or 'min' over a token's future steps (grpo.algo.process_credit).
     ppo: the critic's values and the KL penalty's terms (only PPO reads them).
+    token_rewards: (B, T) the weighted per-token reward parts' reward of each response token
+    (0 on padding), e.g. a teacher's reverse KL (grpo_core/algo/distill.py).
     """
 
     response_mask: Tensor
@@ -201,6 +214,7 @@ class AdvantageInputs:
     step_ends: Tensor | None = None
     process_credit: ProcessCredit = "sum"  # how step rewards become token advantages
     ppo: PPOTerms | None = None
+    token_rewards: Tensor | None = None
 
 
 def _require(value: _V | None, field: str, estimator: str) -> _V:

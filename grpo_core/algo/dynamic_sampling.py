@@ -152,5 +152,8 @@ def _concat_groups(parts: list[tuple[SampledRound, list[int]]]) -> tuple[Rollout
         rm=None if first.rm is None else pick(per_row(lambda w: w.rm)),
         step_scores=[s.rewards.step_scores[r] for s, r, _ in rows] if steps else None,  # type: ignore[index]
         step_ends=[s.rewards.step_ends[r] for s, r, _ in rows] if steps else None,  # type: ignore[index]
+        token_rewards=None
+        if first.token_rewards is None
+        else [s.rewards.token_rewards[r] for s, r, _ in rows],  # type: ignore[index]
     )
     return batch, rewards

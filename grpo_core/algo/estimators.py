@@ -31,8 +31,9 @@ DATA_SOURCES: tuple[DataSource, ...] = ("online", "policy_0", "gold", "pairs_fil
 SAMPLED_SOURCES: frozenset[DataSource] = frozenset({"online", "policy_0"})
 # The AdvantageInputs an estimator reads besides response_mask: the weighted outcome reward,
 # the verifier's verdict, or the PRM's step rewards (which need a trained PRM).
-# The critic's values (PPO) are read too, and the stage then trains a critic beside the policy.
-AdvantageField = Literal["rewards", "correct", "step_rewards", "values"]
+# The critic's values (PPO) are read too, and the stage then trains a critic beside the policy;
+# token rewards come from the per-token reward parts (a teacher's: on-policy distillation).
+AdvantageField = Literal["rewards", "correct", "step_rewards", "values", "token_rewards"]
 # The reward part every GRPO step scores whatever its weight: its 1/0 is `correct`.
 VERIFIER = "verifier"
 # The loss an estimator's output feeds: the clipped surrogate of per-token advantages
@@ -70,6 +71,12 @@ class EstimatorSpec:
     def needs_weighted_reward(self) -> bool:
         """Reads the weighted outcome reward, so at least one reward weight must be > 0."""
         return "rewards" in self.reads
+
+    @property
+    def needs_token_rewards(self) -> bool:
+        """Reads a reward per response token, which a per-token reward part with a weight
+        gives (reward_models/parts/teacher.py)."""
+        return "token_rewards" in self.reads
 
     @property
     def needs_values(self) -> bool:
@@ -180,4 +187,13 @@ register_adv_estimator(
     loss="dpo",
     summary="offline DPO on the stored pairs of grpo.pairs_file (chosen over rejected); the "
     "DPO loss of grpo.algo.dpo",
+)
+register_adv_estimator(
+    "distill",
+    "grpo_core.algo.distill:distill_estimator",
+    reads={"token_rewards"},
+    data_sources={"online"},
+    summary="on-policy distillation: each sampled token's advantage is its per-token reward "
+    "(grpo.rewards.teacher: the teacher's log-prob minus the student's), no group baseline, "
+    "no discount",
 )

@@ -17,6 +17,7 @@ from grpo_core.algo.advantages import (
     AdvantageInputs,
     PPOTerms,
     pad_steps,
+    pad_token_rewards,
     zero_advantage_group_fraction,
 )
 from grpo_core.algo.config import GRPOConfig
@@ -42,6 +43,9 @@ class StepRewards:
     rm: Tensor | None  # (B,) what the learned RMs gave each output (None: no RM used)
     step_scores: list[list[float]] | None = None  # per-step rewards (process supervision)
     step_ends: list[list[int]] | None = None  # index into the completion tokens per step
+    # per response token of each output: the weighted sum of the per-token parts (a teacher's
+    # reverse KL); None: no per-token part was scored
+    token_rewards: list[list[float]] | None = None
 
     def __post_init__(self) -> None:
         if VERIFIER not in self.parts:
@@ -77,6 +81,25 @@ def outcome_reward(parts: Sequence[ScoredPart]) -> tuple[Tensor, Tensor | None]:
         return total, None
     weighted = torch.stack([p.weight * p.score.float() for p in learned]).sum(0)
     return total, weighted / sum(p.weight for p in learned)
+
+
+def token_rewards(
+    parts: Sequence[tuple[float, Sequence[Sequence[float]]]],
+) -> list[list[float]] | None:
+    """The per-token reward of each response token: the sum of weight x token score over the
+    per-token parts (weight, one list per output), in their order; None without any."""
+    if not parts:
+        return None
+    weight, first = parts[0]
+    total = [[weight * v for v in row] for row in first]
+    for weight, scores in parts[1:]:
+        if [len(r) for r in scores] != [len(r) for r in total]:
+            raise ValueError("per-token parts must score the same tokens of the same outputs")
+        total = [
+            [t + weight * v for t, v in zip(trow, srow, strict=True)]
+            for trow, srow in zip(total, scores, strict=True)
+        ]
+    return total
 
 
 def process_rewards(
@@ -120,6 +143,9 @@ def reward_stats(rewards: StepRewards, group_size: int) -> dict[str, float]:
     }
     if rewards.rm is not None:
         stats["rm_reward_mean"] = float(rewards.rm.mean())
+    tokens = [r for row in rewards.token_rewards or [] for r in row]
+    if tokens:  # the mean over every response token (a teacher's: minus the reverse KL)
+        stats["token_reward_mean"] = sum(tokens) / len(tokens)
     return stats
 
 
@@ -129,6 +155,8 @@ def check_rewards(rewards: StepRewards, where: str) -> None:
         require_finite("the reward models' reward", rewards.rm, where=where, cause=REWARD_SOURCE)
     for n, steps in enumerate(rewards.step_scores or []):
         require_finite(f"PRM step rewards of output {n}", steps, where=where, cause=REWARD_SOURCE)
+    for n, tokens in enumerate(rewards.token_rewards or []):
+        require_finite(f"token rewards of output {n}", tokens, where=where, cause=REWARD_SOURCE)
     require_finite("the weighted reward", rewards.total, where=where, cause=REWARD_SOURCE)
 
 
@@ -147,12 +175,16 @@ def token_advantages(
             rewards.step_scores, rewards.step_ends, shape
         )
         steps = {"step_rewards": step_rewards, "step_mask": step_mask, "step_ends": step_ends}
+    per_token = None
+    if rewards.token_rewards is not None:
+        per_token = pad_token_rewards(rewards.token_rewards, response_mask.shape[-1])
     inputs = AdvantageInputs(
         response_mask=response_mask,
         rewards=rewards.total.reshape(shape),
         correct=rewards.verifier.reshape(shape),
         process_credit=algo.process_credit,
         ppo=ppo,
+        token_rewards=per_token,
         **steps,
     )
     return algo.estimator.fn(inputs, algo.adv_eps)

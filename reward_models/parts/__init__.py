@@ -3,7 +3,16 @@ here, in the order their weighted scores are summed: verifier, format, then the 
 A new part is one module defining its RewardPart, plus its line in BUILT_IN below (or a call
 to register_reward_part from the user's own code, before the run starts)."""
 
-from reward_models.parts import answer_format, length, orm, overlong, prm, think_format, verifier
+from reward_models.parts import (
+    answer_format,
+    length,
+    orm,
+    overlong,
+    prm,
+    teacher,
+    think_format,
+    verifier,
+)
 from reward_models.parts.base import REWARD_PARTS, RewardPart, ScoringContext, register_reward_part
 
 BUILT_IN = (
@@ -14,6 +23,7 @@ BUILT_IN = (
     think_format.PART,
     overlong.PART,
     length.PART,
+    teacher.PART,
 )
 for _part in BUILT_IN:
     register_reward_part(_part)

@@ -35,6 +35,8 @@ class ScoringContext:
     batch: RolloutBatch
     max_new_tokens: int  # the completion budget the outputs were sampled with
     models: Mapping[RMKind, RewardModel] = field(default_factory=dict)
+    temperature: float = 1.0  # the sampling temperature of the batch's log-probs
+    loaded: Mapping[str, Any] = field(default_factory=dict)  # what each part's `load` gave
     _step_scores: list[list[float]] | None = field(default=None, repr=False)
 
     @property
@@ -65,26 +67,49 @@ class ScoringContext:
 
 # A part's scores of every output: (B,) floats, a tensor or a list, higher is better.
 PartScore = Callable[[ScoringContext, Mapping[str, Any]], "Tensor | Sequence[float]"]
+# A per-token part's scores: one list per output, one value per response token.
+TokenScore = Callable[[ScoringContext, Mapping[str, Any]], Sequence[Sequence[float]]]
+# What a part reads besides the context (a teacher model), loaded once per GRPO stage from its
+# options on the stage's device: (options, device) -> the object, ScoringContext.loaded[name].
+PartLoad = Callable[[Mapping[str, Any], str], Any]
 
 
 @dataclass(frozen=True)
 class RewardPart:
-    """A registered reward part: `score(context, options)` gives every output one number.
+    """A registered reward part: `score(context, options)` gives every output one number, or,
+    for a per-token part, `token_score` one number per response token (its weighted scores are
+    the step's token rewards, which an estimator reading `token_rewards` turns into advantages;
+    the output's one number is then the sum of its tokens' scores).
 
     needs: the reward models it reads (trained by the RM stage, loaded by the GRPO stage).
     learned: a reward model's opinion (its mean is the RM reward of the over-optimisation gap).
     always: scored and stored at weight 0 too (cheap, and worth reading beside the reward).
     options: settings of the part, fields `grpo.rewards.<name>_<option>`: (type, pydantic Field).
+    load: a model of its own it reads (a teacher), loaded once per GRPO stage when it is scored.
     """
 
     name: str
-    score: PartScore
+    score: PartScore | None  # None: a per-token part (token_score)
     description: str
     default_weight: float = 0.0
     needs: frozenset[RMKind] = frozenset()
     learned: bool = False
     always: bool = False
     options: Mapping[str, tuple[Any, Any]] = field(default_factory=dict)
+    token_score: TokenScore | None = None
+    load: PartLoad | None = None
+
+    def __post_init__(self) -> None:
+        if (self.score is None) == (self.token_score is None):
+            raise ValueError(
+                f"reward part {self.name!r} needs exactly one of score (one number per "
+                "output) or token_score (one per response token)"
+            )
+
+    @property
+    def per_token(self) -> bool:
+        """Scores each response token (its weighted scores are the step's token rewards)."""
+        return self.token_score is not None
 
     def option_field(self, option: str) -> str:
         """The grpo.rewards field that holds `option` of this part."""

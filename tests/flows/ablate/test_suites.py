@@ -74,7 +74,7 @@ def test_the_ppo_suite_compares_ppo_dapo_and_grpo_at_the_same_budget(tmp_path: P
 
 def test_unknown_suite_names_the_suites() -> None:
     with pytest.raises(
-        ConfigError, match=r"--suite nope: unknown suite; suites: default, fig6, micro"
+        ConfigError, match=r"--suite nope: unknown suite; suites: default, distill, fig6, micro"
     ):
         load_suite("nope")
 

@@ -121,6 +121,7 @@ def test_registry_names_and_token_broadcast() -> None:
         "dpo",
         "dpo_ranked",
         "dpo_file",
+        "distill",
     }
     response_mask = torch.tensor([[1.0, 1.0, 0.0], [1.0, 0.0, 0.0]])
     inputs = AdvantageInputs(

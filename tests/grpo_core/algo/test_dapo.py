@@ -286,9 +286,9 @@ def test_dynamic_sampling_is_refused_where_equal_groups_still_teach(estimator: s
         GRPOConfig(adv_estimator=estimator, dynamic_sampling=True)
 
 
-def test_kept_groups_carry_their_learned_and_step_rewards_across_rounds() -> None:
+def test_kept_groups_carry_their_learned_step_and_token_rewards_across_rounds() -> None:
     """Under process supervision a kept group's PRM step rewards, step ends and RM scores
-    travel with its outputs, whichever round sampled it."""
+    travel with its outputs, whichever round sampled it; so do per-token rewards."""
 
     def round_of(rewards: list[float], tag: str) -> SampledRound:
         n = len(rewards)
@@ -304,8 +304,9 @@ def test_kept_groups_carry_their_learned_and_step_rewards_across_rounds() -> Non
         steps = [[float(r), 0.5] for r in range(n)]
         ends = [[0, 1]] * n
         rm = total / 10
+        tokens = [[float(r), -float(r)] for r in range(n)]
         return SampledRound(
-            n // 2, batch, StepRewards(total, {VERIFIER: total.clone()}, rm, steps, ends)
+            n // 2, batch, StepRewards(total, {VERIFIER: total.clone()}, rm, steps, ends, tokens)
         )
 
     # round 0: groups [1, 1] (equal) and [0, 1] (kept); round 1: group [2, 3] (kept)
@@ -317,3 +318,4 @@ def test_kept_groups_carry_their_learned_and_step_rewards_across_rounds() -> Non
     assert found.rewards.rm.tolist() == pytest.approx([0.0, 0.1, 0.2, 0.3])
     assert found.rewards.step_scores == [[2.0, 0.5], [3.0, 0.5], [0.0, 0.5], [1.0, 0.5]]
     assert found.rewards.step_ends == [[0, 1]] * 4
+    assert found.rewards.token_rewards == [[2.0, -2.0], [3.0, -3.0], [0.0, -0.0], [1.0, -1.0]]

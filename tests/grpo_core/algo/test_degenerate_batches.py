@@ -92,6 +92,7 @@ def test_every_estimator_gives_zeros_when_no_output_has_a_token(name: str) -> No
         step_mask=torch.zeros(2, 2, 1, dtype=torch.bool),
         step_ends=torch.zeros(2, 2, 1, dtype=torch.long),
         ppo=PPOTerms(torch.zeros(4, 0), torch.zeros(4, 0), 0.04, 1.0, 0.95, whiten=True),
+        token_rewards=torch.zeros(4, 0),
     )
     out = ADVANTAGE_ESTIMATORS[name].fn(inputs, 1e-4)
     assert out.shape == (4, 0)
