@@ -13,12 +13,10 @@ import logging
 import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Literal, NamedTuple
 
 import torch
 import torch.nn.functional as F
-from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from grpo_core.contracts.errors import SettingError
 from grpo_core.contracts.numerics import require_finite
@@ -27,7 +25,7 @@ from grpo_core.contracts.progress import progress_bar
 from grpo_core.contracts.training import OptimizerSettings, TrainEngine
 from grpo_core.engines.train import TorchEngine
 from grpo_core.model.checkpointing import set_gradient_checkpointing
-from reward_models.config import ORM_SOURCE, RewardModelConfig, RewardModelSettings, RMKind
+from reward_models.config import RewardModelConfig, RMKind
 from reward_models.labelling import LabelledSample, OrmLabel, PrmLabel
 from reward_models.models import RewardModel
 from reward_models.views import RMEncoder, RMInput
@@ -203,45 +201,6 @@ def check_training_mix(examples: Sequence[RMExample], iteration: int) -> None:
                 f"{e.source} example {e.problem_id}#{e.sample_index} comes from iteration "
                 f"{e.origin_iteration}, not allowed in the mix of iteration {iteration}"
             )
-
-
-def load_or_init_reward_model(
-    prev_dir: str | Path | None,
-    init_source: str | Path | PreTrainedModel | None,
-    kind: RMKind,
-    settings: RewardModelSettings | None = None,
-    tokenizer: PreTrainedTokenizerBase | None = None,
-    seed: int = 0,
-    dtype: str = "float32",
-) -> RewardModel:
-    """The k-1 reward model from prev_dir (continual training), or, when None, the iteration-0
-    model of `settings` (default: scalar_head from the policy) from `init_source`: the policy
-    (a model or its directory), the ORM's checkpoint (settings.source 'orm') or a directory.
-
-    A prev_dir that holds no checkpoint is an error naming the path, never a silent restart.
-    """
-    settings = settings or RewardModelSettings()
-    if prev_dir is not None:
-        model = RewardModel.load(prev_dir, dtype=dtype)
-        if model.kind != kind:
-            raise ValueError(f"reward model at {prev_dir} is a {model.kind}, expected a {kind}")
-        if model.format != settings.format:
-            raise ValueError(
-                f"reward model at {prev_dir} is a {model.format}, expected a {settings.format}"
-            )
-        return model
-    if init_source is None:
-        raise ValueError(f"a new {kind} (no previous checkpoint) needs its source")
-    if settings.spec.new_head:
-        return RewardModel.from_policy(init_source, kind, tokenizer, seed, dtype)
-    if isinstance(init_source, PreTrainedModel):
-        raise ValueError(f"format {settings.format} starts from a checkpoint directory")
-    # Seeded like a new head: the global generator leaves the stage in the same state.
-    torch.manual_seed(seed)
-    if settings.source == ORM_SOURCE:
-        return RewardModel.load(init_source, dtype=dtype).as_kind(kind)
-    tokens = settings.tokens
-    return RewardModel.from_checkpoint(init_source, kind, settings.format, tokens, dtype)
 
 
 def _check_examples(model: RewardModel, examples: Sequence[RMExample], max_length: int) -> None:

@@ -39,14 +39,13 @@ from grpo_core.data.tasks.base import Problem, Split, Task
 from reward_models.config import ORM_SOURCE, POLICY_SOURCE, RewardModelConfig, RMKind
 from reward_models.evaluate import EvalRow, best_of_n_rows, orm_eval_rows, prm_eval_rows
 from reward_models.labelling import LabelledSample, OrmLabel, PrmLabel
-from reward_models.models import RewardModel
+from reward_models.models import RewardModel, load_or_init_reward_model
 from reward_models.scoring import score_outcome, score_steps
 from reward_models.training import (
     RMExample,
     SampleText,
     Source,
     check_training_mix,
-    load_or_init_reward_model,
     orm_examples,
     prm_examples,
     train_reward_model,
