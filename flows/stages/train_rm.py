@@ -1,9 +1,10 @@
 """The reward-model stage of iteration k: continual training and the drift measurement.
 
-RM_k is trained on labels of policy_k's outputs (plus a replay of earlier labels) and rewards
-the GRPO stage that moves policy_k to policy_{k+1}. Why retrain at all: the policy's outputs
-move away from what RM_{k-1} was trained on. So on fresh outputs of policy_k, never trained
-on, the stage stores RM_k's ranking quality (`orm_auroc`, `prm_step_auroc`) beside RM_{k-1}'s,
+RM_k is trained on labels of policy_k's outputs (plus a replay of earlier labels; the mix of
+its objective: flows/stages/rm_mix.py) and rewards the GRPO stage that moves policy_k to
+policy_{k+1}. Why retrain at all: the policy's outputs move away from what RM_{k-1} was
+trained on. So on fresh outputs of policy_k, never trained on, the stage stores RM_k's ranking
+quality (`orm_auroc`, `orm_pair_accuracy`, `prm_step_auroc`) beside RM_{k-1}'s,
 the RM you would have without retraining (`orm_auroc_stale`, `prm_step_auroc_stale`): for
 the train-split questions GRPO rewards and, separately, for unseen test-split questions.
 """
