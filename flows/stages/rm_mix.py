@@ -92,10 +92,9 @@ def pair_mix(ctx: RunContext, iteration: int, model: RewardModel) -> list[PairGr
     new = [OrmLabel.from_row(r) for r in rows]
     groups = pair_groups(new, sample_texts_of(ctx, iteration), encoder, "new", iteration)
     if iteration > 0 and rm_cfg.replay_ratio > 0:
+        earlier = ctx.store.read("orm_labels", run_id=run_id, iterations=range(iteration))
         history: dict[int, list[OrmLabel]] = {}
-        for r in ctx.store.read(
-            "orm_labels", run_id=run_id, iterations=range(iteration)
-        ).to_pylist():
+        for r in earlier.to_pylist():
             history.setdefault(int(r["iteration"]), []).append(OrmLabel.from_row(r))
         available = {
             (origin, problem): n
