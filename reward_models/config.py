@@ -10,6 +10,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 from grpo_core.contracts.errors import SettingError
 from grpo_core.contracts.paths import absolute_path
 from reward_models.formats import RM_FORMATS, RMFormat
+from reward_models.objectives import POINTWISE, RM_OBJECTIVES
 
 # The reward models the RM stage trains: outcome (one score per output) and process (per step).
 RMKind = Literal["orm", "prm"]
@@ -66,6 +67,18 @@ class RewardModelSettings(BaseModel):
         ),
     )
 
+    objective: str = Field(
+        POINTWISE.name,
+        description=(
+            "What the reward model learns from the verifier's labels (docs/reward-models.md): "
+            "'pointwise' (BCE of each output's score against its label, the paper's) or "
+            "'pairwise' (ORM only: a Bradley-Terry model, -log sigmoid(r(right) - r(wrong)) "
+            "over every right-wrong pair of one prompt's outputs, docs/algorithm.md section "
+            "13; its score is still sigmoid(r))."
+        ),
+        json_schema_extra=RM_OBJECTIVES.json_schema,
+    )
+
     @field_validator("source")
     @classmethod
     def _source_given(cls, source: str) -> str:
@@ -78,6 +91,11 @@ class RewardModelSettings(BaseModel):
     @classmethod
     def _registered_format(cls, name: str) -> str:
         return RM_FORMATS.check(name)
+
+    @field_validator("objective")
+    @classmethod
+    def _registered_objective(cls, name: str) -> str:
+        return RM_OBJECTIVES.check(name)
 
     @model_validator(mode="after")
     def _tokens_of_the_format(self) -> RewardModelSettings:
@@ -110,6 +128,19 @@ class RewardModelSettings(BaseModel):
                 f"({', '.join(spec.architectures)}), which the policy has not: set "
                 f"{where}.source to its directory, or format: scalar_head to put a new head on "
                 "the policy"
+            )
+        objective = RM_OBJECTIVES[self.objective]
+        if kind not in objective.kinds:
+            raise SettingError(
+                f"{where}.objective is {self.objective}, which trains "
+                f"{' and '.join(sorted(k.upper() for k in objective.kinds))}s only: set "
+                f"{where}.objective: {POINTWISE.name}"
+            )
+        if not self.train and self.objective != POINTWISE.name:
+            raise SettingError(
+                f"{where}.objective is {self.objective} but {where}.train is false: a frozen "
+                f"reward model learns nothing, so no objective applies; set {where}.train: "
+                f"true, or drop {where}.objective"
             )
         if not self.train and spec.new_head and self.source != ORM_SOURCE:
             raise SettingError(

@@ -182,11 +182,11 @@ def _share_row(
     split: str,
     metric: str,
     k: int | None,
-    hits: npt.NDArray[np.bool_],
+    hits: npt.NDArray[np.bool_] | npt.NDArray[np.float64],
     clusters: Sequence[Hashable],
 ) -> EvalRow:
-    """The share of `hits` with its standard error over `clusters` (NaN value, dropped later,
-    when there is nothing to count)."""
+    """The share of `hits` (a half hit counts 1/2) with its standard error over `clusters` (NaN
+    value, dropped later, when there is nothing to count)."""
     if len(hits) == 0:
         return EvalRow(split, metric, k, math.nan, None, 0)
     mean, se = clustered_mean_se(hits.astype(np.float64).tolist(), clusters)
@@ -258,6 +258,46 @@ def orm_eval_rows(
             _share_row(split, "orm_majority_baseline", None, y == majority, owners),
         ]
     )
+
+
+def pair_hits(
+    scores: ArrayLike, labels: ArrayLike, groups: Sequence[Hashable]
+) -> tuple[npt.NDArray[np.float64], list[Hashable]]:
+    """One value per (right, wrong) pair of outputs of one group (a prompt's outputs): 1 when
+    the right one scores higher, 1/2 on a tie, 0 below; and each pair's group. Their mean is
+    the pairwise accuracy; within one group it is that group's AUROC."""
+    s = _as_array(scores, "scores")
+    y = _binary_labels(labels)
+    if s.shape != y.shape or s.ndim != 1 or len(groups) != len(s):
+        raise ValueError(f"scores {s.shape}, labels {y.shape}, {len(groups)} groups: one each")
+    members: dict[Hashable, list[int]] = {}
+    for i, group in enumerate(groups):
+        members.setdefault(group, []).append(i)
+    hits: list[npt.NDArray[np.float64]] = []
+    owners: list[Hashable] = []
+    for group, idx in members.items():
+        right = s[idx][y[idx] == 1]
+        wrong = s[idx][y[idx] == 0]
+        margin = right[:, None] - wrong[None, :]  # (right, wrong) pairs
+        hits.append(((margin > 0) + 0.5 * (margin == 0)).astype(np.float64).reshape(-1))
+        owners += [group] * margin.size
+    return np.concatenate([np.zeros(0), *hits]), owners
+
+
+def pairwise_accuracy(scores: ArrayLike, labels: ArrayLike, groups: Sequence[Hashable]) -> float:
+    """Share of (right, wrong) pairs of one group's outputs that the scores order right (ties
+    1/2); NaN when no group has both a right and a wrong output."""
+    hits, _ = pair_hits(scores, labels, groups)
+    return float(hits.mean()) if len(hits) else math.nan
+
+
+def orm_pair_rows(
+    probs: ArrayLike, labels: ArrayLike, split: str, questions: Sequence[Hashable]
+) -> list[EvalRow]:
+    """The ORM's pairwise accuracy over the (right, wrong) pairs of each question's outputs,
+    with its standard error over questions (no row when no question has a pair)."""
+    hits, owners = pair_hits(probs, labels, questions)
+    return _defined([_share_row(split, "orm_pair_accuracy", None, hits, owners)])
 
 
 def prm_eval_rows(

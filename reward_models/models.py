@@ -20,7 +20,7 @@ from transformers import AutoConfig, AutoTokenizer, PreTrainedModel, PreTrainedT
 from grpo_core.contracts.errors import MissingPathError
 from grpo_core.model.policy import DTYPES, ensure_pad_token, reading_checkpoint
 from grpo_core.model.scalar_head import scalar_head_from_directory, scalar_head_on_model
-from reward_models.config import RMKind
+from reward_models.config import ORM_SOURCE, RewardModelSettings, RMKind
 from reward_models.formats import RM_FORMATS, SCALAR_HEAD
 from reward_models.sources import (
     auto_class,
@@ -168,3 +168,42 @@ class RewardModel(nn.Module):
             net, tokenizer, meta["kind"], meta.get("format", SCALAR_HEAD.name), meta.get("tokens")
         )
         return model.to(device)
+
+
+def load_or_init_reward_model(
+    prev_dir: str | Path | None,
+    init_source: str | Path | PreTrainedModel | None,
+    kind: RMKind,
+    settings: RewardModelSettings | None = None,
+    tokenizer: PreTrainedTokenizerBase | None = None,
+    seed: int = 0,
+    dtype: str = "float32",
+) -> RewardModel:
+    """The k-1 reward model from prev_dir (continual training), or, when None, the iteration-0
+    model of `settings` (default: scalar_head from the policy) from `init_source`: the policy
+    (a model or its directory), the ORM's checkpoint (settings.source 'orm') or a directory.
+
+    A prev_dir that holds no checkpoint is an error naming the path, never a silent restart.
+    """
+    settings = settings or RewardModelSettings()
+    if prev_dir is not None:
+        model = RewardModel.load(prev_dir, dtype=dtype)
+        if model.kind != kind:
+            raise ValueError(f"reward model at {prev_dir} is a {model.kind}, expected a {kind}")
+        if model.format != settings.format:
+            raise ValueError(
+                f"reward model at {prev_dir} is a {model.format}, expected a {settings.format}"
+            )
+        return model
+    if init_source is None:
+        raise ValueError(f"a new {kind} (no previous checkpoint) needs its source")
+    if settings.spec.new_head:
+        return RewardModel.from_policy(init_source, kind, tokenizer, seed, dtype)
+    if isinstance(init_source, PreTrainedModel):
+        raise ValueError(f"format {settings.format} starts from a checkpoint directory")
+    # Seeded like a new head: the global generator leaves the stage in the same state.
+    torch.manual_seed(seed)
+    if settings.source == ORM_SOURCE:
+        return RewardModel.load(init_source, dtype=dtype).as_kind(kind)
+    tokens = settings.tokens
+    return RewardModel.from_checkpoint(init_source, kind, settings.format, tokens, dtype)

@@ -1,4 +1,6 @@
-"""Reward-model training: examples from label rows, BCE updates, and the record of what was seen.
+"""Reward-model training: examples from label rows, and the trainer that updates the RM by its
+objective (BCE: reward_models/pointwise.py; Bradley-Terry on pairs: reward_models/pairwise.py)
+and records what was seen.
 
 Continual training (docs/algorithm.md section 7): iteration 0 starts from the RM's source, iteration
 k > 0 from the k-1 reward model, on new labels plus a replay sample of earlier ones. Every
@@ -9,27 +11,24 @@ replayed rows read back from the store train exactly like new ones, whatever the
 from __future__ import annotations
 
 import functools
+import importlib
 import logging
-import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from pathlib import Path
-from typing import Literal, NamedTuple
+from typing import Any, Generic, Literal, NamedTuple, TypeVar
 
 import torch
-import torch.nn.functional as F
-from transformers import PreTrainedModel, PreTrainedTokenizerBase
+from torch import Tensor
 
-from grpo_core.contracts.errors import SettingError
 from grpo_core.contracts.numerics import require_finite
-from grpo_core.contracts.policy_batch import build_policy_batch
 from grpo_core.contracts.progress import progress_bar
 from grpo_core.contracts.training import OptimizerSettings, TrainEngine
 from grpo_core.engines.train import TorchEngine
 from grpo_core.model.checkpointing import set_gradient_checkpointing
-from reward_models.config import ORM_SOURCE, RewardModelConfig, RewardModelSettings, RMKind
+from reward_models.config import RewardModelConfig, RMKind
 from reward_models.labelling import LabelledSample, OrmLabel, PrmLabel
 from reward_models.models import RewardModel
+from reward_models.objectives import RM_OBJECTIVES
 from reward_models.views import RMEncoder, RMInput
 
 log = logging.getLogger(__name__)
@@ -205,60 +204,6 @@ def check_training_mix(examples: Sequence[RMExample], iteration: int) -> None:
             )
 
 
-def load_or_init_reward_model(
-    prev_dir: str | Path | None,
-    init_source: str | Path | PreTrainedModel | None,
-    kind: RMKind,
-    settings: RewardModelSettings | None = None,
-    tokenizer: PreTrainedTokenizerBase | None = None,
-    seed: int = 0,
-    dtype: str = "float32",
-) -> RewardModel:
-    """The k-1 reward model from prev_dir (continual training), or, when None, the iteration-0
-    model of `settings` (default: scalar_head from the policy) from `init_source`: the policy
-    (a model or its directory), the ORM's checkpoint (settings.source 'orm') or a directory.
-
-    A prev_dir that holds no checkpoint is an error naming the path, never a silent restart.
-    """
-    settings = settings or RewardModelSettings()
-    if prev_dir is not None:
-        model = RewardModel.load(prev_dir, dtype=dtype)
-        if model.kind != kind:
-            raise ValueError(f"reward model at {prev_dir} is a {model.kind}, expected a {kind}")
-        if model.format != settings.format:
-            raise ValueError(
-                f"reward model at {prev_dir} is a {model.format}, expected a {settings.format}"
-            )
-        return model
-    if init_source is None:
-        raise ValueError(f"a new {kind} (no previous checkpoint) needs its source")
-    if settings.spec.new_head:
-        return RewardModel.from_policy(init_source, kind, tokenizer, seed, dtype)
-    if isinstance(init_source, PreTrainedModel):
-        raise ValueError(f"format {settings.format} starts from a checkpoint directory")
-    # Seeded like a new head: the global generator leaves the stage in the same state.
-    torch.manual_seed(seed)
-    if settings.source == ORM_SOURCE:
-        return RewardModel.load(init_source, dtype=dtype).as_kind(kind)
-    tokens = settings.tokens
-    return RewardModel.from_checkpoint(init_source, kind, settings.format, tokens, dtype)
-
-
-def _check_examples(model: RewardModel, examples: Sequence[RMExample], max_length: int) -> None:
-    if not examples:
-        raise ValueError("no reward-model training examples: label some rollouts first")
-    for e in examples:
-        if e.rm_kind != model.kind:
-            raise ValueError(f"{e.rm_kind} example {e.problem_id} given to a {model.kind} model")
-        length = len(e.prompt_ids) + len(e.completion_ids)
-        if length > max_length:
-            raise SettingError(
-                f"example {e.problem_id}#{e.sample_index} has {length} tokens in the "
-                f"{model.kind.upper()}'s tokenizer > reward_models.max_length {max_length}: "
-                "raise max_length"
-            )
-
-
 def rm_optimizer_settings(cfg: RewardModelConfig) -> OptimizerSettings:
     """The optimizer settings of a TrainEngine (TorchEngine, DeepSpeedEngine) training an RM."""
     return OptimizerSettings(
@@ -266,97 +211,116 @@ def rm_optimizer_settings(cfg: RewardModelConfig) -> OptimizerSettings:
     )
 
 
-def _batch_loss(
-    model: torch.nn.Module,
-    batch: Sequence[RMExample],
-    pad_id: int,
-    device: torch.device,
-    normaliser: int | None = None,
-) -> tuple[torch.Tensor, int]:
-    """Mean BCE-with-logits over every read position of the batch, and their count; with a
-    `normaliser`, their sum divided by it (a rank's share of a mini-batch of that many)."""
-    policy_batch = build_policy_batch(
-        [e.prompt_ids for e in batch], [e.completion_ids for e in batch], pad_id, "right"
-    ).to(device)
-    logits = model(policy_batch.input_ids, policy_batch.attention_mask, policy_batch.position_ids)
-    rows = [r for r, e in enumerate(batch) for _ in e.read_positions]
-    cols = [len(e.prompt_ids) + p for e in batch for p in e.read_positions]
-    targets = torch.tensor([t for e in batch for t in e.targets], device=logits.device)
-    picked = logits[torch.tensor(rows), torch.tensor(cols)].float()
-    if normaliser is None:
-        return F.binary_cross_entropy_with_logits(picked, targets), len(rows)
-    summed = F.binary_cross_entropy_with_logits(picked, targets, reduction="sum")
-    return summed / normaliser, len(rows)
+Item = TypeVar("Item")
+
+
+@dataclass(frozen=True)
+class ObjectiveTraining(Generic[Item]):
+    """How the trainer runs an objective (reward_models/objectives.py) on its items.
+
+    batches(items, order, batch_size): one epoch's mini-batches, items taken in `order`.
+    terms(batch): how many terms the batch's loss averages (read positions, pairs).
+    loss(model, batch, pad_id, device, normaliser): the mean of the batch's terms, or with a
+    normaliser their sum divided by it (a rank's share of a mini-batch of that many terms).
+    records(batch, epoch): the rm_train rows of what the batch read. counts(items): metrics.
+    """
+
+    check: Callable[[RewardModel, Sequence[Item], int], None]
+    batches: Callable[[Sequence[Item], list[int], int], list[list[Item]]]
+    terms: Callable[[Sequence[Item]], int]
+    loss: Callable[[torch.nn.Module, Sequence[Item], int, torch.device, int | None], Tensor]
+    records: Callable[[Sequence[Item], int], list[TrainedRow]]
+    counts: Callable[[Sequence[Item]], dict[str, float]]
+
+
+def objective_training(name: str) -> ObjectiveTraining[Any]:
+    """The ObjectiveTraining of the registered objective `name` (imported on first use)."""
+    module, _, attr = RM_OBJECTIVES[name].training.partition(":")
+    found: ObjectiveTraining[Any] = getattr(importlib.import_module(module), attr)
+    return found
+
+
+def consecutive_batches(items: Sequence[Item], order: list[int], size: int) -> list[list[Item]]:
+    """`size` items per mini-batch in `order` (the last one may be short)."""
+    return [[items[i] for i in order[start : start + size]] for start in range(0, len(order), size)]
 
 
 def _rank_share_loss(
-    engine: TrainEngine, batch: Sequence[RMExample], pad_id: int
-) -> tuple[torch.Tensor, int]:
-    """This data-parallel rank's part of the batch's mean BCE (every `world`-th example from
-    its rank on, its summed loss over the whole batch's read positions: the ranks' backwards
-    add up to the mean's gradient), and the batch's count. A rank with no example runs one
-    example at weight 0: DDP and DeepSpeed need every rank's backward."""
+    engine: TrainEngine,
+    objective: ObjectiveTraining[Item],
+    batch: Sequence[Item],
+    pad_id: int,
+    total: int,
+) -> Tensor:
+    """This data-parallel rank's part of the batch's mean loss (every `world`-th item from its
+    rank on, its summed loss over the whole batch's `total` terms: the ranks' backwards add up
+    to the mean's gradient). A rank with no item runs one item at weight 0: DDP and DeepSpeed
+    need every rank's backward."""
     rank, world = engine.data_parallel_rank, engine.data_parallel_size
-    total = sum(len(e.read_positions) for e in batch)
     share = list(batch[rank::world])
     part, weight = (share, 1.0) if share else (list(batch[:1]), 0.0)
-    loss, _ = _batch_loss(engine.forward_model, part, pad_id, engine.device, total)
-    return loss * weight, total
+    return objective.loss(engine.forward_model, part, pad_id, engine.device, total) * weight
 
 
 def train_reward_model(
     model: RewardModel,
-    examples: Sequence[RMExample],
+    examples: Sequence[Item],
     cfg: RewardModelConfig,
     seed: int,
     progress: bool = True,
     engine: TrainEngine | None = None,
 ) -> tuple[dict[str, float], list[TrainedRow]]:
-    """BCE training in seeded shuffled mini-batches; metrics and the rows seen.
+    """Training by the RM's objective (cfg.<kind>.objective: BCE on RMExamples, Bradley-Terry
+    on the PairGroups of reward_models/pairwise.py) in seeded shuffled mini-batches; metrics
+    and the rows seen.
 
     Each mini-batch is one step of `engine`, which wraps `model`: by default a TorchEngine
     (AdamW, settings from rm_optimizer_settings); a DeepSpeedEngine built on `model` with the
     same settings trains the same way. With engine.data_parallel_size > 1 (training ranks)
-    every rank passes the same examples and seed, runs its share of each mini-batch, and
-    returns the same metrics and records. The records list one row per target per epoch, in
-    the order the trainer used them.
+    every rank passes the same items and seed, runs its share of each mini-batch, and returns
+    the same metrics and records. The records list one row per target (per output read, for
+    pairs) per epoch, in the order the trainer used them.
     """
-    _check_examples(model, examples, cfg.max_length)
+    objective = objective_training(cfg.settings(model.kind).objective)
+    objective.check(model, examples, cfg.max_length)
     pad_id = model.tokenizer.pad_token_id
     if engine is None:
         engine = TorchEngine(model, rm_optimizer_settings(cfg))
     device = engine.device
     generator = torch.Generator().manual_seed(seed)
-    steps_per_epoch = math.ceil(len(examples) / cfg.batch_size)
+    epochs = [
+        objective.batches(
+            examples, torch.randperm(len(examples), generator=generator).tolist(), cfg.batch_size
+        )
+        for _ in range(cfg.epochs)
+    ]
     records: list[TrainedRow] = []
     epoch_losses: list[float] = []
     engine.zero_grad()
     engine.train()
     set_gradient_checkpointing(engine.model, cfg.gradient_checkpointing)
-    bar = progress_bar(
-        cfg.epochs * steps_per_epoch, f"train {model.kind}", "batch", enabled=progress
-    )
+    steps = sum(len(batches) for batches in epochs)
+    bar = progress_bar(steps, f"train {model.kind}", "batch", enabled=progress)
     try:
-        for epoch in range(cfg.epochs):
-            order = torch.randperm(len(examples), generator=generator).tolist()
+        for epoch, batches in enumerate(epochs):
             loss_sum, count = 0.0, 0
-            for start in range(0, len(order), cfg.batch_size):
-                batch = [examples[i] for i in order[start : start + cfg.batch_size]]
+            for b, batch in enumerate(batches):
+                n_terms = objective.terms(batch)
                 if engine.data_parallel_size > 1:
-                    loss, n_targets = _rank_share_loss(engine, batch, pad_id)
+                    loss = _rank_share_loss(engine, objective, batch, pad_id, n_terms)
                 else:
-                    loss, n_targets = _batch_loss(engine.forward_model, batch, pad_id, device)
+                    loss = objective.loss(engine.forward_model, batch, pad_id, device, None)
                 require_finite(
                     f"{model.kind.upper()} training loss",
                     loss,
-                    where=f"epoch {epoch}, batch {start // cfg.batch_size}",
+                    where=f"epoch {epoch}, batch {b}",
                     cause="lower reward_models.lr, or a corrupt RM checkpoint",
                 )
                 engine.backward(loss)
                 engine.step()  # clip to RM_MAX_GRAD_NORM, AdamW step, clear the gradients
-                loss_sum += loss.item() * n_targets
-                count += n_targets
-                records.extend(_records(batch, epoch))
+                loss_sum += loss.item() * n_terms
+                count += n_terms
+                records.extend(objective.records(batch, epoch))
                 bar.update(1)
                 bar.set_postfix(loss=f"{loss.item():.4f}")
             if engine.data_parallel_size > 1:  # each rank added its share of each batch
@@ -371,28 +335,7 @@ def train_reward_model(
     metrics: dict[str, float] = {
         "loss_first_epoch": epoch_losses[0],
         "loss_last_epoch": epoch_losses[-1],
-        "steps": float(cfg.epochs * steps_per_epoch),
-        "examples": float(len(examples)),
-        "targets": float(sum(len(e.targets) for e in examples)),
-        "examples_new": float(sum(e.source == "new" for e in examples)),
-        "examples_replay": float(sum(e.source == "replay" for e in examples)),
+        "steps": float(steps),
+        **objective.counts(examples),
     }
     return metrics, records
-
-
-def _records(batch: Sequence[RMExample], epoch: int) -> list[TrainedRow]:
-    return [
-        TrainedRow(
-            e.rm_kind,
-            e.problem_id,
-            e.sample_index,
-            None if e.step_indices is None else e.step_indices[j],
-            target,
-            e.source,
-            e.origin_iteration,
-            epoch,
-            e.source_table,
-        )
-        for e in batch
-        for j, target in enumerate(e.targets)
-    ]

@@ -31,7 +31,8 @@ from storage.atomic import atomic_write_bytes
 
 if TYPE_CHECKING:
     from reward_models.config import RewardModelConfig
-    from reward_models.training import RMExample, TrainedRow
+    from reward_models.pairwise import TrainingMix
+    from reward_models.training import TrainedRow
 
 # engines.train -> the engine one rank of the group runs, built on the rank's model once the
 # default process group is up: (model, optimizer settings, engines section) -> TrainEngine.
@@ -176,7 +177,7 @@ class PolicyRank:
     def train_reward_model(
         self,
         start_dir: str,
-        examples: list[RMExample],
+        examples: TrainingMix,
         rm_cfg: RewardModelConfig,
         engines: EnginesSection,
         seed: int,

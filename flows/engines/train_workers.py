@@ -15,7 +15,7 @@ from __future__ import annotations
 import contextlib
 import shutil
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -37,7 +37,8 @@ from grpo_core.engines.sharded_rollout import TakesBroadcast
 from grpo_core.model.policy import holds_weights, without_tied_copies
 from reward_models.config import RewardModelConfig
 from reward_models.models import RewardModel
-from reward_models.training import RMExample, TrainedRow
+from reward_models.pairwise import TrainingMix
+from reward_models.training import TrainedRow
 
 START_TIMEOUT_SETTING = "engines.workers.start_timeout_s"
 
@@ -331,7 +332,7 @@ def train_reward_model_on_ranks(
     threads: int | None,
     ray_address: str | None,
     model: RewardModel,
-    examples: Sequence[RMExample],
+    examples: TrainingMix,
     rm_cfg: RewardModelConfig,
     seed: int,
     start_dir: Path,

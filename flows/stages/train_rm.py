@@ -1,9 +1,10 @@
 """The reward-model stage of iteration k: continual training and the drift measurement.
 
-RM_k is trained on labels of policy_k's outputs (plus a replay of earlier labels) and rewards
-the GRPO stage that moves policy_k to policy_{k+1}. Why retrain at all: the policy's outputs
-move away from what RM_{k-1} was trained on. So on fresh outputs of policy_k, never trained
-on, the stage stores RM_k's ranking quality (`orm_auroc`, `prm_step_auroc`) beside RM_{k-1}'s,
+RM_k is trained on labels of policy_k's outputs (plus a replay of earlier labels; the mix of
+its objective: flows/stages/rm_mix.py) and rewards the GRPO stage that moves policy_k to
+policy_{k+1}. Why retrain at all: the policy's outputs move away from what RM_{k-1} was
+trained on. So on fresh outputs of policy_k, never trained on, the stage stores RM_k's ranking
+quality (`orm_auroc`, `orm_pair_accuracy`, `prm_step_auroc`) beside RM_{k-1}'s,
 the RM you would have without retraining (`orm_auroc_stale`, `prm_step_auroc_stale`): for
 the train-split questions GRPO rewards and, separately, for unseen test-split questions.
 """
@@ -11,7 +12,7 @@ the train-split questions GRPO rewards and, separately, for unseen test-split qu
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -20,6 +21,7 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 from flows.context import RunContext
 from flows.engines.train_engines import build_rm_engine
 from flows.guards import (
+    FIXES_NO_SIGNAL,
     NOT_JUDGED_INFO,
     RM_AUROC,
     RM_LABELS,
@@ -32,26 +34,25 @@ from flows.names import EVAL_SPLIT, ORM, POLICY, PRM, TRAIN_RM, TRAIN_SPLIT
 from flows.progress import ProgressFn, iteration_label, log
 from flows.stage_results import StageResult, metric_rows, row_dicts
 from flows.stages.health_lines import STALE, auroc_line
+from flows.stages.rm_mix import read_outputs, training_mix
 from grpo_core.contracts.numerics import require_finite
 from grpo_core.contracts.progress import rounded
 from grpo_core.contracts.rollout import RolloutBatch, SamplingParams
 from grpo_core.data.tasks.base import Problem, Split, Task
 from reward_models.config import ORM_SOURCE, POLICY_SOURCE, RewardModelConfig, RMKind
-from reward_models.evaluate import EvalRow, best_of_n_rows, orm_eval_rows, prm_eval_rows
-from reward_models.labelling import LabelledSample, OrmLabel, PrmLabel
-from reward_models.models import RewardModel
-from reward_models.scoring import score_outcome, score_steps
-from reward_models.training import (
-    RMExample,
-    SampleText,
-    Source,
-    check_training_mix,
-    load_or_init_reward_model,
-    orm_examples,
-    prm_examples,
-    train_reward_model,
+from reward_models.evaluate import (
+    EvalRow,
+    best_of_n_rows,
+    orm_eval_rows,
+    orm_pair_rows,
+    prm_eval_rows,
 )
-from storage.replay import replay_sample
+from reward_models.labelling import LabelledSample
+from reward_models.models import RewardModel, load_or_init_reward_model
+from reward_models.objectives import PAIRWISE
+from reward_models.pairwise import TrainingMix
+from reward_models.scoring import score_outcome, score_steps
+from reward_models.training import train_reward_model
 
 RM_EVAL = "rm_eval"  # seed namespace of the drift measurement's samples
 
@@ -85,53 +86,6 @@ def load_rm(ctx: RunContext, kind: str, k: int) -> RewardModel:
     return RewardModel.load(ctx.require_checkpoint(kind, k), device=ctx.device, dtype=dtype)
 
 
-def sample_texts_of(ctx: RunContext, iteration: int) -> dict[tuple[str, int], SampleText]:
-    """The prompt and completion text of each committed rollout of `iteration`, by
-    (problem_id, sample_index): what every reward model re-reads in its own tokens."""
-    rows = ctx.store.read("rollouts", run_id=ctx.run_id, iterations=[iteration]).to_pylist()
-    return {
-        (r["problem_id"], r["sample_index"]): SampleText(r["prompt_text"], r["completion"])
-        for r in rows
-    }
-
-
-def _rm_examples(
-    ctx: RunContext, kind: RMKind, iteration: int, model: RewardModel
-) -> list[RMExample]:
-    """New labels of `iteration` plus a replay sample of earlier ones (replay_ratio of the mix),
-    encoded as `model` reads them."""
-    rm_cfg = ctx.cfg.reward_models
-    table = "orm_labels" if kind == ORM else "prm_labels"
-    new = ctx.store.read(table, run_id=ctx.run_id, iterations=[iteration]).to_pylist()
-    replay: list[dict[str, Any]] = []
-    if iteration > 0 and rm_cfg.replay_ratio > 0:
-        replay = replay_sample(
-            ctx.store,
-            table=table,
-            run_id=ctx.run_id,
-            before_iteration=iteration,
-            n_new=len(new),
-            ratio=rm_cfg.replay_ratio,
-            seed=ctx.seed(TRAIN_RM, kind, iteration),
-        ).to_pylist()
-    by_origin: dict[tuple[Source, int], list[Mapping[str, Any]]] = {}
-    for source, rows in (("new", new), ("replay", replay)):
-        for row in rows:
-            by_origin.setdefault((source, int(row["iteration"])), []).append(row)  # type: ignore[arg-type]
-    encoder = model.encoder
-    examples: list[RMExample] = []
-    for (source, origin), rows in sorted(by_origin.items()):
-        texts = sample_texts_of(ctx, origin)
-        if kind == ORM:
-            labels = [OrmLabel.from_row(r) for r in rows]
-            examples += orm_examples(labels, texts, encoder, source, origin)
-        else:
-            steps = [PrmLabel.from_row(r) for r in rows]
-            examples += prm_examples(steps, texts, encoder, rm_cfg.prm_label, source, origin)
-    check_training_mix(examples, iteration)  # new from k, replay from before k only
-    return examples
-
-
 def _initial_source(ctx: RunContext, kind: RMKind, iteration: int) -> str:
     """The directory RM_0 of `kind` starts from: the policy's, the ORM's or its own."""
     source = ctx.cfg.reward_models.settings(kind).source
@@ -143,16 +97,22 @@ def _initial_source(ctx: RunContext, kind: RMKind, iteration: int) -> str:
 
 
 def _check_label_balance(
-    checks: GuardChecks, kind: RMKind, iteration: int, examples: list[RMExample]
+    checks: GuardChecks, kind: RMKind, iteration: int, mix: TrainingMix, pairwise: bool
 ) -> None:
     """The rm_labels guard on the mix `kind` is about to train on (a soft label counts as
-    correct from 0.5): one class, or too few of the rarer one, is nothing to learn from."""
-    targets = [t for e in examples for t in e.targets]
+    correct from 0.5; a pairwise ORM's: the outputs its pairs read): one class, or too few of
+    the rarer one, is nothing to learn from, and no pair is nothing to rank."""
+    targets = [t for e in read_outputs(mix) for t in e.targets]
     correct = sum(t >= 0.5 for t in targets)
     minority = checks.guards.min_minority_labels
-    checks.check(
-        RM_LABELS, label_balance_finding(kind, correct, len(targets), iteration, minority), kind
-    )
+    finding = label_balance_finding(kind, correct, len(targets), iteration, minority)
+    if pairwise and not mix:
+        finding = (
+            f"ORM training data of iteration {iteration} has no pair: no prompt's outputs were "
+            "both right and wrong, and a pairwise ORM learns only from such pairs. Fixes: "
+            f"reward_models.orm.objective: pointwise, or {FIXES_NO_SIGNAL}"
+        )
+    checks.check(RM_LABELS, finding, kind)
 
 
 def _train_one(
@@ -172,8 +132,9 @@ def _train_one(
         save_reward_model(ctx.checkpoint(kind, iteration), model)
         log.info("%s_%d: reward_models.%s.train is false, kept its source", kind, iteration, kind)
         return {}, []
-    examples = _rm_examples(ctx, kind, iteration, model)
-    _check_label_balance(checks, kind, iteration, examples)
+    mix = training_mix(ctx, kind, iteration, model)
+    pairwise = settings.objective == PAIRWISE.name
+    _check_label_balance(checks, kind, iteration, mix, pairwise)
     rm_cfg = rm_cfg.model_copy(
         update={"epochs": rm_cfg.epochs_of(kind, continued=prev is not None)}
     )
@@ -190,7 +151,7 @@ def _train_one(
             ctx.threads,
             ctx.cfg.cluster.ray_address,
             model,
-            examples,
+            mix,
             rm_cfg,
             seed,
             start_dir,
@@ -198,7 +159,7 @@ def _train_one(
         )
     else:
         engine = build_rm_engine(engines, rm_cfg, model)
-        metrics, records = train_reward_model(model, examples, rm_cfg, seed, engine=engine)
+        metrics, records = train_reward_model(model, mix, rm_cfg, seed, engine=engine)
         weights = engine.full_state_dict()
     save_reward_model(ctx.checkpoint(kind, iteration), model, weights)
     log.info("%s_%d: %s", kind, iteration, rounded(metrics))
@@ -357,6 +318,7 @@ def _split_rows(
             probs = score_outcome(orm, row_prompts, sampled.texts)
             _require_finite_scores(f"ORM_{rm_iteration}'s scores", probs, split)
             found += orm_eval_rows(probs.numpy(), correct, split, questions)
+            found += orm_pair_rows(probs.numpy(), correct, split, questions)
             if not suffix:
                 found += best_of_n_rows(
                     probs.reshape(shape).numpy(),

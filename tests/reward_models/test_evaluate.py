@@ -19,6 +19,9 @@ from reward_models.evaluate import (
     bootstrap_auroc,
     majority_baseline,
     orm_eval_rows,
+    orm_pair_rows,
+    pair_hits,
+    pairwise_accuracy,
     prm_eval_rows,
 )
 
@@ -201,3 +204,28 @@ def test_best_of_n_and_prm_rows_cluster_by_question() -> None:
     )
     assert expected is not None
     assert rows["prm_step_auroc"].stderr == expected.stderr
+
+
+def test_pairwise_accuracy_by_hand_with_ties_as_half() -> None:
+    scores = [0.9, 0.2, 0.5, 0.5, 0.1, 0.7, 0.3]
+    labels = [1, 0, 1, 0, 1, 0, 1]
+    groups = ["a", "a", "a", "a", "b", "b", "c"]  # c has no wrong output: no pair
+    hits, owners = pair_hits(scores, labels, groups)
+    # a: 0.9 > 0.2, 0.9 > 0.5, 0.5 > 0.2, 0.5 = 0.5 (half); b: 0.1 < 0.7
+    assert hits.tolist() == [1.0, 1.0, 1.0, 0.5, 0.0] and owners == ["a"] * 4 + ["b"]
+    assert pairwise_accuracy(scores, labels, groups) == pytest.approx(3.5 / 5)
+    (row,) = orm_pair_rows(scores, labels, "test", groups)
+    # clustered by question (docs/algorithm.md section 8): C = 2, mean 0.7 over 5 pairs,
+    # se^2 = 2 * ((3.5 - 4 * 0.7)^2 + (0 - 0.7)^2) / 5^2
+    assert (row.metric, row.value, row.n) == ("orm_pair_accuracy", pytest.approx(0.7), 5)
+    assert row.stderr == pytest.approx(math.sqrt(2 * (0.7**2 + 0.7**2) / 25))
+    assert math.isnan(pairwise_accuracy([0.3, 0.4], [1, 1], ["a", "a"]))
+    assert orm_pair_rows([0.3, 0.4], [1, 0], "test", ["a", "b"]) == []  # no question has a pair
+
+
+@given(scored_outputs)
+def test_pairwise_accuracy_of_one_question_is_its_auroc(pairs: list[tuple[float, int]]) -> None:
+    scores, labels = [s for s, _ in pairs], [y for _, y in pairs]
+    assert pairwise_accuracy(scores, labels, ["q"] * len(pairs)) == pytest.approx(
+        pairwise_auroc(scores, labels)
+    )

@@ -13,8 +13,7 @@ from flows.errors import ConfigError
 from flows.loop import execute_run
 from grpo_core.model.policy import build_policy
 from reward_models.config import RewardModelSettings
-from reward_models.models import RewardModel
-from reward_models.training import load_or_init_reward_model
+from reward_models.models import RewardModel, load_or_init_reward_model
 from storage.sql import run_query
 from storage.store import RunStore
 from tests.flow_helpers import micro_config

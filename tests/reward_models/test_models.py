@@ -11,8 +11,7 @@ from transformers import LlamaForCausalLM, PreTrainedTokenizerFast
 
 from grpo_core.model.config import PolicyConfig
 from grpo_core.model.policy import build_char_tokenizer, create_tiny_policy
-from reward_models.models import META_FILE, RewardModel
-from reward_models.training import load_or_init_reward_model
+from reward_models.models import META_FILE, RewardModel, load_or_init_reward_model
 
 SMALL = PolicyConfig(n_layers=1, hidden_size=32, n_heads=2, intermediate_size=64, seed=1)
 

@@ -25,13 +25,12 @@ from reward_models.config import RewardModelConfig, RewardModelSettings, RMKind
 from reward_models.formats import CLASSIFIERS, RM_FORMATS, RMFormat, register_rm_format
 from reward_models.heads import classifier_outputs
 from reward_models.labelling import OrmLabel, PrmLabel
-from reward_models.models import RewardModel
+from reward_models.models import RewardModel, load_or_init_reward_model
 from reward_models.scoring import score_outcome, score_steps
 from reward_models.sources import check_source
 from reward_models.training import (
     RMExample,
     SampleText,
-    load_or_init_reward_model,
     orm_examples,
     prm_examples,
     train_reward_model,

@@ -69,6 +69,21 @@ def test_the_defaults_are_todays_built_in_rms_from_the_policy() -> None:
             r"prm\.source is 'orm', so the PRM is the ORM's network, a step_tag",
         ),
         (["reward_models.orm.source=' '"], "source is empty"),
+        (["reward_models.orm.objective=listwise"], "unknown reward-model objective 'listwise'"),
+        (
+            ["reward_models.prm.objective=pairwise"],
+            r"reward_models\.prm\.objective is pairwise, which trains ORMs only: set "
+            r"reward_models\.prm\.objective: pointwise",
+        ),
+        (
+            [
+                "reward_models.orm.format=classifier",
+                "reward_models.orm.source=/m",
+                "reward_models.orm.train=false",
+                "reward_models.orm.objective=pairwise",
+            ],
+            r"orm\.objective is pairwise but reward_models\.orm\.train is false",
+        ),
     ],
 )
 def test_settings_that_cannot_work_are_refused_naming_the_field(
@@ -76,6 +91,14 @@ def test_settings_that_cannot_work_are_refused_naming_the_field(
 ) -> None:
     with pytest.raises(ConfigError, match=message):
         load_config("micro", overrides)
+
+
+def test_the_objective_is_pointwise_unless_the_orm_is_set_pairwise() -> None:
+    rms = load_config("micro").reward_models
+    assert (rms.orm.objective, rms.prm.objective) == ("pointwise", "pointwise")
+    pairwise = load_config("demo", ["reward_models.orm.objective=pairwise"]).reward_models
+    # the demo's PRM starts from the ORM's network and still learns its steps pointwise
+    assert (pairwise.orm.objective, pairwise.prm.objective) == ("pairwise", "pointwise")
 
 
 def test_an_unused_rms_settings_are_not_checked() -> None:

@@ -13,12 +13,11 @@ from grpo_core.model.config import PolicyConfig
 from grpo_core.model.policy import build_char_tokenizer, create_tiny_policy
 from reward_models.config import RewardModelConfig
 from reward_models.labelling import OrmLabel, PrmLabel
-from reward_models.models import RewardModel
+from reward_models.models import RewardModel, load_or_init_reward_model
 from reward_models.training import (
     RMExample,
     SampleText,
     check_training_mix,
-    load_or_init_reward_model,
     orm_examples,
     prm_examples,
     train_reward_model,

@@ -188,6 +188,20 @@ def test_the_fig6_suite_is_the_default_suites_fig6_arms_at_more_seeds(tmp_path: 
     assert plan.ablation_id == "ablate-fig6" and len(plan.arm_runs()) == 2 * fig6.seeds
 
 
+def test_the_pairwise_orm_suite_differs_from_grpo_os_in_the_orm_objective_only(
+    tmp_path: Path,
+) -> None:
+    _, default = load_suite("default")
+    name, suite = load_suite("pairwise-orm")
+    assert suite.arms["grpo_os"] == default.arms["grpo_os"]  # no drift from the default's
+    pairwise = suite.arms["grpo_os_pairwise"]
+    assert pairwise == [*default.arms["grpo_os"], "reward_models.orm.objective=pairwise"]
+    assert (suite.config, suite.overrides, suite.seeds) == ("demo-ablate", [], 3)
+    runs = make_plan(name, suite, seeds=None, ablation_id=None, store_root=tmp_path).arm_runs()
+    objectives = {r.arm: r.config.reward_models.orm.objective for r in runs}
+    assert objectives == {"grpo_os": "pointwise", "grpo_os_pairwise": "pairwise"}
+
+
 def test_time_left_counts_each_remaining_run_at_its_arms_mean(tmp_path: Path) -> None:
     name, suite = load_suite("micro")
     runs = make_plan(name, suite, seeds=3, ablation_id=None, store_root=tmp_path).arm_runs()
