@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import functools
 import threading
+import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,6 +24,11 @@ from torch import Tensor
 from grpo_core.algo.staleness import may_sample, sampling_version, staleness_stats, within_bound
 from grpo_core.algo.staleness_config import AsyncSettings
 from grpo_core.contracts.rollout import RolloutBatch, RolloutEngine, SamplingParams
+
+# Idle seconds per step (timing, not reproduced by a resume): the trainer waiting for the
+# step's batch, and the sampler waiting (for weights, or for room ahead) before sampling it.
+TRAINER_WAIT_SECONDS = "async_trainer_wait_seconds"
+SAMPLER_WAIT_SECONDS = "async_sampler_wait_seconds"
 
 
 @dataclass(frozen=True)
@@ -72,6 +78,7 @@ class AsyncSampler:
         self._error: BaseException | None = None
         self._closed = False
         self._stats: dict[int, dict[str, float]] = {}
+        self._idle: dict[int, float] = {}  # seconds the thread waited before each step's batch
         self._thread = threading.Thread(target=self._run, name="async-sampler", daemon=True)
 
     def start(self) -> AsyncSampler:
@@ -83,14 +90,16 @@ class AsyncSampler:
     ) -> RolloutBatch:
         """The batch of the next step; too old for the bound (on_stale = drop), it is dropped
         and the step sampled again on the newest version."""
+        started = time.perf_counter()
         with self._cond:
             step = self._taken
             self._cond.wait_for(lambda: step in self._ready or self._error is not None)
             if step not in self._ready:
                 self._raise_error()
-            taken = self._ready.pop(step)
+            taken, idle = self._ready.pop(step), self._idle.pop(step, 0.0)
             self._taken = step + 1
             self._cond.notify_all()
+        waited = time.perf_counter() - started
         request = self.plan(step)
         if request != SampleRequest(prompts, n, params, seed):
             raise RuntimeError(f"step {step} asked for another batch than its plan's")
@@ -100,11 +109,16 @@ class AsyncSampler:
             with self._cond:
                 version = self._newest
             taken = VersionedBatch(step, version, self._sample(request, version))
-        self._stats[step] = staleness_stats(step, taken.version, dropped)
+        self._stats[step] = {
+            **staleness_stats(step, taken.version, dropped),
+            TRAINER_WAIT_SECONDS: waited,
+            SAMPLER_WAIT_SECONDS: idle,
+        }
         return taken.batch
 
     def step_stats(self, step: int) -> dict[str, float]:
-        """Step `step`'s staleness figures (staleness_stats), once its batch was taken."""
+        """Step `step`'s staleness figures (staleness_stats) and each side's idle seconds, once
+        its batch was taken."""
         return self._stats[step]
 
     def receive_weights(self, weights: Mapping[str, Tensor]) -> None:
@@ -152,7 +166,9 @@ class AsyncSampler:
                     step = self._next
                     if step >= self.steps:
                         return
+                    started = time.perf_counter()
                     self._cond.wait_for(functools.partial(self._may_start, step))
+                    self._idle[step] = time.perf_counter() - started
                     if self._closed:
                         return
                     version = self._version_for(step)

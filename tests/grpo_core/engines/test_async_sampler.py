@@ -16,7 +16,13 @@ from torch import Tensor
 from grpo_core.algo.staleness import DROPPED, POLICY_VERSION, STALENESS
 from grpo_core.algo.staleness_config import AsyncSettings
 from grpo_core.contracts.rollout import RolloutBatch, SamplingParams
-from grpo_core.engines.async_sampler import AsyncSampler, SampleRequest, VersionedBatch
+from grpo_core.engines.async_sampler import (
+    SAMPLER_WAIT_SECONDS,
+    TRAINER_WAIT_SECONDS,
+    AsyncSampler,
+    SampleRequest,
+    VersionedBatch,
+)
 
 PARAMS = SamplingParams(max_new_tokens=2)
 
@@ -85,6 +91,7 @@ def test_step_s_trains_on_the_batch_version_s_minus_k_sampled(k: int) -> None:
     assert [st[POLICY_VERSION] for st in stats] == [max(0, s - k) for s in range(6)]
     assert max(st[STALENESS] for st in stats) == k
     assert {st[DROPPED] for st in stats} == {0.0}
+    assert all(st[TRAINER_WAIT_SECONDS] >= 0 and st[SAMPLER_WAIT_SECONDS] >= 0 for st in stats)
 
 
 def test_the_sampler_runs_ahead_while_the_step_trains() -> None:
