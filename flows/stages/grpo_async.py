@@ -21,8 +21,8 @@ from grpo_core.model.prompts import Prompter
 
 
 def sampling_copy(model: PreTrainedModel) -> PreTrainedModel:
-    """The sampler's own copy of policy_k: the trainer updates `model` in place while the
-    sampler samples an older version."""
+    """The sampler's own copy of the stage's policy: the trainer updates `model` in place
+    while the sampler samples an older version."""
     return copy.deepcopy(model).eval().requires_grad_(False)
 
 

@@ -42,11 +42,12 @@ def may_sample(
     """Whether the sampler may start step `step`'s batch now, the trainer having taken the
     batches of the steps before `taken` and handed on versions up to `newest`. wait: once the
     version sampling_version names is there; drop: at most max_staleness batches beyond the
-    one the trainer takes next, on whatever version it has."""
+    one the trainer takes next, on whatever version it has (a resumed stage's: from its first
+    version on)."""
     k = settings.max_staleness
     if settings.on_stale == "wait":
         return sampling_version(step, k, first_version) <= newest
-    return step <= taken + k
+    return first_version <= newest and step <= taken + k
 
 
 def staleness_stats(step: int, version: int, dropped: int) -> dict[str, float]:

@@ -71,7 +71,7 @@ class AsyncSampler:
         self._next = first_step + len(sampled)  # the next step the thread samples
         self._taken = first_step  # the next step whose batch the trainer takes
         self._weights: dict[int, dict[str, Tensor]] = {}  # handed on, not yet given the engine
-        self._newest = 0  # the newest version handed on (0: the engine's own, policy_k)
+        self._newest = 0  # the newest version handed on (0: what the engine was built with)
         self._engine_version = 0
         self._cond = threading.Condition()
         self._engine_lock = threading.Lock()  # the thread and a drop's new sample share it

@@ -57,6 +57,8 @@ def test_when_the_sampler_may_start_a_step() -> None:
     # drop: any version, but at most max_staleness batches beyond the one taken next
     assert may_sample(3, taken=2, newest=0, settings=drop)
     assert not may_sample(4, taken=2, newest=2, settings=drop)
+    # a stage resumed at step 2 samples nothing before its version 2 is handed on
+    assert not may_sample(3, taken=2, newest=0, settings=drop, first_version=2)
 
 
 def test_the_stored_figures_of_a_step() -> None:
