@@ -411,8 +411,8 @@ class ItergrpoConfig(_Section):
                 f"grpo.async.max_staleness = {k} samples on a thread beside the update, which "
                 f"runs with an in-process engine only so far (got engines.rollout = "
                 f"{self.engines.rollout}, train_workers = {self.engines.train_workers}): set "
-                "engines.rollout: hf and engines.train_workers: none, or "
-                "grpo.async.max_staleness: 0"
+                "engines.rollout: hf, engines.train_workers: none and no deepspeed launcher "
+                "(processes_per_node 1, no hostfile), or grpo.async.max_staleness: 0"
             )
         return self
 

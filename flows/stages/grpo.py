@@ -166,8 +166,9 @@ def setup_grpo(ctx: RunContext, k: int) -> GRPOParts:
 def train_grpo(parts: GRPOParts, progress: ProgressFn) -> tuple[list[Row], list[Row]]:
     """The stage's steps from parts.resume on, with a progress checkpoint every
     grpo.checkpoint_every steps (and on an interrupt); then policy_{k+1} saved (with the
-    adapters, the critic) and parts.updater closed. Returns the `policy_samples` rows and the
-    metric rows, per step and of the training state."""
+    adapters, the critic) and parts.updater closed; under grpo.async a sampler on
+    parts.follower samples the next steps meanwhile (grpo_async.py). Returns the
+    `policy_samples` rows and the metric rows, per step and of the training state."""
     g, k, resume = parts.settings, parts.iteration, parts.resume
     sample_rows, metric_log = list(resume.sample_rows), list(resume.metric_rows)
     updated = resume.resumed  # the policy differs from what the sampling engine was given
