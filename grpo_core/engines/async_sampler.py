@@ -118,8 +118,9 @@ class AsyncSampler:
 
     def step_stats(self, step: int) -> dict[str, float]:
         """Step `step`'s staleness figures (staleness_stats) and each side's idle seconds, once
-        its batch was taken."""
-        return self._stats[step]
+        its batch was taken; none for a step that took none (a task without train problems:
+        the step is skipped before it samples)."""
+        return self._stats.get(step, {})
 
     def receive_weights(self, weights: Mapping[str, Tensor]) -> None:
         """The policy the next step trains (its version: that step's index), copied: the
