@@ -35,6 +35,7 @@ from flows.stage_table import (
 from flows.tracking.config import TrackingSection
 from grpo_core.algo.config import GRPOConfig
 from grpo_core.algo.estimators import ADVANTAGE_ESTIMATORS, DataSource
+from grpo_core.algo.staleness_config import AsyncSettings
 from grpo_core.contracts.paths import LocalPath
 from grpo_core.data.tasks.registry import TaskConfig
 from grpo_core.model.config import (
@@ -125,6 +126,11 @@ class RolloutSection(_Section):
 class GRPOStageSection(_Section):
     """The GRPO stage: M steps of sample -> reward -> advantages -> mu updates."""
 
+    # `async` is a Python keyword: the field is async_ in code, `async` in YAML and dumps
+    model_config = ConfigDict(
+        validate_by_name=True, validate_by_alias=True, serialize_by_alias=True
+    )
+
     preset: str | None = Field(
         None,
         description="Named settings (flows/grpo_presets.py, docs/presets.md): a preset sets "
@@ -173,6 +179,13 @@ class GRPOStageSection(_Section):
         description="Train LoRA adapters on policy_k instead of all its weights (PEFT; "
         "docs/lora.md). Each iteration starts new adapters on the merged policy_k, which is also "
         "the reference; policy_{k+1} is stored merged, so every other stage loads it as usual.",
+    )
+
+    async_: AsyncSettings = Field(
+        default_factory=AsyncSettings,
+        alias="async",
+        description="Asynchronous GRPO: sample the next steps' batches while the current one "
+        "trains, at most max_staleness policy versions behind (docs/async.md).",
     )
 
     @field_validator("preset")
@@ -232,6 +245,40 @@ class GRPOStageSection(_Section):
             raise ValueError(
                 "grpo.data_source = gold has no sampling log-probs to correct for: set "
                 "grpo.algo.rollout_correction.mode: off"
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _async_fits_the_algorithm(self) -> GRPOStageSection:
+        """grpo.async samples the current policy ahead, on prompts known in advance, and its
+        loss reads the sampler's log-probs (docs/algorithm.md section 15)."""
+        k, algo = self.async_.max_staleness, self.algo
+        if k == 0:
+            return self
+        where = f"grpo.async.max_staleness = {k}"
+        if self.data_source != "online":
+            raise ValueError(
+                f"{where} lags the sampling policy behind the trained one, but data_source = "
+                f"{self.data_source} does not sample the trained policy: set "
+                "grpo.async.max_staleness: 0, or grpo.data_source: online"
+            )
+        if algo.dynamic_sampling:
+            raise ValueError(
+                f"{where} samples the next steps' prompts ahead, but grpo.algo.dynamic_sampling "
+                "draws extra prompts as a step's rewards come in: set "
+                "grpo.algo.dynamic_sampling: false, or grpo.async.max_staleness: 0"
+            )
+        if self.lora.enabled:
+            raise ValueError(
+                f"{where} hands the sampler full weights; with grpo.lora.enabled it is not "
+                "supported yet: set grpo.lora.enabled: false, or grpo.async.max_staleness: 0"
+            )
+        if not algo.reads_sampling_logprobs:
+            raise ValueError(
+                f"{where} trains on batches an older policy sampled, so the loss must read the "
+                "sampler's log-probs: set grpo.algo.use_sampling_logprobs_as_old: true (pi_old "
+                "= the sampling policy) or grpo.algo.rollout_correction.mode: tis or mis (the "
+                "decoupled objective, docs/algorithm.md section 15)"
             )
         return self
 
@@ -357,6 +404,23 @@ class ItergrpoConfig(_Section):
                 "with the torch engine in the stage's process only (DeepSpeed's ZeRO partitions, "
                 "launched and Ray ranks hold the full weights; not checked with adapters). Set "
                 "engines.train: torch and engines.train_workers: none, or grpo.lora.enabled: false"
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _async_fits_the_engines(self) -> ItergrpoConfig:
+        k = self.grpo.async_.max_staleness
+        rollout = self.engines.grpo_rollout
+        if k and not (
+            self.engines.rollout_capabilities(rollout).shares_model
+            and self.engines.updates_in_process
+        ):
+            raise ValueError(
+                f"grpo.async.max_staleness = {k} samples on a thread beside the update, which "
+                f"runs with an in-process engine only so far (got engines.rollout = "
+                f"{self.engines.rollout}, train_workers = {self.engines.train_workers}): set "
+                "engines.rollout: hf, engines.train_workers: none and no deepspeed launcher "
+                "(processes_per_node 1, no hostfile), or grpo.async.max_staleness: 0"
             )
         return self
 

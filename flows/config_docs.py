@@ -71,7 +71,8 @@ def _section(path: str, model: type[BaseModel], out: list[str]) -> None:
     out += [f"## `{path}`", ""] + ([doc, ""] if doc else [])
     nested: list[tuple[str, type[BaseModel]]] = []
     rows = ["| field | type | default | description |", "|---|---|---|---|"]
-    for name, field in model.model_fields.items():
+    for attribute, field in model.model_fields.items():
+        name = field.alias or attribute  # grpo.async: `async_` in code
         sub = _model_of(field)
         if sub is not None:
             nested.append((f"{path}.{name}", sub))

@@ -15,7 +15,7 @@ from __future__ import annotations
 import functools
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from torch import nn
@@ -37,6 +37,7 @@ from flows.names import CRITIC, GRPO, GRPO_PROGRESS, POLICY, POLICY_LORA, TRAIN_
 from flows.progress import ProgressFn, log
 from flows.stage_results import StageResult, mean, metric_rows
 from flows.stages.critic import commit_critic, open_critic
+from flows.stages.grpo_async import in_flight_rows, sampling_copy, start_async_sampler
 from flows.stages.grpo_progress import (
     ResumePoint,
     Row,
@@ -52,6 +53,7 @@ from grpo_core.algo.critic_update import CriticLearner
 from grpo_core.algo.step import SKIPPED, StepOutcome, StepParts, grpo_step, step_parts
 from grpo_core.contracts.rollout import RolloutEngine, Sampler
 from grpo_core.data.tasks.base import Problem
+from grpo_core.engines.async_sampler import AsyncSampler
 from grpo_core.engines.cost import (
     MIB,
     PEAK_MEMORY_MIB,
@@ -164,29 +166,42 @@ def setup_grpo(ctx: RunContext, k: int) -> GRPOParts:
 def train_grpo(parts: GRPOParts, progress: ProgressFn) -> tuple[list[Row], list[Row]]:
     """The stage's steps from parts.resume on, with a progress checkpoint every
     grpo.checkpoint_every steps (and on an interrupt); then policy_{k+1} saved (with the
-    adapters, the critic) and parts.updater closed. Returns the `policy_samples` rows and the
-    metric rows, per step and of the training state."""
+    adapters, the critic) and parts.updater closed; under grpo.async a sampler on
+    parts.follower samples the next steps meanwhile (grpo_async.py). Returns the
+    `policy_samples` rows and the metric rows, per step and of the training state."""
     g, k, resume = parts.settings, parts.iteration, parts.resume
     sample_rows, metric_log = list(resume.sample_rows), list(resume.metric_rows)
     updated = resume.resumed  # the policy differs from what the sampling engine was given
+    ahead: AsyncSampler | None = None  # grpo.async: samples the next steps meanwhile
     try:
         steps = _step_parts(parts)
+        if g.async_.on:
+            ahead = start_async_sampler(
+                parts.follower, steps, parts.cursor, parts.prompter, parts.step_seed, g, resume
+            )
+            steps = replace(steps, sampler=ahead)
         for step in range(resume.next_step, g.steps):
             started = time.perf_counter()
-            if updated:  # the sampling engine (or the stage's model) gets the updated policy
-                parts.updater.hand_on(parts.follower)
+            # the sampling engine (or the stage's model) gets the updated policy (grpo.async: each)
+            if updated or (ahead is not None and step > 0):
+                parts.updater.hand_on(parts.follower if ahead is None else ahead)
             out, problems = _run_step(parts, steps, step)
             updated = updated or out.skipped is None
             seconds = time.perf_counter() - started  # sampling, reward, the update(s)
-            metric_log += metric_rows(GRPO, {**out.stats, STEP_SECONDS: seconds}, step)
+            stats = {**out.stats, STEP_SECONDS: seconds}
+            if ahead is not None:
+                stats.update(ahead.step_stats(step))
+            metric_log += metric_rows(GRPO, stats, step)
             sample_rows += policy_sample_rows(step, problems, out, g.group_size)
             report_step(k, step, g.steps, out, progress)
             done = step + 1
             if done % g.checkpoint_every == 0 or done == g.steps or INTERRUPT.requested:
-                _save_progress(parts, done, sample_rows, metric_log)
+                _save_progress(parts, done, sample_rows, metric_log, in_flight_rows(ahead, done))
             INTERRUPT.check()
         _save_outputs(parts)
     finally:
+        if ahead is not None:
+            ahead.close()
         parts.updater.close()
     trained = [parts.model] if parts.critic is None else [parts.model, parts.critic.critic]
     state_mib = sum(adamw_training_state_bytes(m) for m in trained) / MIB
@@ -247,7 +262,13 @@ def _run_step(parts: GRPOParts, steps: StepParts, step: int) -> tuple[StepOutcom
     return out, [drawn[i] for i in kept]
 
 
-def _save_progress(parts: GRPOParts, done: int, samples: list[Row], metrics: list[Row]) -> None:
+def _save_progress(
+    parts: GRPOParts,
+    done: int,
+    samples: list[Row],
+    metrics: list[Row],
+    in_flight: list[Row] | None,
+) -> None:
     """The progress checkpoint after `done` steps: the next one resumes from here."""
     save_progress(
         parts.outputs.progress,
@@ -260,6 +281,7 @@ def _save_progress(parts: GRPOParts, done: int, samples: list[Row], metrics: lis
         parts.cursor.position,
         parts.critic,
         parts.adapters,
+        in_flight,
     )
 
 
@@ -356,13 +378,14 @@ def _training_data(
     cfg = ctx.cfg
     batch = cfg.rollout.batch_size
     if cfg.grpo.data_source == "online":
-        name = cfg.engines.grpo_rollout
+        name, ahead = cfg.engines.grpo_rollout, cfg.grpo.async_.on
         checkpoint = ctx.checkpoint(POLICY, k)
+        sampled = sampling_copy(model) if ahead else model  # grpo.async: sampled meanwhile
         engine = ctx.engines.engine(
-            name, "grpo", checkpoint, model, tokenizer, batch, show_progress=False
+            name, "grpo", checkpoint, sampled, tokenizer, batch, show_progress=False
         )
         can = cfg.engines.rollout_capabilities(name)
-        follower = None if can.shares_model else engine
+        follower = None if can.shares_model and not ahead else engine
         if can.sleeps_while_training and isinstance(follower, SleepingEngine):
             return SleepsAfterSampling(follower), follower
         return engine, follower

@@ -5,6 +5,7 @@ policy_{k+1} at the end."""
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -34,6 +35,7 @@ from storage.checkpoints import (
 
 SAMPLES_FILE = "policy_samples.parquet"
 METRICS_FILE = "metrics.parquet"
+IN_FLIGHT_FILE = "async_in_flight.json"  # grpo.async: the batches sampled ahead
 
 Row = dict[str, Any]
 
@@ -48,6 +50,7 @@ class ResumePoint:
     sample_rows: list[Row] = field(default_factory=list)
     metric_rows: list[Row] = field(default_factory=list)
     next_prompt: int = 0
+    in_flight: list[Row] = field(default_factory=list)  # grpo.async: sampled ahead
 
 
 def save_progress(
@@ -61,9 +64,11 @@ def save_progress(
     next_prompt: int,
     critic: CriticLearner | None = None,
     adapters: LoRAAdapters | None = None,
+    in_flight: list[Row] | None = None,
 ) -> None:
     """The stage's progress checkpoint at `path`, atomically: after it, the step `next_step`
-    and the prompt cursor at `next_prompt` come next."""
+    and the prompt cursor at `next_prompt` come next (and under grpo.async the batches
+    `in_flight` already sampled for the steps from `next_step` on)."""
 
     def write(tmp: Path) -> None:
         if adapters is not None:  # LoRA: the base is policy_k's checkpoint, never changed
@@ -80,6 +85,8 @@ def save_progress(
         pq.write_table(pa.Table.from_pylist(sample_rows), tmp / SAMPLES_FILE)
         pq.write_table(pa.Table.from_pylist(metric_log), tmp / METRICS_FILE)
         save_critic_progress(tmp, critic)
+        if in_flight is not None:
+            (tmp / IN_FLIGHT_FILE).write_text(json.dumps(in_flight))
 
     save_checkpoint(path, write, overwrite=True)
 
@@ -128,7 +135,9 @@ def resume_point(path: Path, updater: PolicyUpdater, per_step: int) -> ResumePoi
     log.info("GRPO: resuming at step %d from %s", state["extra"]["next_step"], path)
     next_step = int(state["extra"]["next_step"])
     next_prompt = int(state["extra"].get("next_prompt", next_step * per_step))
-    return ResumePoint(True, next_step, samples, metrics, next_prompt)
+    in_flight_file = path / IN_FLIGHT_FILE
+    in_flight = json.loads(in_flight_file.read_text()) if in_flight_file.is_file() else []
+    return ResumePoint(True, next_step, samples, metrics, next_prompt, in_flight)
 
 
 def remove_committed_progress(

@@ -72,6 +72,18 @@ def test_the_ppo_suite_compares_ppo_dapo_and_grpo_at_the_same_budget(tmp_path: P
     assert ppo.grpo.algo.ppo.kl_coef == grpo.grpo.algo.beta  # the same KL weight, moved
 
 
+def test_the_staleness_suite_changes_only_how_far_the_sampler_lags(tmp_path: Path) -> None:
+    name, suite = load_suite("staleness")
+    plan = make_plan(name, suite, seeds=None, ablation_id=None, store_root=tmp_path)
+    by_arm = {r.arm: r.config for r in plan.arm_runs() if r.seed == 0}
+    lag = {arm: c.grpo.async_.max_staleness for arm, c in by_arm.items()}
+    assert lag == {"sync": 0, "stale_1": 1, "stale_2": 2, "decoupled_1": 1}
+    assert by_arm["decoupled_1"].grpo.algo.rollout_correction.on
+    budgets = {(c.grpo.steps, c.grpo.prompts_per_step, c.grpo.group_size, c.run.num_threads)
+               for c in by_arm.values()}  # fmt: skip
+    assert len(budgets) == 1 and suite.seeds == 3
+
+
 def test_unknown_suite_names_the_suites() -> None:
     with pytest.raises(
         ConfigError, match=r"--suite nope: unknown suite; suites: default, distill, fig6, micro"
