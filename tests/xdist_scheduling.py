@@ -34,8 +34,8 @@ RAY_MODULES = frozenset(
 RAY, PREFECT = "ray", "prefect"
 # Seconds each long unit takes (its tests' junit times summed, set-up included), measured
 # under `make test`'s two workers on a loaded 2-core machine (2026-11-28, after issue 55's
-# tests; the Ray unit suffers most from load: ~2x its quiet time; the DPO, distillation and
-# pairwise-ORM modules added later from single-process times, scaled). Longest first is what
+# tests; the Ray unit suffers most from load: ~2x its quiet time; the DPO, distillation,
+# pairwise-ORM and asynchronous-GRPO modules added later from single-process times, scaled). Longest first is what
 # packs two workers well; by slow marks alone, the demo-scale test (one mark, one test) went
 # out after every module with more tests. Units under ~15 s are left out: they follow, by
 # slow marks and test count. Re-measure with `--junitxml` when a unit's time changes much.
@@ -62,6 +62,7 @@ UNIT_SECONDS: dict[str, int] = {
     "tests/flows/test_dapo_e2e.py": 30,
     "tests/flows/test_distill_e2e.py": 30,
     "tests/flows/test_pairwise_orm_e2e.py": 25,
+    "tests/flows/test_async_e2e.py": 40,
     "tests/grpo_core/model/test_smollm2.py": 25,
     "tests/flows/test_local_data_e2e.py": 20,
     "tests/flows/test_quiet_console.py": 15,
