@@ -50,10 +50,10 @@ def test_grpo_of_iteration_k_resets_its_reference_to_policy_k_and_scores_with_rm
         )
         return build_updater(*args, **kwargs)
 
-    def spy_rewarder(*args: Any) -> Any:
+    def spy_rewarder(*args: Any, **kwargs: Any) -> Any:
         reward_models: dict[str, RewardModel] = args[4]
         rewarders.append({kind: weights(rm) for kind, rm in reward_models.items()})
-        return rewarder_class(*args)
+        return rewarder_class(*args, **kwargs)
 
     monkeypatch.setattr(grpo_module, "build_policy_updater", spy_updater)
     monkeypatch.setattr(grpo_module, "GRPORewarder", spy_rewarder)
