@@ -35,10 +35,11 @@ RAY, PREFECT = "ray", "prefect"
 # Seconds each long unit takes (its tests' junit times summed, set-up included), measured
 # under `make test`'s two workers on a loaded 2-core machine (2026-11-28, after issue 55's
 # tests; the Ray unit suffers most from load: ~2x its quiet time; the DPO, distillation,
-# pairwise-ORM and asynchronous-GRPO modules added later from single-process times, scaled). Longest first is what
-# packs two workers well; by slow marks alone, the demo-scale test (one mark, one test) went
-# out after every module with more tests. Units under ~15 s are left out: they follow, by
-# slow marks and test count. Re-measure with `--junitxml` when a unit's time changes much.
+# pairwise-ORM and asynchronous-GRPO modules added later from single-process times, scaled).
+# Longest first is what packs two workers well; by slow marks alone, the demo-scale test (one
+# mark, one test) went out after every module with more tests. Units under ~15 s are left
+# out: they follow, by slow marks and test count. Re-measure with `--junitxml` when a unit's
+# time changes much.
 UNIT_SECONDS: dict[str, int] = {
     RAY: 695,
     "tests/flows/engines/test_engines_flow.py": 165,
