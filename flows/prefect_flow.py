@@ -205,6 +205,15 @@ def iterative_rl(config: ItergrpoConfig, force_config: bool = False) -> dict[str
         hint = resume_hint(run_id) if is_deployment_run() else f"itergrpo resume {run_id}"
         logger.warning("%s: %s", exc, hint)
         return Cancelled(message=str(exc))
+    except Exception as exc:
+        # A cancel's SIGTERM that lands inside a C extension comes up as that extension's own
+        # error (DuckDB: RuntimeError "Query interrupted"), and execute_run has recorded the
+        # run interrupted: the flow run ends Cancelled like any cancel, not Failed.
+        if not this_flow_run_is_cancelling():
+            raise
+        hint = resume_hint(run_id) if is_deployment_run() else f"itergrpo resume {run_id}"
+        logger.warning("cancelled (%s: %s): %s", type(exc).__name__, exc, hint)
+        return Cancelled(message=f"cancelled while the run was stopping ({exc})")
     store = RunStore(config.store.resolved_root())
     tracked = mlflow_run(store.run_dir(run_id))
     mlflow_line = "" if tracked is None else f"MLflow run `{tracked[0]}`: {tracked[1]}\n\n"

@@ -27,8 +27,12 @@ def test_every_module_that_starts_ray_is_in_the_ray_unit() -> None:
         for p in (ROOT / "tests").rglob("test_*.py")
         if p != Path(__file__).resolve() and STARTS_RAY.search(p.read_text(encoding="utf-8"))
     }
-    # test_lora_config and test_engines_flow only name the setting in refusals (no Ray runs).
-    refusals_only = {"tests/flows/test_lora_config.py", "tests/flows/engines/test_engines_flow.py"}
+    # These only name the setting in refusals (no Ray runs).
+    refusals_only = {
+        "tests/flows/test_lora_config.py",
+        "tests/flows/engines/test_engines_flow.py",
+        "tests/flows/test_async_config.py",
+    }
     assert starting - refusals_only <= RAY_MODULES
     assert all((ROOT / m).is_file() for m in RAY_MODULES)
 
