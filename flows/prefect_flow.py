@@ -62,6 +62,11 @@ def raise_for_flow_state(state: State[Any], cancelled: str) -> None:
     state.result()
 
 
+def _resume_line(run_id: str) -> str:
+    """How to resume a stopped run: from the Prefect UI for a deployment's run, else the CLI."""
+    return resume_hint(run_id) if is_deployment_run() else f"itergrpo resume {run_id}"
+
+
 def this_flow_run_is_cancelling() -> bool:
     """Whether the API shows this flow run cancelling (or cancelled): a cancel from the UI
     sets that before the runner's SIGTERM, whatever exception the signal became on its way
@@ -202,8 +207,7 @@ def iterative_rl(config: ItergrpoConfig, force_config: bool = False) -> dict[str
                 stop_requested=this_flow_run_is_cancelling,
             )
     except RunInterrupted as exc:  # stopped at a safe point: resumable, not a failure
-        hint = resume_hint(run_id) if is_deployment_run() else f"itergrpo resume {run_id}"
-        logger.warning("%s: %s", exc, hint)
+        logger.warning("%s: %s", exc, _resume_line(run_id))
         return Cancelled(message=str(exc))
     except Exception as exc:
         # A cancel's SIGTERM that lands inside a C extension comes up as that extension's own
@@ -211,8 +215,7 @@ def iterative_rl(config: ItergrpoConfig, force_config: bool = False) -> dict[str
         # run interrupted: the flow run ends Cancelled like any cancel, not Failed.
         if not this_flow_run_is_cancelling():
             raise
-        hint = resume_hint(run_id) if is_deployment_run() else f"itergrpo resume {run_id}"
-        logger.warning("cancelled (%s: %s): %s", type(exc).__name__, exc, hint)
+        logger.warning("cancelled (%s: %s): %s", type(exc).__name__, exc, _resume_line(run_id))
         return Cancelled(message=f"cancelled while the run was stopping ({exc})")
     store = RunStore(config.store.resolved_root())
     tracked = mlflow_run(store.run_dir(run_id))
