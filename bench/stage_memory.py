@@ -162,7 +162,7 @@ def traced_grpo_stage(ctx: RunContext, k: int, progress: ProgressFn) -> StageRes
             updater=TracedUpdater(parts.updater),
         )
         samples, metrics = train_grpo(parts, progress)
-    return commit_grpo(ctx, k, samples, metrics, peak.mib)
+    return commit_grpo(ctx, k, samples, metrics, peak.mib, parts.draw)
 
 
 def traced_stages(ctx: RunContext) -> Executor:

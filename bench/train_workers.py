@@ -120,7 +120,7 @@ def time_stages(config: str, path: str, root: Path, iterations: int) -> dict[str
             parts = dataclasses.replace(parts, updater=TimedUpdater(parts.updater, updates))
             samples, metrics = train_grpo(parts, progress)
         steps.extend(row["value"] for row in metrics if row["name"] == STEP_SECONDS)
-        return commit_grpo(ctx, k, samples, metrics, peak.mib)
+        return commit_grpo(ctx, k, samples, metrics, peak.mib, parts.draw)
 
     def executor(ctx: RunContext) -> Executor:
         direct = call_directly(ctx)

@@ -37,6 +37,7 @@ from grpo_core.algo.config import GRPOConfig
 from grpo_core.algo.estimators import ADVANTAGE_ESTIMATORS, DataSource
 from grpo_core.algo.staleness_config import AsyncSettings
 from grpo_core.contracts.paths import LocalPath
+from grpo_core.data.curriculum import CurriculumSettings
 from grpo_core.data.tasks.registry import TaskConfig
 from grpo_core.model.config import (
     EvalConfig,
@@ -187,6 +188,11 @@ class GRPOStageSection(_Section):
         description="Asynchronous GRPO: sample the next steps' batches while the current one "
         "trains, at most max_staleness policy versions behind (docs/async.md).",
     )
+    curriculum: CurriculumSettings = Field(
+        default_factory=CurriculumSettings,
+        description="Which task problems the stage draws: uniformly, or weighted by their "
+        "pass rates in the run's earlier iterations (docs/curriculum.md).",
+    )
 
     @field_validator("preset")
     @classmethod
@@ -198,6 +204,16 @@ class GRPOStageSection(_Section):
     def _apply_preset(cls, data: Any) -> Any:
         """The preset fills the fields the raw input does not set (flows/grpo_presets.py)."""
         return apply_preset(data) if isinstance(data, dict) else data
+
+    @model_validator(mode="after")
+    def _curriculum_draws_task_problems(self) -> GRPOStageSection:
+        if self.curriculum.mode != "off" and self.data_source == "pairs_file":
+            raise ValueError(
+                f"grpo.curriculum.mode = {self.curriculum.mode} weighs the task's problems, but "
+                "grpo.data_source = pairs_file trains on the pairs file's prompts: set "
+                "grpo.curriculum.mode=off"
+            )
+        return self
 
     @model_validator(mode="after")
     def _source_fits_estimator(self) -> GRPOStageSection:

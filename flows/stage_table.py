@@ -169,7 +169,7 @@ register_stage(
         GRPO,
         "flows.stages.grpo:grpo_stage",
         "policy_k+1: GRPO steps from policy_k, rewarded by the verifier and RM_k",
-        commits=frozenset({"policy_samples", "metrics"}),
+        commits=frozenset({"policy_samples", "metrics", "problem_pass_rates"}),
         reads=_ITERATION_KEYS,
         ignores=_RM_TRAINING_KEYS,
         writes=((POLICY, 1), (POLICY_LORA, 1), (CRITIC, 1)),

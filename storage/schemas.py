@@ -114,6 +114,19 @@ TABLE_SCHEMAS: dict[str, pa.Schema] = {
         # Cut at max_new_tokens (finish reason "length"); stores written before it read NULL.
         _opt("truncated", _BOOL),
     ),
+    # grpo.curriculum: each question's outcomes in the iteration's GRPO stage, and the weight
+    # the stage drew it with from the earlier iterations' rows (docs/curriculum.md)
+    "problem_pass_rates": _schema(
+        _req("question_key", _S),
+        _req("question", _S),
+        _req("draws", _I32),  # times the stage's pool holds the question
+        _req("n_samples", _I32),
+        _req("n_correct", _I32),
+        _req("pass_rate", _F64),
+        _req("prior_samples", _I32),  # over the earlier iterations, what the weight read
+        _req("prior_correct", _I32),
+        _req("weight", _F64),
+    ),
     "eval": _schema(
         # Which policy was evaluated: policy_0 (before RL), policy_k+1 after iteration k.
         _req("policy_iteration", _I64),
@@ -197,6 +210,7 @@ TABLE_KEYS: dict[str, tuple[str, ...]] = {
     "prm_labels": ("problem_id", "sample_index", "step_index"),
     "rm_train": ("rm_kind", "problem_id", "sample_index", "step_index", "epoch"),
     "policy_samples": ("step", "problem_id", "sample_index"),
+    "problem_pass_rates": ("question_key",),
 }
 
 _DUCKDB_TYPES: dict[pa.DataType, str] = {

@@ -33,11 +33,12 @@ from flows.engines.policy_updaters import (
 from flows.engines.sampling import SleepingEngine, SleepsAfterSampling
 from flows.guards import NOT_JUDGED_INFO, GuardChecks
 from flows.interrupts import INTERRUPT
-from flows.names import CRITIC, GRPO, GRPO_PROGRESS, POLICY, POLICY_LORA, TRAIN_SPLIT
+from flows.names import CRITIC, GRPO, GRPO_PROGRESS, POLICY, POLICY_LORA
 from flows.progress import ProgressFn, log
 from flows.stage_results import StageResult, mean, metric_rows
 from flows.stages.critic import commit_critic, open_critic
 from flows.stages.grpo_async import in_flight_rows, sampling_copy, start_async_sampler
+from flows.stages.grpo_curriculum import PoolDraw, draw_pool, pass_rate_rows
 from flows.stages.grpo_progress import (
     ResumePoint,
     Row,
@@ -101,6 +102,7 @@ class GRPOParts:
     rewarder: GRPORewarder
     prompter: Prompter
     cursor: PromptCursor  # advances as steps draw prompts
+    draw: PoolDraw  # the cursor's pool, and what grpo.curriculum drew it with
     resume: ResumePoint
     outputs: GRPOOutputs
     step_seed: Callable[[int], int]
@@ -109,8 +111,9 @@ class GRPOParts:
 def grpo_stage(ctx: RunContext, iteration: int, progress: ProgressFn) -> StageResult:
     """M GRPO steps on policy_k against reference policy_k and rm_k -> policy_{k+1}."""
     with PeakMemory(ctx.device) as peak:  # the stage's models and steps (a resumed one: since)
-        sample_rows, metric_log = train_grpo(setup_grpo(ctx, iteration), progress)
-    return commit_grpo(ctx, iteration, sample_rows, metric_log, peak.mib)
+        parts = setup_grpo(ctx, iteration)
+        sample_rows, metric_log = train_grpo(parts, progress)
+    return commit_grpo(ctx, iteration, sample_rows, metric_log, peak.mib, parts.draw)
 
 
 def setup_grpo(ctx: RunContext, k: int) -> GRPOParts:
@@ -125,9 +128,10 @@ def setup_grpo(ctx: RunContext, k: int) -> GRPOParts:
     # the weights before the update engine is built: DeepSpeed copies them at its start
     resumed = resume_weights(outputs.progress, model, adapters)
     if g.pairs_file:  # data_source pairs_file: offline DPO's prompts
-        pool = pairs_pool(Path(g.pairs_file), ctx.seed(GRPO, k))
+        draw = PoolDraw(pairs_pool(Path(g.pairs_file), ctx.seed(GRPO, k)))
     else:
-        pool = ctx.task.problems(TRAIN_SPLIT, g.steps * g.prompts_per_step, seed=ctx.seed(GRPO, k))
+        draw = draw_pool(ctx, k)
+    pool = draw.problems
     # The sampling engine first: vLLM engines on Ray actors that start a local Ray own it for
     # the run; started after the training ranks, they would stop with the ranks' Ray.
     sampler, follower = _training_data(ctx, k, model, tokenizer, pool)
@@ -157,6 +161,7 @@ def setup_grpo(ctx: RunContext, k: int) -> GRPOParts:
         rewarder=rewarder,
         prompter=prompter,
         cursor=cursor,
+        draw=draw,
         resume=resume,
         outputs=outputs,
         step_seed=functools.partial(ctx.seed, GRPO, k),
@@ -209,9 +214,16 @@ def train_grpo(parts: GRPOParts, progress: ProgressFn) -> tuple[list[Row], list[
 
 
 def commit_grpo(
-    ctx: RunContext, k: int, sample_rows: list[Row], metric_log: list[Row], peak_mib: float
+    ctx: RunContext,
+    k: int,
+    sample_rows: list[Row],
+    metric_log: list[Row],
+    peak_mib: float,
+    draw: PoolDraw,
 ) -> StageResult:
-    """The guards on the steps' rewards, then the stage's rows committed; its summary."""
+    """The guards on the steps' rewards, then the stage's rows committed (with the pass rates
+    of grpo.curriculum's draw); its summary."""
+    pass_rates = pass_rate_rows(draw, sample_rows)
     checks = check_step_rewards(GuardChecks(ctx.cfg.guards, ctx.run_id), k, metric_log)
     metric_log = metric_log + metric_rows(GRPO, {**checks.metrics, PEAK_MEMORY_MIB: peak_mib})
     with ctx.run.stage(k, GRPO) as attempt:
@@ -219,6 +231,8 @@ def commit_grpo(
             attempt.info[NOT_JUDGED_INFO] = checks.not_judged
         attempt.write("policy_samples", sample_rows)
         attempt.write("metrics", metric_log)
+        if pass_rates:
+            attempt.write("problem_pass_rates", pass_rates)
     if ctx.cfg.store.progress_checkpoints == "remove":  # only after the commit: resume needs it
         committed = functools.partial(ctx.run.is_committed, stage=GRPO)
         remove_committed_progress(ctx.store.root, ctx.run_id, GRPO_PROGRESS, committed)
