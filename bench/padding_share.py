@@ -7,8 +7,14 @@ micro-batches; grpo_core/algo/micro_batches.py::padding_share), the number of pa
 largest pass in token positions. Fixed rows (grpo.algo.micro_batch_size) keep the whole
 batch's columns, as the update runs them; "own width" is what trimming alone would give.
 
+With `--store DIR --run RUN` the rows are a stored run's instead: each GRPO step's outputs
+(`policy_samples.n_completion_tokens`, by iteration and step), each with the run's mean prompt
+length (`rollouts.n_prompt_tokens`; the stored GRPO rows keep no prompt length), e.g. a
+`math-style` run's reasoning outputs.
+
     .venv/bin/python bench/padding_share.py
     .venv/bin/python bench/padding_share.py --prompts 64 --group-size 8 --seeds 5
+    .venv/bin/python bench/padding_share.py --store /tmp/store --run math-1k --budgets 2048 4096
 """
 
 from __future__ import annotations
@@ -39,6 +45,24 @@ def step_lengths(prompts: int, group_size: int, seed: int) -> list[int]:
     return lengths
 
 
+def stored_steps(store: Path, run_id: str) -> list[tuple[str, list[int]]]:
+    """(label, prompt + completion tokens of each row) of every stored GRPO step of a run."""
+    from storage.store import RunStore
+
+    runs = RunStore(store)
+    prompts = runs.read("rollouts", run_id=run_id, columns=["n_prompt_tokens"]).column(0)
+    prompt = round(sum(prompts.to_pylist()) / max(len(prompts), 1))
+    rows = runs.read(
+        "policy_samples", run_id=run_id, columns=["iteration", "step", "n_completion_tokens"]
+    ).to_pylist()
+    steps: dict[tuple[int, int], list[int]] = {}
+    for r in rows:
+        steps.setdefault((r["iteration"], r["step"]), []).append(prompt + r["n_completion_tokens"])
+    if not steps:
+        raise SystemExit(f"run {run_id!r} in {store} has no stored GRPO steps")
+    return [(f"iteration {k} step {s}", lengths) for (k, s), lengths in sorted(steps.items())]
+
+
 def fixed_rows(rows: int, size: int) -> list[list[int]]:
     return [list(range(start, min(start + size, rows))) for start in range(0, rows, size)]
 
@@ -58,18 +82,29 @@ def main() -> None:
     parser.add_argument("--micro-batch-size", type=int, default=8)
     parser.add_argument("--budgets", type=int, nargs="+", default=[8192, 16384, 32768])
     parser.add_argument("--seeds", type=int, default=3)
+    parser.add_argument("--store", type=Path, help="a run store: its run's GRPO steps' rows")
+    parser.add_argument("--run", help="the run id, with --store")
     args = parser.parse_args()
     commit = subprocess.run(
         ["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True
     ).stdout.strip()
-    print(
-        f"{args.prompts} prompts x G = {args.group_size}, completions 50-4000 tokens "
-        f"(log-uniform), {date.today()}, commit {commit}"
-    )
-    for seed in range(args.seeds):
-        lengths = step_lengths(args.prompts, args.group_size, seed)
+    if args.store:
+        if not args.run:
+            parser.error("--store needs --run RUN_ID")
+        print(f"run {args.run} in {args.store}, {date.today()}, commit {commit}")
+        steps = stored_steps(args.store, args.run)
+    else:
+        print(
+            f"{args.prompts} prompts x G = {args.group_size}, completions 50-4000 tokens "
+            f"(log-uniform), {date.today()}, commit {commit}"
+        )
+        steps = [
+            (f"seed {seed}", step_lengths(args.prompts, args.group_size, seed))
+            for seed in range(args.seeds)
+        ]
+    for name, lengths in steps:
         rows, width = len(lengths), max(lengths)
-        print(f"seed {seed}: {rows} rows, {sum(lengths)} tokens, longest {width}")
+        print(f"{name}: {rows} rows, {sum(lengths)} tokens, longest {width}")
         fixed = fixed_rows(rows, args.micro_batch_size)
         label = f"{args.micro_batch_size} rows per pass"
         print(f"  {label:<28s} {describe(lengths, fixed, width)}")
