@@ -65,6 +65,8 @@ UNIT_SECONDS: dict[str, int] = {
     "tests/flows/test_pairwise_orm_e2e.py": 25,
     "tests/flows/test_async_e2e.py": 40,
     "tests/grpo_core/model/test_smollm2.py": 25,
+    "tests/flows/test_curriculum_e2e.py": 25,
+    "tests/grpo_core/data/test_python_sandbox.py": 20,
     "tests/flows/test_local_data_e2e.py": 20,
     "tests/flows/test_quiet_console.py": 15,
     "tests/flows/test_prompt_styles_e2e.py": 15,
