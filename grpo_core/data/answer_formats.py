@@ -7,6 +7,8 @@ the format reward and the rollout rows' `extracted_answer` all go through it.
   `2\\sqrt3` = `\\sqrt{12}`, `(1,-2)`, intervals, sets, matrices, letters, expressions). An
   output without a `\\boxed{}` gives no answer: the format asks for one, and taking the last
   number instead would pay an output the format reward calls malformed.
+- `python_tests`: the last ```python block, right when the gold answer's tests (assert
+  statements) pass against it in the Python tool's sandbox (code tasks).
 
 Torch-free and sympy-free at import (the config lists the names); math-verify runs in a
 worker process of its own (grpo_core/data/math_equivalence.py).
@@ -19,6 +21,13 @@ from dataclasses import dataclass
 
 from grpo_core.contracts.registry import Registry
 from grpo_core.data.answers import extract_answer, format_reward, normalize_number
+from grpo_core.data.code_answers import (
+    canonical_program,
+    check_tests,
+    ends_with_program,
+    last_python_block,
+    passes_tests,
+)
 from grpo_core.data.math_equivalence import MathVerifier
 
 
@@ -126,5 +135,20 @@ ANSWER_FORMATS.add(
         canonical=MATH_VERIFIER.canonical,
         check_gold=MATH_VERIFIER.check_gold,
         ends_with_answer=_ends_boxed,
+    ),
+)
+
+ANSWER_FORMATS.add(
+    "python_tests",
+    AnswerFormat(
+        name="python_tests",
+        description="the last ```python block, right when the gold tests pass against it "
+        "(run in the Python tool's sandbox)",
+        instruction="end with the complete program in one ```python block",
+        extract=last_python_block,
+        equal=passes_tests,
+        canonical=canonical_program,
+        check_gold=check_tests,
+        ends_with_answer=ends_with_program,
     ),
 )

@@ -124,7 +124,11 @@ def test_a_stored_flat_config_is_its_runs_sectioned_config(tmp_path: Path) -> No
     current = load_config("micro", [f"store.root={tmp_path}"])
     stored = {**current.model_dump(mode="json"), "task": FLAT_MICRO_TASK}
     assert stored_config_as_current(stored, current) == current.model_dump(mode="json")
-    assert stored_config_migrated(stored)["task"] == current.model_dump(mode="json")["task"]
+    # the flat keys fill the sections of the tasks of their time; a task added since (code
+    # functions) has no flat keys, and its section is filled with its defaults when loaded
+    newer = {"code_functions"}
+    sections = {k: v for k, v in current.model_dump(mode="json")["task"].items() if k not in newer}
+    assert stored_config_migrated(stored)["task"] == sections
     # the run's directory as the earlier version left it, with a committed stage
     commit_a_stage(RunStore(tmp_path), "r1", stored)
     upgrade = functools.partial(stored_config_as_current, current=current)

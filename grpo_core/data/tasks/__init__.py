@@ -6,7 +6,7 @@ before the config is read); docs/extending.md shows one."""
 
 from typing import Any
 
-from grpo_core.data.tasks import arith, local_files, math_style, reasoning_gym
+from grpo_core.data.tasks import arith, code_functions, local_files, math_style, reasoning_gym
 from grpo_core.data.tasks.base import (
     TASKS,
     Problem,
@@ -21,6 +21,7 @@ BUILT_IN: tuple[TaskSpec[Any], ...] = (
     arith.TASK,
     math_style.TASK,
     reasoning_gym.TASK,
+    code_functions.TASK,
     local_files.TASK,
 )
 for _task in BUILT_IN:

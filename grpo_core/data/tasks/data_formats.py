@@ -46,7 +46,8 @@ class DataFormat:
     """columns: the default column of each role. answer_format: how the data's answers are
     stated and judged (grpo_core/data/answer_formats.py), unless task.answer_format says.
     meta: columns kept as each problem's metadata when present. clean_solution: what a gold
-    solution is trained on."""
+    solution is trained on. required: a column `auto` chooses this format only with (a code
+    problem without tests is no code problem)."""
 
     name: str
     description: str
@@ -54,6 +55,7 @@ class DataFormat:
     answer_format: str
     meta: tuple[str, ...] = ()
     clean_solution: Callable[[str], str] = str.strip
+    required: str | None = None
 
 
 DATA_FORMATS: Registry[DataFormat] = Registry("data format")
@@ -86,6 +88,18 @@ DATA_FORMATS.add(
         columns=Columns(question="problem", solution="solution", answer="answer"),
         answer_format="boxed",
         meta=("level", "type"),
+    ),
+)
+
+DATA_FORMATS.add(
+    "code",
+    DataFormat(
+        name="code",
+        description="'question', 'tests': assert statements a solution must pass (run in the "
+        "Python tool's sandbox), and an optional 'solution': the program, in a ```python block",
+        columns=Columns(question="question", solution="solution", answer="tests"),
+        answer_format="python_tests",
+        required="tests",
     ),
 )
 
@@ -122,6 +136,8 @@ def recognise(columns: Collection[str], mapped: dict[str, str | None]) -> DataFo
         return DATA_FORMATS[DATA_FORMATS.names()[0]]
     scores: dict[str, int] = {}
     for name, data_format in DATA_FORMATS.items():
+        if data_format.required and not has_column(columns, data_format.required):
+            continue
         named = resolve_columns(data_format, mapped, columns).named().values()
         scores[name] = sum(has_column(columns, column) for column in set(named))
     best = max(scores.values())

@@ -51,6 +51,11 @@ SECTIONED = {
     },
     "math_style": {"kinds": ["midpoint"], "max_number": 6},
     "reasoning_gym": {"dataset": "gsm_symbolic", "options": {"difficulty": 1}},
+    # a task added after the flat shape: its section is its defaults
+    "code_functions": {
+        "kinds": ["linear", "square_plus", "larger_of", "remainder"],
+        "max_number": 9,
+    },
     "local_files": {
         "path": "/data/train.jsonl",
         "test_path": "/data/test.jsonl",
@@ -65,7 +70,9 @@ SECTIONED = {
 def test_the_choices_and_sections_are_the_registered_tasks() -> None:
     schema = TaskConfig.model_json_schema()
     name = schema["properties"]["name"]
-    assert name["enum"] == TASKS.names() == ["arith", "math_style", "reasoning_gym", "local_files"]
+    assert name["enum"] == TASKS.names()
+    built_in = ["arith", "math_style", "reasoning_gym", "code_functions", "local_files"]
+    assert TASKS.names() == built_in
     for task, spec in TASKS.items():
         assert spec.summary in name["description"]
         assert task in schema["properties"]  # its section, in the Prefect form too
