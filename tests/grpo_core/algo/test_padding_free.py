@@ -1,0 +1,160 @@
+"""grpo.algo.padding_free gives the gradients and metrics of one padded micro-batch holding
+every row (fp32; gradients within atol 1e-6 + rtol 1e-5, metrics within 1e-5) in the policy
+update (every loss mode, fixed rows or a token budget, G samples per prompt, merged copies,
+checkpointing and chunked logits), PPO's critic and DPO; every pass is one packed row, the
+budget bounds its tokens, and padding_share is the share computed: 0."""
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from grpo_core.algo.config import GRPOConfig, LossAgg
+from grpo_core.algo.critic_update import CriticLearner
+from grpo_core.algo.update import grpo_update
+from grpo_core.model.critic import ValueModel
+from grpo_core.model.forward import sequence_logprobs
+from tests.grpo_core.algo.test_dpo_update import DPO, pair_batch
+from tests.grpo_core.algo.test_token_budget import METRICS, model, spread_batch
+from tests.grpo_core.algo.test_update import MODES, batch_with_copies
+from tests.recording_engine import RecordingEngine, assert_same_gradients
+
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
+
+
+def passes(module: torch.nn.Module) -> list[tuple[int, ...]]:
+    """The input_ids shape of each forward of `module`, and whether it had a mask (a causal
+    LM's decoder runs in every pass, chunked logits or not)."""
+    seen: list[tuple[int, ...]] = []
+
+    def record(_: torch.nn.Module, args: Any, kwargs: dict[str, Any]) -> None:
+        seen.append((*kwargs["input_ids"].shape, int(kwargs.get("attention_mask") is not None)))
+
+    module.register_forward_pre_hook(record, with_kwargs=True)
+    return seen
+
+
+def update(
+    batch: Any, advantages: torch.Tensor, cfg: GRPOConfig, old: torch.Tensor | None = None
+) -> tuple[RecordingEngine, list[tuple[int, ...]], dict[str, float]]:
+    engine = RecordingEngine(model())
+    seen = passes(engine.model.get_decoder())
+    metrics = grpo_update(
+        engine, model(seed=1), batch, advantages, cfg, old, torch.Generator().manual_seed(0)
+    )
+    return engine, seen, metrics
+
+
+def assert_same_update(
+    batch: Any,
+    advantages: torch.Tensor,
+    cfg: GRPOConfig,
+    old: torch.Tensor | None = None,
+    **packed: Any,
+) -> list[tuple[int, ...]]:
+    """The update with padding_free and `packed`'s settings against one padded pass of every
+    row; the packed run's passes."""
+    whole = cfg.model_copy(update={"micro_batch_size": len(batch)})
+    expected_engine, _, expected = update(batch, advantages, whole, old)
+    engine, seen, metrics = update(
+        batch, advantages, cfg.model_copy(update={"padding_free": True, **packed}), old
+    )
+    assert_same_gradients(engine.grads, expected_engine.grads, atol=1e-6)
+    for key in METRICS:
+        assert metrics[key] == pytest.approx(expected[key], abs=1e-5), key
+    assert metrics["padding_share"] == 0.0 and expected["padding_share"] > 0.3
+    assert seen and all(rows == 1 and not masked for rows, _, masked in seen)
+    return seen
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("shared_prompts", [False, True])
+@pytest.mark.parametrize("micro", [{"micro_batch_size": 3}, {"max_tokens_per_micro_batch": 120}])
+def test_packed_passes_give_the_one_batch_gradient(
+    mode: LossAgg, shared_prompts: bool, micro: dict[str, int]
+) -> None:
+    batch, advantages = spread_batch(shared_prompts)
+    cfg = GRPOConfig(loss_agg=mode, mu=2, beta=0.1, max_len_norm=90)
+    seen = assert_same_update(batch, advantages, cfg, **micro)
+    lengths = batch.attention_mask.sum(-1).tolist()
+    if "max_tokens_per_micro_batch" in micro:  # the budget bounds the packed tokens
+        assert all(tokens <= 120 or tokens == max(lengths) for _, tokens, _ in seen)
+        assert len(seen) < 2 * len(lengths)  # several rows per pass
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_packed_passes_with_checkpointing_and_chunked_logits(mode: LossAgg) -> None:
+    batch, advantages = spread_batch(shared_prompts=True)
+    cfg = GRPOConfig(loss_agg=mode, mu=2, beta=0.1, max_len_norm=90)
+    assert_same_update(
+        batch,
+        advantages,
+        cfg,
+        max_tokens_per_micro_batch=150,
+        gradient_checkpointing=True,
+        logits_chunk_tokens=16,
+    )
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_packed_passes_give_the_one_batch_clipping_and_kl(mode: LossAgg) -> None:
+    batch, advantages = spread_batch(shared_prompts=False)
+    with torch.no_grad():
+        current = sequence_logprobs(model(), batch)
+    noise = torch.randn(current.shape, generator=torch.Generator().manual_seed(2))
+    sampling = (current + 0.3 * noise) * batch.response_mask  # some ratios clip
+    cfg = GRPOConfig(loss_agg=mode, beta=0.1, max_len_norm=90, use_sampling_logprobs_as_old=True)
+    _, _, metrics = update(
+        batch, advantages, cfg.model_copy(update={"padding_free": True}), sampling
+    )
+    assert metrics["clip_frac_low"] > 0 and metrics["clip_frac_high"] > 0
+    assert_same_update(batch, advantages, cfg, sampling, max_tokens_per_micro_batch=150)
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_identical_rows_merge_across_packed_passes(mode: LossAgg) -> None:
+    batch, advantages = batch_with_copies()  # left-padded, copies in scattered slots
+    cfg = GRPOConfig(loss_agg=mode, mu=2, beta=0.1, max_len_norm=7)
+    assert_same_update(batch, advantages, cfg, max_tokens_per_micro_batch=16)
+
+
+def test_packed_critic_gives_the_one_batch_values_and_gradients(tmp_path: Path) -> None:
+    batch, _ = spread_batch(shared_prompts=False)
+    model().save_pretrained(tmp_path / "policy")
+    scores = torch.randn(8, generator=torch.Generator().manual_seed(1))
+    runs = []
+    for micro in ({"micro_batch_size": 8}, {"max_tokens_per_micro_batch": 120, "padding_free": 1}):
+        cfg = GRPOConfig.model_validate(
+            {"adv_estimator": "ppo", "beta": 0.0, "mu": 2, "mini_batches_per_epoch": 2, **micro}
+        )
+        critic = ValueModel.from_backbone(tmp_path / "policy")
+        engine = RecordingEngine(critic)
+        seen = passes(critic.net)
+        learner = CriticLearner(critic, engine, model(seed=3), model(seed=4), cfg)
+        terms = learner.prepare(batch)
+        metrics = learner.update(batch, terms, scores, seed=0)
+        runs.append((terms, engine.grads, metrics))
+        assert all(rows == 1 for rows, _, _ in seen) == ("padding_free" in micro)
+    (whole, whole_grads, expected), (packed, grads, metrics) = runs
+    assert torch.allclose(whole.values, packed.values, atol=1e-6)
+    assert torch.allclose(whole.log_ratio, packed.log_ratio, atol=1e-5)
+    assert float(packed.log_ratio.abs().sum()) > 0
+    assert_same_gradients(grads, whole_grads, atol=1e-6)
+    for key in ("value_loss", "value_clipfrac", "value_mean", "returns_mean", "reward_kl"):
+        assert metrics[key] == pytest.approx(expected[key], abs=1e-5), key
+
+
+def test_packed_dpo_passes_give_the_padded_gradient() -> None:
+    batch, advantages = pair_batch()
+    runs = []
+    for padding_free in (False, True):
+        cfg = GRPOConfig(**DPO, micro_batch_size=4, padding_free=padding_free)
+        engine = RecordingEngine(model())
+        seen = passes(engine.model.get_decoder())
+        metrics = grpo_update(engine, model(seed=1), batch, advantages, cfg)
+        assert all(rows == 1 for rows, _, _ in seen) == padding_free
+        runs.append((engine.grads, metrics))
+    (want, expected), (got, metrics) = runs
+    assert_same_gradients(got, want, atol=1e-6)
+    assert metrics["dpo_loss"] == pytest.approx(expected["dpo_loss"], abs=1e-6)
