@@ -158,3 +158,25 @@ def test_packed_dpo_passes_give_the_padded_gradient() -> None:
     (want, expected), (got, metrics) = runs
     assert_same_gradients(got, want, atol=1e-6)
     assert metrics["dpo_loss"] == pytest.approx(expected["dpo_loss"], abs=1e-6)
+
+
+def test_packed_passes_through_lora_adapters_give_the_padded_gradient() -> None:
+    pytest.importorskip("peft", reason="the lora extra is not installed")
+    from grpo_core.model.config import LoRAConfig
+    from grpo_core.model.lora import LoRAAdapters
+
+    batch, advantages = spread_batch(shared_prompts=True)
+    runs = []
+    for padding_free in (False, True):
+        policy = model()
+        adapters = LoRAAdapters(policy, LoRAConfig(enabled=True, r=2, alpha=4), seed=0)
+        with torch.no_grad():  # adapters as after some training, B != 0
+            for p in adapters.trainable():
+                p.normal_(0.0, 0.2, generator=torch.Generator().manual_seed(p.numel()))
+        engine = RecordingEngine(policy)
+        seen = passes(policy.get_decoder())
+        cfg = GRPOConfig(mu=2, beta=0.0, padding_free=padding_free, max_tokens_per_micro_batch=120)
+        grpo_update(engine, None, batch, advantages, cfg, None, torch.Generator().manual_seed(0))
+        assert all(rows == 1 for rows, _, _ in seen) == padding_free
+        runs.append(engine.grads)
+    assert_same_gradients(runs[1], runs[0], atol=1e-6)
