@@ -66,10 +66,11 @@ def packs(model: nn.Module, asked: bool, role: str) -> bool:
     if attention in MASKED_ATTENTION:
         _note_once(
             f"{role}: {attention}",
-            logging.INFO,
+            logging.WARNING,
             "grpo.algo.padding_free: the %s's %s attention masks the packed row block-"
-            "diagonally (no padding in the linear layers; attention still spans the whole "
-            "packed row: flash_attention_2 skips the masked blocks)",
+            "diagonally: no padding in the linear layers, but attention computes every "
+            "(token, token) entry of the packed row, which grows with the square of the "
+            "budget (bench/padding_share.py); flash_attention_2 runs each row alone",
             role,
             attention,
         )
