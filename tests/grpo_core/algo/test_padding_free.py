@@ -180,3 +180,26 @@ def test_packed_passes_through_lora_adapters_give_the_padded_gradient() -> None:
         assert all(rows == 1 for rows, _, _ in seen) == padding_free
         runs.append(engine.grads)
     assert_same_gradients(runs[1], runs[0], atol=1e-6)
+
+
+def test_two_ranks_of_packed_passes_add_up_to_the_one_process_gradient() -> None:
+    """Each rank plans every rank's packed passes, so both run as many (a rank with fewer
+    pads with a pass that has no loss) and their gradients sum to one padded process's."""
+    batch, advantages = spread_batch(shared_prompts=True)
+    cfg = GRPOConfig(mu=1, beta=0.1, max_len_norm=90)
+    one = RecordingEngine(model())
+    grpo_update(one, model(seed=1), batch, advantages, cfg)
+    packed = cfg.model_copy(update={"padding_free": True, "max_tokens_per_micro_batch": 100})
+    summed: list[torch.Tensor] | None = None
+    counts = []
+    for rank in (0, 1):
+        engine = RecordingEngine(model())
+        engine.data_parallel_size, engine.data_parallel_rank = 2, rank
+        seen = passes(engine.model.get_decoder())
+        grpo_update(engine, model(seed=1), batch, advantages, packed)
+        counts.append(sum(1 for rows, _, _ in seen if rows == 1))
+        (grads,) = engine.grads
+        summed = grads if summed is None else [a + b for a, b in zip(summed, grads, strict=True)]
+    assert summed is not None
+    assert counts[0] == counts[1] > 1  # as many packed passes on both ranks
+    assert_same_gradients([summed], one.grads, atol=1e-6)
