@@ -152,12 +152,11 @@ class GRPOConfig(BaseModel):
     padding_free: bool = Field(
         default=False,
         description="Run each micro-batch's rows as one packed row without padding, position "
-        "ids restarting per row (TRL padding_free, verl use_remove_padding): the policy "
-        "update, its pi_old / reference forwards and PPO's critic; "
-        "max_tokens_per_micro_batch then bounds the packed tokens (the sum of the rows' "
-        "lengths). Llama/Qwen2/Qwen3/Mistral with sdpa, eager (a block-diagonal mask over the "
-        "packed row) or flash_attention_2/3 (varlen); another model runs padded, said once in "
-        "the log. Same gradients as padded passes.",
+        "ids restarting per row (TRL padding_free, verl use_remove_padding); "
+        "max_tokens_per_micro_batch then bounds the packed tokens. Llama/Qwen2/Qwen3/Mistral "
+        "under flash_attention_2/3 (varlen), sdpa or eager (a dense block-diagonal mask: "
+        "slower than padding, docs/memory.md); another model runs padded, said once in the "
+        "log. Same gradients as padded passes.",
     )
     gradient_checkpointing: bool = Field(
         default=False,

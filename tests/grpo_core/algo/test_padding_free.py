@@ -1,8 +1,9 @@
 """grpo.algo.padding_free gives the gradients and metrics of one padded micro-batch holding
 every row (fp32; gradients within atol 1e-6 + rtol 1e-5, metrics within 1e-5) in the policy
 update (every loss mode, fixed rows or a token budget, G samples per prompt, merged copies,
-checkpointing and chunked logits), PPO's critic and DPO; every pass is one packed row, the
-budget bounds its tokens, and padding_share is the share computed: 0."""
+checkpointing and chunked logits, LoRA, two ranks), PPO's critic and DPO; every pass is one
+packed row, the budget bounds its tokens, and padding_share is the share computed: 0. On CUDA
+(`make gpu-check`): sdpa's packed update, and flash_attention_2's varlen log-probs in bf16."""
 
 from pathlib import Path
 from typing import Any
@@ -203,3 +204,48 @@ def test_two_ranks_of_packed_passes_add_up_to_the_one_process_gradient() -> None
     assert summed is not None
     assert counts[0] == counts[1] > 1  # as many packed passes on both ranks
     assert_same_gradients([summed], one.grads, atol=1e-6)
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_packed_passes_on_cuda_give_the_padded_gradient(mode: LossAgg) -> None:
+    """sdpa on CUDA (its kernels take the packed row's boolean mask), fp32."""
+    batch, advantages = spread_batch(shared_prompts=True)
+    batch, advantages = batch.to("cuda"), advantages.cuda()
+    grads = []
+    for padding_free in (False, True):
+        engine = RecordingEngine(model().cuda())
+        cfg = GRPOConfig(
+            loss_agg=mode,
+            mu=2,
+            beta=0.1,
+            max_len_norm=90,
+            max_tokens_per_micro_batch=120,
+            padding_free=padding_free,
+        )
+        generator = torch.Generator().manual_seed(0)
+        grpo_update(engine, model(seed=1).cuda(), batch, advantages, cfg, None, generator)
+        grads.append(engine.grads)
+    assert_same_gradients(grads[1], grads[0], atol=1e-5)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_packed_rows_under_flash_attention_2_give_the_padded_logprobs() -> None:
+    """flash_attention_2's varlen kernel over the packed row against its padded pass, bf16
+    (the kernel takes no fp32): log-probs within bf16 rounding, gradients in one direction."""
+    pytest.importorskip("flash_attn", reason="flash_attention_2 needs the flash-attn package")
+    batch, _ = spread_batch(shared_prompts=False)
+    batch = batch.to("cuda")
+    results = []
+    for packed in (False, True):
+        policy = model().to("cuda", torch.bfloat16)
+        policy.set_attn_implementation("flash_attention_2")
+        logp = sequence_logprobs(policy, batch, packed=packed)
+        logp.sum().backward()
+        grad = torch.cat([p.grad.flatten().float() for p in policy.parameters()])
+        results.append((logp.detach(), grad))
+    (padded, padded_grad), (packed_logp, packed_grad) = results
+    assert torch.allclose(packed_logp, padded, atol=5e-2)
+    assert torch.nn.functional.cosine_similarity(packed_grad, padded_grad, dim=0) > 0.99
