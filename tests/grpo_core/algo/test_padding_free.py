@@ -14,11 +14,15 @@ import torch
 from grpo_core.algo.config import GRPOConfig, LossAgg
 from grpo_core.algo.critic_update import CriticLearner
 from grpo_core.algo.update import grpo_update
+from grpo_core.engines.config import DeepSpeedConfig
+from grpo_core.model.checkpointing import transformers_model
 from grpo_core.model.critic import ValueModel
 from grpo_core.model.forward import sequence_logprobs
 from tests.grpo_core.algo.test_dpo_update import DPO, pair_batch
 from tests.grpo_core.algo.test_token_budget import METRICS, model, spread_batch
 from tests.grpo_core.algo.test_update import MODES, batch_with_copies
+from tests.grpo_core.engines import test_deepspeed_engine as deepspeed_tests
+from tests.models import tiny_llama
 from tests.recording_engine import RecordingEngine, assert_same_gradients
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
@@ -249,3 +253,30 @@ def test_packed_rows_under_flash_attention_2_give_the_padded_logprobs() -> None:
     (padded, padded_grad), (packed_logp, packed_grad) = results
     assert torch.allclose(packed_logp, padded, atol=5e-2)
     assert torch.nn.functional.cosine_similarity(packed_grad, padded_grad, dim=0) > 0.99
+
+
+def test_packed_passes_through_deepspeed_match_the_padded_torch_engine() -> None:
+    """DeepSpeed's engine forwards the packed row's keywords: ZeRO-2 in process, packed,
+    makes the padded TorchEngine's update (tests/grpo_core/engines/test_deepspeed_engine.py's
+    tolerances)."""
+    pytest.importorskip("deepspeed", reason="deepspeed is not installed")
+    from grpo_core.engines.deepspeed_engine import DeepSpeedEngine
+
+    batch, advantages = deepspeed_tests.ragged_batch(8)
+    cfg = deepspeed_tests.CFG.model_copy(update={"micro_batch_size": 3})
+    expected, torch_metrics = deepspeed_tests.torch_update(cfg, batch, advantages)
+    packed = cfg.model_copy(update={"padding_free": True})
+    engine = DeepSpeedEngine(
+        tiny_llama(), packed.optimizer_settings(), config=DeepSpeedConfig(zero_stage=2)
+    )
+    inner = transformers_model(engine.model)
+    assert inner is not None
+    seen = passes(inner.get_decoder())
+    generator = deepspeed_tests.seeded()
+    metrics = grpo_update(
+        engine, tiny_llama(seed=1), batch, advantages, packed, generator=generator
+    )
+    assert seen and all(rows == 1 and not masked for rows, _, masked in seen)
+    gap = deepspeed_tests.max_param_gap(expected, engine.full_state_dict())
+    moved = deepspeed_tests.max_param_gap(expected, tiny_llama().state_dict())
+    deepspeed_tests.assert_same_update(torch_metrics, metrics, gap, moved)
