@@ -1,8 +1,8 @@
 """Packed rows (grpo_core/model/packing.py): a batch's attended tokens as one row whose
 position ids restart per row give the log-probs, entropies and critic values of the padded
 batch (fp32, within 1e-5) under sdpa and eager attention, left or right padding, for any row
-lengths; a model that cannot pack is named with the reason, once in the log, as is the
-cost of sdpa's dense attention over the packed row."""
+lengths, in every architecture that packs; a model that cannot pack is named with the
+reason, once in the log, as is the cost of sdpa's dense attention over the packed row."""
 
 from __future__ import annotations
 
@@ -14,14 +14,14 @@ import pytest
 import torch
 from hypothesis import given
 from hypothesis import strategies as st
-from transformers import GPT2Config, GPT2LMHeadModel
+from transformers import AutoConfig, AutoModelForCausalLM, GPT2Config, GPT2LMHeadModel
 
 from grpo_core.algo.micro_batches import planned_logprobs
 from grpo_core.contracts.policy_batch import PolicyBatch, build_policy_batch
 from grpo_core.model import packing
 from grpo_core.model.critic import ValueModel
 from grpo_core.model.forward import sequence_logprobs, sequence_logprobs_and_entropy
-from grpo_core.model.packing import pack_rows, packing_refusal, packs
+from grpo_core.model.packing import PACKED_MODEL_TYPES, pack_rows, packing_refusal, packs
 from tests.models import tiny_llama
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
@@ -60,6 +60,36 @@ def test_packed_rows_give_the_padded_logprobs_and_entropies(attn: str, side: str
     assert torch.allclose(packed_logp, logp, atol=1e-5)
     assert torch.allclose(packed_entropy, entropy, atol=1e-5)
     assert float(logp.detach().abs().sum()) > 1.0
+
+
+def tiny_of_type(model_type: str) -> torch.nn.Module:
+    """A 2-layer model of each architecture packing_refusal lets pack, seeded."""
+    torch.manual_seed(0)
+    sizes = {
+        "vocab_size": 12,
+        "hidden_size": 16,
+        "intermediate_size": 32,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 2,
+        "num_key_value_heads": 1,
+        "max_position_embeddings": 64,
+    }
+    if model_type == "qwen3":
+        sizes["head_dim"] = 8
+    config = AutoConfig.for_model(model_type, **sizes)
+    return AutoModelForCausalLM.from_config(config)
+
+
+@pytest.mark.parametrize("model_type", sorted(PACKED_MODEL_TYPES))
+def test_every_packing_architecture_gives_the_padded_logprobs(model_type: str) -> None:
+    model = tiny_of_type(model_type)
+    assert packing_refusal(model) is None
+    batch = ragged(ROWS, side="left")
+    with torch.no_grad():
+        padded = sequence_logprobs(model, batch)
+        packed = sequence_logprobs(model, batch, packed=True)
+    assert torch.allclose(packed, padded, atol=1e-5)
+    assert float(padded.abs().sum()) > 1.0
 
 
 def test_the_packed_row_goes_to_the_model_without_an_attention_mask() -> None:
