@@ -61,10 +61,17 @@ class TimedEngine(TorchEngine):
     times: dict[str, float]
 
     def forward_logprobs(
-        self, batch: PolicyBatch, temperature: float, with_entropy: bool = False
+        self,
+        batch: PolicyBatch,
+        temperature: float,
+        with_entropy: bool = False,
+        logits_chunk_tokens: int | None = None,
+        packed: bool = False,
     ) -> tuple[Tensor, Tensor | None]:
         start = time.perf_counter()
-        out = super().forward_logprobs(batch, temperature, with_entropy)
+        out = super().forward_logprobs(
+            batch, temperature, with_entropy, logits_chunk_tokens, packed
+        )
         self.times["policy_fwd_bwd"] += time.perf_counter() - start
         return out
 

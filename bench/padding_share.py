@@ -1,4 +1,5 @@
-"""Padding share of a GRPO update's micro-batches: fixed rows against a token budget.
+"""Padding share of a GRPO update's micro-batches: fixed rows, a token budget, and a token
+budget with padding_free (packed rows).
 
 A step's rows are synthetic reasoning-length outputs: P prompts of 60-200 tokens, G samples
 each, completion lengths log-uniform over 50-4000 tokens (seeded). For each plan it prints
@@ -6,6 +7,11 @@ the share of padded positions in what the forwards compute (rows x width, summed
 micro-batches; grpo_core/algo/micro_batches.py::padding_share), the number of passes and the
 largest pass in token positions. Fixed rows (grpo.algo.micro_batch_size) keep the whole
 batch's columns, as the update runs them; "own width" is what trimming alone would give.
+"packed" is grpo.algo.padding_free: each pass one row of its rows' tokens, the budget bounding
+that sum, so no padded position is computed (under sdpa/eager attention the masked blocks of
+the packed row's attention still are: "dense attn" is the attention score entries computed,
+each packed row's tokens squared, over those of the padded budget plan; "varlen attn" the
+same for flash_attention_2's varlen kernel, each sequence's length squared).
 
 With `--store DIR --run RUN` the rows are a stored run's instead: each GRPO step's outputs
 (`policy_samples.n_completion_tokens`, by iteration and step), each with the run's mean prompt
@@ -75,6 +81,30 @@ def describe(lengths: Sequence[int], plan: list[list[int]], width: int | None) -
     return f"padding {share:6.1%}  passes {len(plan):4d}  largest pass {max(sizes):7d} positions"
 
 
+def attention_entries(lengths: Sequence[int], plan: list[list[int]], packed: bool) -> int:
+    """Attention score entries a dense kernel computes: per pass rows x width^2, or a packed
+    row's tokens^2."""
+    if packed:
+        return sum(sum(lengths[r] for r in rows) ** 2 for rows in plan)
+    return sum(len(rows) * max(lengths[r] for r in rows) ** 2 for rows in plan)
+
+
+def varlen_entries(lengths: Sequence[int]) -> int:
+    """Attention score entries of a varlen kernel: each sequence's own square."""
+    return sum(n**2 for n in lengths)
+
+
+def describe_packed(lengths: Sequence[int], budget: int) -> str:
+    plan = plan_micro_batches(lengths, budget, packed=True)
+    sizes = [sum(lengths[r] for r in rows) for rows in plan]
+    dense = attention_entries(lengths, plan, True)
+    padded = attention_entries(lengths, plan_micro_batches(lengths, budget), False)
+    return (
+        f"padding {0.0:6.1%}  passes {len(plan):4d}  largest pass {max(sizes):7d} positions"
+        f"  dense attn x{dense / padded:5.2f}  varlen attn x{varlen_entries(lengths) / padded:4.2f}"
+    )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--prompts", type=int, default=16)
@@ -112,6 +142,8 @@ def main() -> None:
         for budget in args.budgets:
             plan = plan_micro_batches(lengths, budget)
             print(f"  {f'budget {budget} tokens':<28s} {describe(lengths, plan, None)}")
+            label = f"budget {budget} tokens, packed"
+            print(f"  {label:<28s} {describe_packed(lengths, budget)}")
 
 
 if __name__ == "__main__":

@@ -149,6 +149,15 @@ class GRPOConfig(BaseModel):
         "critic. Changes memory use and padding only, never the gradient. null: "
         "micro_batch_size rows per pass.",
     )
+    padding_free: bool = Field(
+        default=False,
+        description="Run each micro-batch's rows as one packed row without padding, position "
+        "ids restarting per row (TRL padding_free, verl use_remove_padding); "
+        "max_tokens_per_micro_batch then bounds the packed tokens. Llama/Qwen2/Qwen3/Mistral "
+        "under flash_attention_2/3 (varlen), sdpa or eager (a dense block-diagonal mask: "
+        "slower than padding, docs/memory.md); another model runs padded, said once in the "
+        "log. Same gradients as padded passes.",
+    )
     gradient_checkpointing: bool = Field(
         default=False,
         description="Recompute the policy's decoder layers in backward instead of keeping "

@@ -34,6 +34,7 @@ from grpo_core.contracts.training import OptimizerSettings, TrainEngine
 from grpo_core.model.checkpointing import set_gradient_checkpointing
 from grpo_core.model.critic import ValueModel
 from grpo_core.model.forward import sequence_logprobs
+from grpo_core.model.packing import packs
 
 
 def _device(model: nn.Module) -> torch.device:
@@ -67,36 +68,44 @@ class CriticLearner:
         self.critic, self.engine = critic, engine
         self.policy, self.reference, self.algo = policy, reference, algo
         self.kl_coef = algo.ppo.kl_coef
+        self.packed = packs(engine.model, algo.padding_free, "critic")
 
     def _values(self, batch: PolicyBatch) -> Tensor:
         """The critic's (B, L) values of a batch on the engine's device (through the engine:
-        DeepSpeed gathers what it has partitioned)."""
-        values: Tensor = self.engine.model(batch)
+        DeepSpeed gathers what it has partitioned), packed into one row under padding_free."""
+        values: Tensor = (
+            self.engine.model(batch, packed=True) if self.packed else self.engine.model(batch)
+        )
         return values
 
     def _micro_values(self, part: PolicyBatch) -> Tensor:
         """_values of one micro-batch: under a token budget, on its own columns only."""
-        if self.algo.max_tokens_per_micro_batch is None:
+        if self.algo.max_tokens_per_micro_batch is None or self.packed:
             return self._values(part)
         return trimmed_forward(self._values, part)
 
     def _micro_batches(self, rows: Tensor, lengths: list[int]) -> list[Tensor]:
         """`rows` (indices; `lengths` gives each one's tokens) as the policy's micro-batches:
-        micro_batch_size rows, or packed by max_tokens_per_micro_batch."""
+        micro_batch_size rows, or cut by max_tokens_per_micro_batch."""
         budget = self.algo.max_tokens_per_micro_batch
         if budget is None:
             return list(torch.split(rows, self.algo.micro_batch_size))
         note_rows_over_budget([lengths[r] for r in rows.tolist()], budget)
-        plan = plan_micro_batches([lengths[r] for r in rows.tolist()], budget)
+        plan = plan_micro_batches([lengths[r] for r in rows.tolist()], budget, self.packed)
         return [rows[torch.tensor(at, dtype=torch.long, device=rows.device)] for at in plan]
 
-    def _logprobs(self, model: nn.Module, batch: PolicyBatch) -> Tensor:
+    def _logprobs(self, model: nn.Module, batch: PolicyBatch, role: str) -> Tensor:
         part = batch.to(_device(model))
         algo = self.algo
+        packed = packs(model, algo.padding_free, role)
         if algo.max_tokens_per_micro_batch is None:
-            logp = sequence_logprobs(model, part, algo.temperature, algo.micro_batch_size)
+            logp = sequence_logprobs(
+                model, part, algo.temperature, algo.micro_batch_size, packed=packed
+            )
         else:
-            logp = planned_logprobs(model, part, algo.temperature, algo.max_tokens_per_micro_batch)
+            logp = planned_logprobs(
+                model, part, algo.temperature, algo.max_tokens_per_micro_batch, packed=packed
+            )
         return logp.cpu()
 
     @torch.no_grad()
@@ -108,8 +117,9 @@ class CriticLearner:
             values[rows] = self._micro_values(batch.select(rows).to(self.engine.device)).cpu()
         log_ratio = torch.zeros_like(batch.response_mask)
         if self.reference is not None and self.kl_coef > 0:
-            old = self._logprobs(self.policy, batch)
-            log_ratio = (old - self._logprobs(self.reference, batch)) * batch.response_mask
+            old = self._logprobs(self.policy, batch, "policy")
+            reference = self._logprobs(self.reference, batch, "reference model")
+            log_ratio = (old - reference) * batch.response_mask
         ppo = self.algo.ppo
         return PPOTerms(
             values=batch.full_to_response(values),

@@ -20,6 +20,7 @@ from grpo_core.contracts.numerics import DIVERGED, require_finite
 from grpo_core.contracts.policy_batch import PolicyBatch
 from grpo_core.contracts.training import TrainEngine
 from grpo_core.model.checkpointing import set_gradient_checkpointing
+from grpo_core.model.packing import packs
 
 # Sums over every pair a pass trained on (a pair counts once per epoch), divided by the count.
 _PAIR_MEANS = {
@@ -60,8 +61,14 @@ def dpo_update(
     form = cfg.dpo.sequence_logprob
     engine.train()
     set_gradient_checkpointing(engine.model, cfg.gradient_checkpointing)
+    packed = packs(engine.model, cfg.padding_free, "policy")
     ref_logp = RowCopies(paired).logprobs(
-        ref_model, cfg.temperature, cfg.micro_batch_size, None, cfg.logits_chunk_tokens
+        ref_model,
+        cfg.temperature,
+        cfg.micro_batch_size,
+        None,
+        cfg.logits_chunk_tokens,
+        packs(ref_model, cfg.padding_free, "reference model"),
     )
     ref_seq = sequence_logprob(ref_logp, paired.response_mask, form)
     per_pass = max(1, cfg.micro_batch_size // 2)
@@ -75,7 +82,10 @@ def dpo_update(
                 at = micro.to(device)
                 part = paired.select(torch.cat([at, at + pairs]))
                 logp, _ = engine.forward_logprobs(
-                    part, cfg.temperature, logits_chunk_tokens=cfg.logits_chunk_tokens
+                    part,
+                    cfg.temperature,
+                    logits_chunk_tokens=cfg.logits_chunk_tokens,
+                    packed=packed,
                 )
                 seq = sequence_logprob(logp, part.response_mask, form)
                 n = len(micro)

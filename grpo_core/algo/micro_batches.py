@@ -3,8 +3,9 @@ sorted by length and packed so each micro-batch, padded to its own longest row, 
 grpo.algo.max_tokens_per_micro_batch; the padding share such a plan leaves; the row and
 column cuts the policy update, its no-grad forwards and the critic run on.
 
-Packed sequences without padding (position ids reset per sequence, flash-attention varlen)
-need a CUDA attention kernel; on CPU / SDPA the budget minimises padding instead.
+With grpo.algo.padding_free each micro-batch runs as one packed row without padding
+(grpo_core/model/packing.py) and the budget bounds its tokens; otherwise the budget
+minimises padding.
 """
 
 from __future__ import annotations
@@ -24,21 +25,26 @@ log = logging.getLogger(__name__)
 _BUDGETS_NOTED: set[int] = set()
 
 
-def plan_micro_batches(lengths: Sequence[int], max_tokens: int) -> list[list[int]]:
+def plan_micro_batches(
+    lengths: Sequence[int], max_tokens: int, packed: bool = False
+) -> list[list[int]]:
     """Row indices of each micro-batch: rows sorted longest first (ties in index order) and
-    cut greedily, a micro-batch taking the next row while rows x its first (longest) row stays
-    within `max_tokens`. A row longer than the budget goes alone. Longest micro-batch first."""
+    cut greedily, a micro-batch taking the next row while rows x its first (longest) row, or
+    when `packed` the sum of its rows' lengths, stays within `max_tokens`. A row longer than
+    the budget goes alone. Longest micro-batch first."""
     if max_tokens < 1:
         raise ValueError(f"max_tokens must be >= 1 (got {max_tokens})")
     order = sorted(range(len(lengths)), key=lambda row: -lengths[row])
     plan: list[list[int]] = []
-    width = 0
+    width = tokens = 0
     for row in order:
-        if plan and (len(plan[-1]) + 1) * width <= max_tokens:
+        size = max(lengths[row], 1)
+        if plan and (tokens + size if packed else (len(plan[-1]) + 1) * width) <= max_tokens:
             plan[-1].append(row)
+            tokens += size
         else:
             plan.append([row])
-            width = max(lengths[row], 1)
+            width = tokens = size
     return plan
 
 
@@ -95,16 +101,23 @@ def rank_micro_batches(
 
 
 def rank_token_micro_batches(
-    rows: Tensor, lengths: Sequence[int], max_tokens: int, rank: int = 0, world_size: int = 1
+    rows: Tensor,
+    lengths: Sequence[int],
+    max_tokens: int,
+    rank: int = 0,
+    world_size: int = 1,
+    packed: bool = False,
 ) -> list[tuple[Tensor, bool]]:
     """This rank's share of `rows` (indices; `lengths` gives each index's tokens) as token-
-    budget micro-batches, with a live flag. Each rank plans every rank's share (the same
-    tensor_split as rank_micro_batches), so all run the same number of passes without a
-    collective; a rank with fewer pads with non-live passes over one row."""
+    budget micro-batches (plan_micro_batches; `packed`: the budget bounds the tokens), with a
+    live flag. Each rank plans every rank's share (the same tensor_split as
+    rank_micro_batches), so all run the same number of passes without a collective; a rank
+    with fewer pads with non-live passes over one row."""
     note_rows_over_budget([lengths[r] for r in rows.tolist()], max_tokens)
     shares = torch.tensor_split(rows, world_size)
     plans = [
-        plan_micro_batches([lengths[r] for r in share.tolist()], max_tokens) for share in shares
+        plan_micro_batches([lengths[r] for r in share.tolist()], max_tokens, packed)
+        for share in shares
     ]
     share, plan = shares[rank], plans[rank]
     passes = max(len(p) for p in plans)
@@ -147,16 +160,18 @@ def planned_logprobs(
     temperature: float,
     max_tokens: int,
     logits_chunk_tokens: int | None = None,
+    packed: bool = False,
 ) -> Tensor:
-    """sequence_logprobs of a batch, run in token-budget micro-batches; (B, L)."""
+    """sequence_logprobs of a batch, run in token-budget micro-batches, each on its own
+    columns or (`packed`) as one packed row; (B, L)."""
     lengths = row_lengths(batch)
     note_rows_over_budget(lengths, max_tokens)
     out = torch.zeros_like(batch.response_mask)
-    for rows in plan_micro_batches(lengths, max_tokens):
+    for rows in plan_micro_batches(lengths, max_tokens, packed):
         at = torch.tensor(rows, dtype=torch.long, device=batch.input_ids.device)
 
         def run(part: PolicyBatch) -> Tensor:
-            return sequence_logprobs(model, part, temperature, None, logits_chunk_tokens)
+            return sequence_logprobs(model, part, temperature, None, logits_chunk_tokens, packed)
 
-        out[at] = trimmed_forward(run, batch.select(at))
+        out[at] = run(batch.select(at)) if packed else trimmed_forward(run, batch.select(at))
     return out

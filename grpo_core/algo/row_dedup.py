@@ -54,20 +54,27 @@ class RowCopies:
         micro_batch_size: int,
         max_tokens: int | None = None,
         logits_chunk_tokens: int | None = None,
+        packed: bool = False,
     ) -> Tensor:
         """sequence_logprobs of every row (no grad), one forward per distinct row, in
         micro-batches of micro_batch_size rows or (when given) of max_tokens tokens;
-        logits_chunk_tokens positions at a time through the output layer."""
+        logits_chunk_tokens positions at a time through the output layer; `packed`: each
+        micro-batch as one row without padding."""
         device = self.batch.input_ids.device
         distinct_rows = self.batch.select(self.firsts.to(device))
         with torch.no_grad():
             if max_tokens is None:
                 distinct = sequence_logprobs(
-                    model, distinct_rows, temperature, micro_batch_size, logits_chunk_tokens
+                    model,
+                    distinct_rows,
+                    temperature,
+                    micro_batch_size,
+                    logits_chunk_tokens,
+                    packed,
                 )
             else:
                 distinct = planned_logprobs(
-                    model, distinct_rows, temperature, max_tokens, logits_chunk_tokens
+                    model, distinct_rows, temperature, max_tokens, logits_chunk_tokens, packed
                 )
         return distinct[self.group.to(device)]
 

@@ -26,6 +26,7 @@ from grpo_core.contracts.numerics import DIVERGED, require_finite
 from grpo_core.contracts.policy_batch import PolicyBatch
 from grpo_core.contracts.training import TrainEngine
 from grpo_core.model.checkpointing import set_gradient_checkpointing
+from grpo_core.model.packing import packs
 
 
 def grpo_update(
@@ -60,8 +61,9 @@ def grpo_update(
     _check_inputs(batch, advantages, cfg, ref_model, old_logprobs)
     engine.train()
     set_gradient_checkpointing(engine.model, cfg.gradient_checkpointing)
+    packed = packs(engine.model, cfg.padding_free, "policy")
     token_copies = RowCopies(batch)
-    old = _old_logprobs(engine, batch, cfg, old_logprobs, token_copies)
+    old = _old_logprobs(engine, batch, cfg, old_logprobs, token_copies, packed)
     ref = None
     if cfg.beta > 0 and ref_model is not None:  # _check_inputs: beta > 0 has a reference
         ref = token_copies.logprobs(
@@ -70,6 +72,7 @@ def grpo_update(
             cfg.micro_batch_size,
             cfg.max_tokens_per_micro_batch,
             cfg.logits_chunk_tokens,
+            packs(ref_model, cfg.padding_free, "reference model"),
         )
     # rows merge when their tokens, advantages and pi_old (when given) are all equal, and
     # their sampler log-probs when the correction weighs by them
@@ -88,11 +91,14 @@ def grpo_update(
             rank, world = engine.data_parallel_rank, engine.data_parallel_size
             merged = merge_rows(merge_keys, mini)
             slots = torch.arange(len(merged.distinct), device=mini.device)
-            for at, live in _micro_batches(slots, merged.distinct, lengths, cfg, rank, world):
+            for at, live in _micro_batches(
+                slots, merged.distinct, lengths, cfg, (rank, world), packed
+            ):
                 micro = merged.distinct[at]
                 part = batch.select(micro)
                 # token budget: the forward runs on the micro-batch's own columns only
-                span = None if cfg.max_tokens_per_micro_batch is None else attended_columns(part)
+                trims = cfg.max_tokens_per_micro_batch is not None and not packed
+                span = attended_columns(part) if trims else None
                 if not live:  # a padding pass: same collectives as the other ranks, no loss
                     part = replace(part, response_mask=torch.zeros_like(part.response_mask))
                 # a padding pass stands for no row
@@ -103,13 +109,23 @@ def grpo_update(
                     else (micro, torch.arange(len(micro), device=micro.device))
                 )
                 terms = _MicroBatch(
-                    part, advantages[micro], old, ref, old_logprobs, micro, weights, stood_for, span
+                    part,
+                    advantages[micro],
+                    old,
+                    ref,
+                    old_logprobs,
+                    micro,
+                    weights,
+                    stood_for,
+                    span,
+                    packed,
                 )
                 folded.add(_backward(engine, terms, cfg, totals), _output_sums(terms))
                 # every rank counts every pass, so the ranks reduce the same metric keys
                 width = part.input_ids.shape[1] if span is None else span.stop - span.start
                 tokens = sum(lengths[r] for r in micro.tolist())
-                folded.count_padding(tokens * live, len(micro) * width * live)
+                positions = tokens if packed else len(micro) * width
+                folded.count_padding(tokens * live, positions * live)
             grad_norm_total += engine.step()
             steps += 1
     result = folded.averages(engine, steps)
@@ -123,16 +139,18 @@ def _micro_batches(
     distinct: Tensor,
     lengths: list[int],
     cfg: GRPOConfig,
-    rank: int,
-    world: int,
+    ranks: tuple[int, int],
+    packed: bool,
 ) -> list[tuple[Tensor, bool]]:
-    """This rank's micro-batches of a mini-batch's slots (the rows `distinct` holds): fixed
-    rows (micro_batch_size), or packed by token budget (max_tokens_per_micro_batch)."""
+    """This rank's micro-batches of a mini-batch's slots (the rows `distinct` holds) among
+    `ranks` (rank, world size): fixed rows (micro_batch_size), or cut by token budget
+    (max_tokens_per_micro_batch; rows x longest row, or the tokens when `packed`)."""
+    rank, world = ranks
     if cfg.max_tokens_per_micro_batch is None:
         return rank_micro_batches(slots, cfg.micro_batch_size, rank, world)
     slot_lengths = [lengths[row] for row in distinct.tolist()]
     return rank_token_micro_batches(
-        slots, slot_lengths, cfg.max_tokens_per_micro_batch, rank, world
+        slots, slot_lengths, cfg.max_tokens_per_micro_batch, rank, world, packed
     )
 
 
@@ -180,6 +198,7 @@ class _MicroBatch:
     # every row these rows stand for, and the position in `rows` of the one standing for it
     copies: tuple[Tensor, Tensor]
     columns: slice | None  # the columns the forward runs on (None: all)
+    packed: bool  # the rows run as one packed row without padding
 
 
 def _backward(
@@ -189,7 +208,7 @@ def _backward(
     chunk = cfg.logits_chunk_tokens
     if mb.columns is None:
         logp, entropy = engine.forward_logprobs(
-            mb.part, cfg.temperature, with_entropy=True, logits_chunk_tokens=chunk
+            mb.part, cfg.temperature, with_entropy=True, logits_chunk_tokens=chunk, packed=mb.packed
         )
     else:
         width = mb.part.input_ids.shape[1]
@@ -329,6 +348,7 @@ def _old_logprobs(
     cfg: GRPOConfig,
     given: Tensor | None,
     copies: RowCopies,
+    packed: bool,
 ) -> Tensor | None:
     """pi_old log-probs (B, L); None means 'the detached current log-probs' (mu = 1)."""
     if given is not None and cfg.use_sampling_logprobs_as_old:
@@ -346,4 +366,5 @@ def _old_logprobs(
         cfg.micro_batch_size,
         cfg.max_tokens_per_micro_batch,
         cfg.logits_chunk_tokens,
+        packed,
     )

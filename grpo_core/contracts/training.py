@@ -61,11 +61,13 @@ class TrainEngine(Protocol):
         temperature: float,
         with_entropy: bool = False,
         logits_chunk_tokens: int | None = None,
+        packed: bool = False,
     ) -> tuple[Tensor, Tensor | None]:
         """Completion-token log-probs (B, L) with grad, and entropies (B, L) if asked;
         logits_chunk_tokens positions at a time through the output layer where the model's
         head allows it (grpo_core/model/chunked_head.py; a DDP or DeepSpeed wrapper's own
-        forward takes the whole logits)."""
+        forward takes the whole logits); packed: the rows as one row without padding (the
+        caller checked grpo_core/model/packing.py's packs)."""
         ...
 
     def backward(self, loss: Tensor) -> None:

@@ -44,15 +44,24 @@ class DistributedTorchEngine(TorchEngine):
         temperature: float,
         with_entropy: bool = False,
         logits_chunk_tokens: int | None = None,
+        packed: bool = False,
     ) -> tuple[Tensor, Tensor | None]:
         """Completion-token log-probs (B, L) with grad, through DDP's gradient hooks."""
         if with_entropy:
             return sequence_logprobs_and_entropy(
-                self.ddp, batch, temperature, logits_chunk_tokens=logits_chunk_tokens
+                self.ddp,
+                batch,
+                temperature,
+                logits_chunk_tokens=logits_chunk_tokens,
+                packed=packed,
             )
         return (
             sequence_logprobs(
-                self.ddp, batch, temperature, logits_chunk_tokens=logits_chunk_tokens
+                self.ddp,
+                batch,
+                temperature,
+                logits_chunk_tokens=logits_chunk_tokens,
+                packed=packed,
             ),
             None,
         )

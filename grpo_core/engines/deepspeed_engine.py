@@ -135,15 +135,24 @@ class DeepSpeedEngine:
         temperature: float,
         with_entropy: bool = False,
         logits_chunk_tokens: int | None = None,
+        packed: bool = False,
     ) -> tuple[Tensor, Tensor | None]:
         """Completion-token log-probs (B, L) with grad, and entropies (B, L) if asked."""
         if with_entropy:
             return sequence_logprobs_and_entropy(
-                self.engine, batch, temperature, logits_chunk_tokens=logits_chunk_tokens
+                self.engine,
+                batch,
+                temperature,
+                logits_chunk_tokens=logits_chunk_tokens,
+                packed=packed,
             )
         return (
             sequence_logprobs(
-                self.engine, batch, temperature, logits_chunk_tokens=logits_chunk_tokens
+                self.engine,
+                batch,
+                temperature,
+                logits_chunk_tokens=logits_chunk_tokens,
+                packed=packed,
             ),
             None,
         )

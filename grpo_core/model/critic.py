@@ -18,6 +18,7 @@ from transformers import AutoModelForTokenClassification, PreTrainedModel
 
 from grpo_core.contracts.errors import MissingPathError
 from grpo_core.contracts.policy_batch import PolicyBatch
+from grpo_core.model.packing import pack_rows
 from grpo_core.model.policy import DTYPES, reading_checkpoint
 from grpo_core.model.scalar_head import scalar_head_from_directory
 
@@ -42,8 +43,13 @@ class ValueModel(nn.Module):
         """The backbone's vocabulary (must be the policy's: the critic reads its token ids)."""
         return int(cast(PreTrainedModel, self.net).config.vocab_size)
 
-    def forward(self, batch: PolicyBatch) -> Tensor:
-        """Values (B, L) in float32, aligned with the policy's token log-probs."""
+    def forward(self, batch: PolicyBatch, packed: bool = False) -> Tensor:
+        """Values (B, L) in float32, aligned with the policy's token log-probs; `packed`: the
+        rows run as one row without padding (grpo_core/model/packing.py)."""
+        if packed:
+            rows = pack_rows(batch)
+            packed_out = self.net(**rows.model_inputs()).logits[0, :-1, 0]
+            return rows.shift_unpack(packed_out.float()) * batch.response_mask
         out = self.net(
             input_ids=batch.input_ids,
             attention_mask=batch.attention_mask,

@@ -3,7 +3,8 @@
 Rows that share a prompt (the G samples of a group) run the prompt once and reuse its KV
 cache; completions run in length buckets. Same log-probs as one padded pass. With
 logits_chunk_tokens set, the logits go through the output layer in token chunks
-(grpo_core/model/chunked_head.py).
+(grpo_core/model/chunked_head.py). With `packed`, each pass's rows run as one row without
+padding (grpo_core/model/packing.py) instead.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from grpo_core.model.checkpointing import recomputes_layers
 from grpo_core.model.chunked_head import next_token_outputs
 from grpo_core.model.kv_cache import cache_keyword, returned_cache
 from grpo_core.model.logits import entropy_from_logits, token_logprobs
+from grpo_core.model.packing import pack_rows
 
 
 def _forward_tokens(
@@ -28,6 +30,7 @@ def _forward_tokens(
     micro_batch_size: int | None,
     with_entropy: bool,
     logits_chunk_tokens: int | None = None,
+    packed: bool = False,
 ) -> tuple[Tensor, Tensor | None]:
     """Log-probs (and entropies) of each token given its prefix, in row chunks; (B, L)."""
     size = micro_batch_size or max(len(batch), 1)
@@ -35,6 +38,14 @@ def _forward_tokens(
     entropies: list[Tensor] = []
     for start in range(0, len(batch), size):
         part = batch.select(torch.arange(start, min(start + size, len(batch))))
+        if packed:
+            logp, entropy = _packed_forward(
+                model, part, temperature, with_entropy, logits_chunk_tokens
+            )
+            logps.append(logp)
+            if entropy is not None:
+                entropies.append(entropy)
+            continue
         shared = _shared_prompt_forward(model, part, temperature, with_entropy, logits_chunk_tokens)
         if shared is not None:
             logps.append(shared[0])
@@ -60,6 +71,34 @@ def _forward_tokens(
         empty = torch.zeros_like(batch.response_mask)
         return empty, (empty if with_entropy else None)
     return torch.cat(logps), (torch.cat(entropies) if with_entropy else None)
+
+
+def _packed_forward(
+    model: nn.Module,
+    part: PolicyBatch,
+    temperature: float,
+    with_entropy: bool,
+    logits_chunk_tokens: int | None = None,
+) -> tuple[Tensor, Tensor | None]:
+    """_forward_tokens of rows packed into one row without padding: each row's tokens see
+    only that row's prefix (position ids restart per row); (B, L) values placed back. The
+    shared-prompt cache cannot pack (transformers separates packed sequences only without a
+    cache), so rows sharing a prompt each run it."""
+    rows = pack_rows(part)
+    if not len(rows):
+        empty = torch.zeros_like(part.response_mask)
+        return empty, (empty if with_entropy else None)
+    logp, entropy = next_token_outputs(
+        model,
+        rows.model_inputs(),
+        rows.input_ids[:, 1:],
+        temperature,
+        with_entropy,
+        logits_chunk_tokens,
+    )
+    mask = part.response_mask
+    logp_full = torch.where(mask > 0, rows.shift_unpack(logp[0]), 0.0)
+    return logp_full, (None if entropy is None else rows.shift_unpack(entropy[0]) * mask)
 
 
 def _shared_prompt_forward(
@@ -200,11 +239,14 @@ def sequence_logprobs(
     temperature: float = 1.0,
     micro_batch_size: int | None = None,
     logits_chunk_tokens: int | None = None,
+    packed: bool = False,
 ) -> Tensor:
     """log pi(o_t | q, o_<t) at every completion column, 0 elsewhere; (B, L) float32.
-    logits_chunk_tokens: positions per pass through the output layer (None: all at once)."""
+    logits_chunk_tokens: positions per pass through the output layer (None: all at once);
+    packed: each pass's rows as one row without padding (the model must support it:
+    packing.packs)."""
     logp, _ = _forward_tokens(
-        model, batch, temperature, micro_batch_size, False, logits_chunk_tokens
+        model, batch, temperature, micro_batch_size, False, logits_chunk_tokens, packed
     )
     return logp
 
@@ -215,10 +257,11 @@ def sequence_logprobs_and_entropy(
     temperature: float = 1.0,
     micro_batch_size: int | None = None,
     logits_chunk_tokens: int | None = None,
+    packed: bool = False,
 ) -> tuple[Tensor, Tensor]:
     """sequence_logprobs plus the (no-grad) entropy of each completion position; (B, L) x2."""
     logp, entropy = _forward_tokens(
-        model, batch, temperature, micro_batch_size, True, logits_chunk_tokens
+        model, batch, temperature, micro_batch_size, True, logits_chunk_tokens, packed
     )
     assert entropy is not None
     return logp, entropy

@@ -1,6 +1,6 @@
-"""grpo.algo.max_tokens_per_micro_batch end to end on `micro`: the run completes, each GRPO
-step stores its padding share, and the first update (same sampled batch) reports the loss of
-fixed-row micro-batches."""
+"""grpo.algo.max_tokens_per_micro_batch, and padding_free with it, end to end on `micro`: the
+run completes, each GRPO step stores its padding share (0 packed), and the first update (same
+sampled batch) reports the loss of fixed-row micro-batches."""
 
 from __future__ import annotations
 
@@ -38,3 +38,18 @@ def test_a_micro_run_with_a_token_budget_stores_its_padding_share(tmp_path: Path
         assert got[0][key] == pytest.approx(want[0][key], abs=1e-5), key
     for step, values in got.items():
         assert 0.0 <= values["padding_share"] < want[step]["padding_share"]
+
+
+@pytest.mark.slow
+def test_a_micro_run_with_padding_free_passes_computes_no_padding(tmp_path: Path) -> None:
+    fixed, packed = tmp_path / "fixed", tmp_path / "packed"
+    execute_run(micro_config(fixed, RUN_ID, *SETTINGS))
+    settings = ("grpo.algo.max_tokens_per_micro_batch=64", "grpo.algo.padding_free=true")
+    cfg = micro_config(packed, RUN_ID, *SETTINGS, *settings)
+    assert cfg.grpo.algo.padding_free
+    execute_run(cfg)
+    want, got = grpo_step_metrics(fixed), grpo_step_metrics(packed)
+    assert sorted(got) == sorted(want) and got
+    for key in ("loss", "kl", "entropy", "response_length"):
+        assert got[0][key] == pytest.approx(want[0][key], abs=1e-5), key
+    assert all(values["padding_share"] == 0.0 for values in got.values())
