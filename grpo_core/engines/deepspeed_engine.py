@@ -24,7 +24,12 @@ from grpo_core.algo.config import merge_trees
 from grpo_core.contracts.policy_batch import PolicyBatch
 from grpo_core.contracts.training import OptimizerSettings
 from grpo_core.engines.config import DeepSpeedConfig
-from grpo_core.engines.train import build_adamw, build_lr_schedule, check_schedule
+from grpo_core.engines.train import (
+    adamw_kernel,
+    build_adamw,
+    build_lr_schedule,
+    check_schedule,
+)
 from grpo_core.model.deepspeed_import import import_deepspeed
 from grpo_core.model.forward import sequence_logprobs, sequence_logprobs_and_entropy
 
@@ -106,6 +111,7 @@ class DeepSpeedEngine:
                 lr=optim.lr,
                 betas=optim.betas,
                 weight_decay=optim.weight_decay,
+                **adamw_kernel(params),
             )
         else:
             optimizer = build_adamw(params, optim)

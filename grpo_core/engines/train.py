@@ -3,6 +3,7 @@ and the AdamW + LR schedule every engine builds from `OptimizerSettings`."""
 
 from __future__ import annotations
 
+import logging
 import math
 from pathlib import Path
 from typing import Any, Literal
@@ -13,6 +14,10 @@ from torch import Tensor, nn
 from grpo_core.contracts.policy_batch import PolicyBatch
 from grpo_core.contracts.training import LRSchedule, OptimizerSettings
 from grpo_core.model.forward import sequence_logprobs, sequence_logprobs_and_entropy
+
+log = logging.getLogger(__name__)
+
+_KERNEL_NOTED: set[bool] = set()
 
 
 def lr_multiplier(
@@ -37,10 +42,29 @@ def check_schedule(optim: OptimizerSettings) -> None:
     lr_multiplier(optim.warmup_steps, optim.warmup_steps, optim.lr_schedule, optim.total_steps)
 
 
+def adamw_kernel(params: list[nn.Parameter]) -> dict[str, bool]:
+    """AdamW's implementation argument: the fused kernel (one launch per step for all
+    parameters) when every parameter is on CUDA, else torch's default (the CPU for-loop, so a
+    CPU run steps exactly as before). Logged once per process for each choice."""
+    fused = bool(params) and all(p.is_cuda for p in params)
+    if fused not in _KERNEL_NOTED:
+        _KERNEL_NOTED.add(fused)
+        if fused:
+            log.info("AdamW: fused CUDA kernel (parameters on CUDA)")
+        else:
+            log.info("AdamW: torch's default implementation (fused AdamW is CUDA-only here)")
+    return {"fused": True} if fused else {}
+
+
 def build_adamw(params: list[nn.Parameter], optim: OptimizerSettings) -> torch.optim.AdamW:
-    """The AdamW every engine steps with (DeepSpeed gets this same optimizer object)."""
+    """The AdamW every engine steps with (DeepSpeed gets this same optimizer object); fused
+    on CUDA (adamw_kernel)."""
     return torch.optim.AdamW(
-        params, lr=optim.lr, betas=optim.betas, weight_decay=optim.weight_decay
+        params,
+        lr=optim.lr,
+        betas=optim.betas,
+        weight_decay=optim.weight_decay,
+        **adamw_kernel(params),
     )
 
 

@@ -69,6 +69,11 @@ def test_torch_engine_update_on_cuda_matches_cpu() -> None:
         assert gpu_metrics[key] == pytest.approx(cpu_metrics[key], abs=GPU_ATOL, rel=1e-5), key
 
 
+def test_adamw_is_fused_on_cuda() -> None:
+    engine = TorchEngine(tiny_llama().to(CUDA), CFG.optimizer_settings())
+    assert engine.optimizer.defaults["fused"] is True
+
+
 def _deepspeed_update(config: DeepSpeedConfig) -> tuple[dict[str, torch.Tensor], dict[str, float]]:
     from grpo_core.engines.deepspeed_engine import DeepSpeedEngine
 
