@@ -220,6 +220,17 @@ class RewardModelConfig(BaseModel):
     batch_size: int = Field(
         16, ge=1, le=4096, description="Examples (sequences) per optimiser step, 1 to 4096."
     )
+    max_tokens_per_micro_batch: int | None = Field(
+        default=None,
+        ge=1,
+        le=100_000_000,
+        description="Token budget per forward/backward pass of reward-model training, as "
+        "grpo.algo.max_tokens_per_micro_batch for the policy: each mini-batch of batch_size "
+        "examples (pair groups for a pairwise ORM, kept whole) is sorted by length and packed "
+        "so sequences x the pass's longest (prompt + completion tokens) stays within it; a "
+        "longer item runs alone. Changes memory use and padding only, never the gradient. "
+        "null: the whole mini-batch in one pass.",
+    )
     gradient_checkpointing: bool = Field(
         False,
         description=(
