@@ -70,8 +70,9 @@ class CriticLearner:
 
     def _values(self, batch: PolicyBatch) -> Tensor:
         """The critic's (B, L) values of a batch on the engine's device (through the engine:
-        DeepSpeed gathers what it has partitioned)."""
-        values: Tensor = self.engine.model(batch)
+        DeepSpeed gathers what it has partitioned), at its precision (policy.dtype's autocast)."""
+        with self.engine.forward_context():
+            values: Tensor = self.engine.model(batch)
         return values
 
     def _micro_values(self, part: PolicyBatch) -> Tensor:
@@ -108,8 +109,9 @@ class CriticLearner:
             values[rows] = self._micro_values(batch.select(rows).to(self.engine.device)).cpu()
         log_ratio = torch.zeros_like(batch.response_mask)
         if self.reference is not None and self.kl_coef > 0:
-            old = self._logprobs(self.policy, batch)
-            log_ratio = (old - self._logprobs(self.reference, batch)) * batch.response_mask
+            with self.engine.forward_context():  # the critic's engine has the policy's
+                old = self._logprobs(self.policy, batch)
+                log_ratio = (old - self._logprobs(self.reference, batch)) * batch.response_mask
         ppo = self.algo.ppo
         return PPOTerms(
             values=batch.full_to_response(values),

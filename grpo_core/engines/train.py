@@ -1,10 +1,14 @@
 """The plain-PyTorch training engine (the `TrainEngine` of grpo_core/contracts/training.py)
-and the AdamW + LR schedule every engine builds from `OptimizerSettings`."""
+and what every engine builds from `OptimizerSettings`: the AdamW, the LR schedule and the
+forward passes' autocast (policy.dtype bf16-mixed)."""
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
+from contextlib import AbstractContextManager
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, Literal
 
@@ -13,11 +17,13 @@ from torch import Tensor, nn
 
 from grpo_core.contracts.policy_batch import PolicyBatch
 from grpo_core.contracts.training import LRSchedule, OptimizerSettings
+from grpo_core.model.config import AUTOCAST_DTYPES
 from grpo_core.model.forward import sequence_logprobs, sequence_logprobs_and_entropy
 
 log = logging.getLogger(__name__)
 
 _KERNEL_NOTED: set[bool] = set()
+_AUTOCAST_NOTED: set[str] = set()
 
 
 def lr_multiplier(
@@ -68,6 +74,30 @@ def build_adamw(params: list[nn.Parameter], optim: OptimizerSettings) -> torch.o
     )
 
 
+def with_policy_precision(optim: OptimizerSettings, policy_dtype: str) -> OptimizerSettings:
+    """`optim` with the forward autocast policy.dtype asks for (bf16-mixed: bfloat16; a
+    plain parameter dtype: none)."""
+    return replace(optim, autocast=AUTOCAST_DTYPES.get(policy_dtype))
+
+
+def autocast_context(
+    device: torch.device, autocast: Literal["bfloat16"] | None
+) -> AbstractContextManager[None]:
+    """torch.autocast to `autocast` on `device`'s type (CPU and CUDA both run bfloat16
+    autocast), or nothing; logged once per process and device type."""
+    if autocast is None:
+        return contextlib.nullcontext()
+    if device.type not in _AUTOCAST_NOTED:
+        _AUTOCAST_NOTED.add(device.type)
+        log.info(
+            "policy.dtype bf16-mixed: forward passes under torch.autocast(%s, %s); parameters "
+            "and AdamW state keep their own dtype (float32)",
+            device.type,
+            autocast,
+        )
+    return torch.autocast(device.type, dtype=torch.bfloat16)
+
+
 def build_lr_schedule(
     optimizer: torch.optim.Optimizer, optim: OptimizerSettings
 ) -> torch.optim.lr_scheduler.LambdaLR:
@@ -96,6 +126,12 @@ class TorchEngine:
         self.params = [p for p in model.parameters() if p.requires_grad]
         self.optimizer = build_adamw(self.params, optim)
         self.scheduler = build_lr_schedule(self.optimizer, optim)
+        self.autocast = optim.autocast
+
+    def forward_context(self) -> AbstractContextManager[None]:
+        """torch.autocast for OptimizerSettings.autocast (policy.dtype bf16-mixed), else
+        nothing."""
+        return autocast_context(self.device, self.autocast)
 
     def forward_logprobs(
         self,
@@ -104,17 +140,19 @@ class TorchEngine:
         with_entropy: bool = False,
         logits_chunk_tokens: int | None = None,
     ) -> tuple[Tensor, Tensor | None]:
-        """Completion-token log-probs (B, L) with grad, and entropies (B, L) if asked."""
-        if with_entropy:
-            return sequence_logprobs_and_entropy(
-                self.model, batch, temperature, logits_chunk_tokens=logits_chunk_tokens
+        """Completion-token log-probs (B, L) with grad, and entropies (B, L) if asked, through
+        forward_model, under forward_context."""
+        with self.forward_context():
+            if with_entropy:
+                return sequence_logprobs_and_entropy(
+                    self.forward_model, batch, temperature, logits_chunk_tokens=logits_chunk_tokens
+                )
+            return (
+                sequence_logprobs(
+                    self.forward_model, batch, temperature, logits_chunk_tokens=logits_chunk_tokens
+                ),
+                None,
             )
-        return (
-            sequence_logprobs(
-                self.model, batch, temperature, logits_chunk_tokens=logits_chunk_tokens
-            ),
-            None,
-        )
 
     def backward(self, loss: Tensor) -> None:
         """Accumulate the gradient of `loss`."""
