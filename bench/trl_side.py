@@ -124,8 +124,8 @@ def matched_config(
     bf16: bool,
 ) -> GRPOConfig:
     """TRL's GRPOConfig set to do our side's work: the paper's GRPO loss, constant LR, torch's
-    AdamW (fused on CUDA, as ours), no checkpointing, no vLLM, nothing shuffled or saved; `batch` completions per
-    step, `group_size` per prompt."""
+    AdamW (fused on CUDA, as ours), no checkpointing, no vLLM, nothing shuffled or saved;
+    `batch` completions per step, `group_size` per prompt."""
     return GRPOConfig(
         output_dir=output_dir,
         use_cpu=use_cpu,
