@@ -17,12 +17,15 @@ import pytest
 import torch
 from torch import nn
 
+from grpo_core.algo.critic_update import CriticLearner, critic_optimizer_settings
 from grpo_core.algo.update import grpo_update
 from grpo_core.contracts.policy_batch import PolicyBatch
 from grpo_core.engines.train import TorchEngine, with_policy_precision
 from grpo_core.model.config import PolicyConfig
+from grpo_core.model.critic import ValueModel
 from grpo_core.model.forward import sequence_logprobs
 from grpo_core.model.policy import build_char_tokenizer, create_tiny_policy, load_policy
+from tests.grpo_core.algo.test_critic_update import BATCH, SCORES, algo
 from tests.grpo_core.engines.test_deepspeed_engine import CFG, ragged_batch, seeded
 from tests.models import tiny_llama
 
@@ -121,3 +124,21 @@ def test_bf16_mixed_training_follows_float32s() -> None:
     assert gains["bf16-mixed"] == pytest.approx(gains["float32"], rel=0.02)
     cosine = nn.functional.cosine_similarity(deltas["float32"], deltas["bf16-mixed"], dim=0)
     assert float(cosine) > 0.99
+
+
+def test_ppo_critic_runs_its_forwards_in_the_policy_precision(tmp_path: Path) -> None:
+    """PPO's critic engine takes policy.dtype's autocast too: its values in prepare and update
+    and the policy / reference log-ratio passes compute in bfloat16, its parameters float32."""
+    tiny_llama(seed=3).save_pretrained(tmp_path / "policy")
+    critic = ValueModel.from_backbone(tmp_path / "policy")
+    policy, reference = tiny_llama(seed=3), tiny_llama(seed=4)
+    seen: dict[str, list[torch.dtype]] = {"critic": [], "policy": [], "reference": []}
+    critic.net.score.register_forward_hook(lambda _m, _a, out: seen["critic"].append(out.dtype))
+    _head_dtypes(policy, seen["policy"])
+    _head_dtypes(reference, seen["reference"])
+    cfg = algo()
+    optim = with_policy_precision(critic_optimizer_settings(cfg), "bf16-mixed")
+    learner = CriticLearner(critic, TorchEngine(critic, optim), policy, reference, cfg)
+    learner.update(BATCH, learner.prepare(BATCH), SCORES, seed=0)
+    assert all(seen.values()) and {d for ds in seen.values() for d in ds} == {torch.bfloat16}
+    assert {p.dtype for p in critic.parameters()} == {torch.float32}
