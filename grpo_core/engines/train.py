@@ -24,6 +24,8 @@ log = logging.getLogger(__name__)
 
 _KERNEL_NOTED: set[bool] = set()
 _AUTOCAST_NOTED: set[str] = set()
+# OptimizerSettings.autocast names and the torch dtypes they mean
+AUTOCAST_TORCH_DTYPES = {"bfloat16": torch.bfloat16}
 
 
 def lr_multiplier(
@@ -95,7 +97,7 @@ def autocast_context(
             device.type,
             autocast,
         )
-    return torch.autocast(device.type, dtype=torch.bfloat16)
+    return torch.autocast(device.type, dtype=AUTOCAST_TORCH_DTYPES[autocast])
 
 
 def build_lr_schedule(
