@@ -20,6 +20,7 @@ from torch import nn
 from grpo_core.algo.critic_update import CriticLearner, critic_optimizer_settings
 from grpo_core.algo.update import grpo_update
 from grpo_core.contracts.policy_batch import PolicyBatch
+from grpo_core.engines.config import DeepSpeedConfig
 from grpo_core.engines.train import TorchEngine, with_policy_precision
 from grpo_core.model.config import PolicyConfig
 from grpo_core.model.critic import ValueModel
@@ -27,6 +28,7 @@ from grpo_core.model.forward import sequence_logprobs
 from grpo_core.model.policy import build_char_tokenizer, create_tiny_policy, load_policy
 from tests.grpo_core.algo.test_critic_update import BATCH, SCORES, algo
 from tests.grpo_core.engines.test_deepspeed_engine import CFG, ragged_batch, seeded
+from tests.grpo_core.engines.test_gpu import needs_deepspeed
 from tests.models import tiny_llama
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
@@ -142,3 +144,25 @@ def test_ppo_critic_runs_its_forwards_in_the_policy_precision(tmp_path: Path) ->
     learner.update(BATCH, learner.prepare(BATCH), SCORES, seed=0)
     assert all(seen.values()) and {d for ds in seen.values() for d in ds} == {torch.bfloat16}
     assert {p.dtype for p in critic.parameters()} == {torch.float32}
+
+
+@needs_deepspeed
+def test_deepspeed_engine_autocasts_as_the_torch_engine() -> None:
+    """DeepSpeed (ZeRO-2, its own bf16 off: fp32 parameters) takes the same autocast: every
+    logits tensor in bfloat16, and the torch engine's loss (measured equal; held to 1e-6, the
+    order of the fp32 engines' LOSS_ATOL)."""
+    from grpo_core.engines.deepspeed_engine import DeepSpeedEngine
+
+    batch, advantages = ragged_batch(6)
+    seen: list[torch.dtype] = []
+    model = tiny_llama()
+    _head_dtypes(model, seen)
+    optim = with_policy_precision(CFG.optimizer_settings(), "bf16-mixed")
+    engine = DeepSpeedEngine(model, optim, config=DeepSpeedConfig(zero_stage=2))
+    metrics = grpo_update(engine, tiny_llama(seed=1), batch, advantages, CFG, generator=seeded())
+    torch_engine = _engine(tiny_llama(), "bf16-mixed")
+    want = grpo_update(torch_engine, tiny_llama(seed=1), batch, advantages, CFG, generator=seeded())
+    assert seen and set(seen) == {torch.bfloat16}
+    gap = abs(metrics["loss"] - want["loss"])
+    print(f"DeepSpeed vs torch under bf16-mixed: |loss gap| {gap:.2e}")
+    assert metrics["loss"] == pytest.approx(want["loss"], abs=1e-6)
