@@ -33,6 +33,8 @@ from reward_models.views import RMEncoder, RMInput
 
 log = logging.getLogger(__name__)
 
+_BUDGETS_NOTED: set[int] = set()
+
 Source = Literal["new", "replay"]
 
 # The trainer's optimizer settings: torch AdamW's default weight decay and clipping at 1.0.
@@ -270,6 +272,22 @@ def token_micro_batches(
     return plan
 
 
+def note_items_over_budget(
+    items: Sequence[Item], shape: Callable[[Item], tuple[int, int]], max_tokens: int
+) -> None:
+    """Log once per budget that an item padding to more than it runs alone, over the budget."""
+    largest = max((rows * longest for rows, longest in map(shape, items)), default=0)
+    if largest > max_tokens and max_tokens not in _BUDGETS_NOTED:
+        _BUDGETS_NOTED.add(max_tokens)
+        log.warning(
+            "a reward-model training item pads to %d tokens (its sequences x its longest), "
+            "more than reward_models.max_tokens_per_micro_batch = %d: it runs alone in its "
+            "pass (raise the budget to bound memory by it)",
+            largest,
+            max_tokens,
+        )
+
+
 def _share_passes(
     share: list[Item], objective: ObjectiveTraining[Item], max_tokens: int | None
 ) -> list[list[Item]]:
@@ -346,6 +364,8 @@ def train_reward_model(
     """
     objective = objective_training(cfg.settings(model.kind).objective)
     objective.check(model, examples, cfg.max_length)
+    if cfg.max_tokens_per_micro_batch is not None:
+        note_items_over_budget(examples, objective.shape, cfg.max_tokens_per_micro_batch)
     pad_id = model.tokenizer.pad_token_id
     if engine is None:
         engine = TorchEngine(model, rm_optimizer_settings(cfg))

@@ -154,3 +154,17 @@ def test_every_item_is_planned_once_within_the_budget_or_alone(
 def test_the_budget_is_a_positive_token_count() -> None:
     with pytest.raises(ValueError, match="max_tokens_per_micro_batch"):
         RewardModelConfig(max_tokens_per_micro_batch=0)
+
+
+def test_an_item_over_the_budget_runs_alone_and_the_log_says_so_once(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    monkeypatch.setattr("reward_models.training._BUDGETS_NOTED", set())
+    kind, cfg, items_of = CASES["orm pairwise"]  # a group of 3 outputs pads to 3 x its longest
+    budget = cfg.model_copy(update={"max_tokens_per_micro_batch": 40})
+    for _ in range(2):
+        _train(kind, budget, items_of(6))
+    notes = [r.getMessage() for r in caplog.records if "runs alone" in r.getMessage()]
+    assert len(notes) == 1 and "max_tokens_per_micro_batch = 40" in notes[0]
+    plan = token_micro_batches(items_of(6), objective_training("pairwise").shape, 40)
+    assert [len(part) for part in plan] == [1, 1]
