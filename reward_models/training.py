@@ -29,11 +29,10 @@ from reward_models.config import RewardModelConfig, RMKind
 from reward_models.labelling import LabelledSample, OrmLabel, PrmLabel
 from reward_models.models import RewardModel
 from reward_models.objectives import RM_OBJECTIVES
+from reward_models.token_budget import note_items_over_budget, token_micro_batches
 from reward_models.views import RMEncoder, RMInput
 
 log = logging.getLogger(__name__)
-
-_BUDGETS_NOTED: set[int] = set()
 
 Source = Literal["new", "replay"]
 
@@ -249,43 +248,6 @@ def objective_training(name: str) -> ObjectiveTraining[Any]:
 def consecutive_batches(items: Sequence[Item], order: list[int], size: int) -> list[list[Item]]:
     """`size` items per mini-batch in `order` (the last one may be short)."""
     return [[items[i] for i in order[start : start + size]] for start in range(0, len(order), size)]
-
-
-def token_micro_batches(
-    items: Sequence[Item], shape: Callable[[Item], tuple[int, int]], max_tokens: int
-) -> list[list[Item]]:
-    """Items sorted by their longest sequence, longest first (ties in order), cut greedily:
-    a micro-batch takes the next item while its sequences x its first (longest) item's
-    longest stay within `max_tokens`, the padded size of its forward pass. An item over the
-    budget goes alone (as grpo_core/algo/micro_batches.py plans the policy's rows)."""
-    order = sorted(range(len(items)), key=lambda i: -shape(items[i])[1])
-    plan: list[list[Item]] = []
-    sequences = width = 0
-    for i in order:
-        rows, longest = shape(items[i])
-        if plan and (sequences + rows) * width <= max_tokens:
-            plan[-1].append(items[i])
-            sequences += rows
-        else:
-            plan.append([items[i]])
-            sequences, width = rows, max(longest, 1)
-    return plan
-
-
-def note_items_over_budget(
-    items: Sequence[Item], shape: Callable[[Item], tuple[int, int]], max_tokens: int
-) -> None:
-    """Log once per budget that an item padding to more than it runs alone, over the budget."""
-    largest = max((rows * longest for rows, longest in map(shape, items)), default=0)
-    if largest > max_tokens and max_tokens not in _BUDGETS_NOTED:
-        _BUDGETS_NOTED.add(max_tokens)
-        log.warning(
-            "a reward-model training item pads to %d tokens (its sequences x its longest), "
-            "more than reward_models.max_tokens_per_micro_batch = %d: it runs alone in its "
-            "pass (raise the budget to bound memory by it)",
-            largest,
-            max_tokens,
-        )
 
 
 def _share_passes(

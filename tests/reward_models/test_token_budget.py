@@ -18,12 +18,12 @@ from reward_models.config import RewardModelConfig, RewardModelSettings
 from reward_models.labelling import OrmLabel, PrmLabel
 from reward_models.models import RewardModel
 from reward_models.pairwise import pair_groups
+from reward_models.token_budget import token_micro_batches
 from reward_models.training import (
     SampleText,
     objective_training,
     orm_examples,
     prm_examples,
-    token_micro_batches,
     train_reward_model,
 )
 from reward_models.views import RMEncoder
@@ -159,7 +159,7 @@ def test_the_budget_is_a_positive_token_count() -> None:
 def test_an_item_over_the_budget_runs_alone_and_the_log_says_so_once(
     monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
-    monkeypatch.setattr("reward_models.training._BUDGETS_NOTED", set())
+    monkeypatch.setattr("reward_models.token_budget._BUDGETS_NOTED", set())
     kind, cfg, items_of = CASES["orm pairwise"]  # a group of 3 outputs pads to 3 x its longest
     budget = cfg.model_copy(update={"max_tokens_per_micro_batch": 40})
     for _ in range(2):
