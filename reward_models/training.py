@@ -25,6 +25,7 @@ from grpo_core.contracts.progress import progress_bar
 from grpo_core.contracts.training import OptimizerSettings, TrainEngine
 from grpo_core.engines.train import TorchEngine
 from grpo_core.model.checkpointing import set_gradient_checkpointing
+from grpo_core.model.config import AUTOCAST_DTYPES
 from reward_models.config import RewardModelConfig, RMKind
 from reward_models.labelling import LabelledSample, OrmLabel, PrmLabel
 from reward_models.models import RewardModel
@@ -206,9 +207,13 @@ def check_training_mix(examples: Sequence[RMExample], iteration: int) -> None:
 
 
 def rm_optimizer_settings(cfg: RewardModelConfig) -> OptimizerSettings:
-    """The optimizer settings of a TrainEngine (TorchEngine, DeepSpeedEngine) training an RM."""
+    """The optimizer settings of a TrainEngine (TorchEngine, DeepSpeedEngine) training an RM,
+    with the forward autocast of reward_models.dtype (bf16-mixed)."""
     return OptimizerSettings(
-        lr=cfg.lr, weight_decay=RM_WEIGHT_DECAY, max_grad_norm=RM_MAX_GRAD_NORM
+        lr=cfg.lr,
+        weight_decay=RM_WEIGHT_DECAY,
+        max_grad_norm=RM_MAX_GRAD_NORM,
+        autocast=AUTOCAST_DTYPES.get(cfg.dtype),
     )
 
 
@@ -291,14 +296,16 @@ def _backward_mini_batch(
     pass's summed loss over the mini-batch's terms, so the passes add up to the mean."""
     model, device = engine.forward_model, engine.device
     if engine.data_parallel_size == 1 and max_tokens is None:
-        loss = objective.loss(model, batch, pad_id, device, None)
+        with engine.forward_context():
+            loss = objective.loss(model, batch, pad_id, device, None)
         check(loss)
         engine.backward(loss)
         return loss.item()
     n_terms = objective.terms(batch)
     total = 0.0
     for part, weight in _rank_passes(engine, objective, batch, max_tokens):
-        loss = objective.loss(model, part, pad_id, device, n_terms) * weight
+        with engine.forward_context():
+            loss = objective.loss(model, part, pad_id, device, n_terms) * weight
         check(loss)
         engine.backward(loss)
         total += loss.item()

@@ -26,7 +26,7 @@ from torch import Tensor
 from grpo_core.algo.config import GRPOConfig
 from grpo_core.contracts.policy_batch import PolicyBatch, update_inputs, update_tensors
 from grpo_core.engines.config import DeepSpeedConfig
-from grpo_core.model.config import PolicyDtype
+from grpo_core.model.config import ModelDtype
 from grpo_core.model.policy import DTYPES
 
 log = logging.getLogger(__name__)
@@ -62,7 +62,7 @@ class UpdateJob(BaseModel):
         default=None, ge=1, description="Optimizer steps of the whole run (cosine schedule)."
     )
     seed: int = Field(default=0, description="Seeds the row shuffling, identically on all ranks.")
-    policy_dtype: PolicyDtype = Field(
+    policy_dtype: ModelDtype = Field(
         default="float32",
         description="The policy's dtype (policy.dtype): the ranks load it so (bf16-mixed: "
         "float32, forward passes under bfloat16 autocast).",
