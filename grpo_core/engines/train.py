@@ -92,8 +92,8 @@ def autocast_context(
     if device.type not in _AUTOCAST_NOTED:
         _AUTOCAST_NOTED.add(device.type)
         log.info(
-            "policy.dtype bf16-mixed: forward passes under torch.autocast(%s, %s); parameters "
-            "and AdamW state keep their own dtype (float32)",
+            "bf16-mixed (policy.dtype or reward_models.dtype): training's forward passes under "
+            "torch.autocast(%s, %s); parameters and AdamW state keep their own dtype (float32)",
             device.type,
             autocast,
         )
