@@ -1,5 +1,6 @@
 """Peak memory and seconds of one GRPO update with the memory settings off and on
-(grpo.algo.gradient_checkpointing, grpo.algo.logits_chunk_tokens; docs/memory.md).
+(grpo.algo.gradient_checkpointing, grpo.algo.logits_chunk_tokens, policy.dtype bf16-mixed;
+docs/memory.md).
 
 Each arm runs in a fresh process: a Qwen2-shaped model with random weights from a config
 (hidden 512, 8 layers, GQA 8/2, vocab 32k, ~42M parameters), a TorchEngine, and one
@@ -27,7 +28,9 @@ ARMS = {
     "checkpointing": {"gradient_checkpointing": True},
     "chunk 256": {"logits_chunk_tokens": 256},
     "both": {"gradient_checkpointing": True, "logits_chunk_tokens": 256},
+    "bf16-mixed": {},  # the plain update at policy.dtype bf16-mixed (PRECISIONS)
 }
+PRECISIONS = {"bf16-mixed": "bf16-mixed"}  # arm -> policy.dtype; the others float32
 GROUP, PROMPT_TOKENS, VOCAB = 2, 16, 32000
 
 
@@ -45,7 +48,7 @@ def one_update(arm: str, tokens: int) -> dict[str, float]:
     from grpo_core.algo.update import grpo_update
     from grpo_core.contracts.policy_batch import build_policy_batch
     from grpo_core.contracts.training import OptimizerSettings
-    from grpo_core.engines.train import TorchEngine
+    from grpo_core.engines.train import TorchEngine, with_policy_precision
 
     torch.manual_seed(0)
     config = Qwen2Config(
@@ -59,7 +62,8 @@ def one_update(arm: str, tokens: int) -> dict[str, float]:
         tie_word_embeddings=True,
     )
     model = Qwen2ForCausalLM(config)
-    engine = TorchEngine(model, OptimizerSettings(lr=1e-6))
+    optim = with_policy_precision(OptimizerSettings(lr=1e-6), PRECISIONS.get(arm, "float32"))
+    engine = TorchEngine(model, optim)
     gen = torch.Generator().manual_seed(0)
     prompt = torch.randint(4, VOCAB, (PROMPT_TOKENS,), generator=gen).tolist()
     batch = build_policy_batch(
@@ -81,6 +85,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--child", choices=tuple(ARMS), help=argparse.SUPPRESS)
     parser.add_argument("--tokens", type=int, nargs="+", default=[256, 1024])
+    parser.add_argument("--arms", nargs="+", choices=tuple(ARMS), default=list(ARMS))
     args = parser.parse_args()
     if args.child:
         print(json.dumps(one_update(args.child, args.tokens[0])))
@@ -89,7 +94,7 @@ def main() -> int:
     print(f"OMP_NUM_THREADS={threads}, load {os.getloadavg()[0]:.1f}")
     print("tokens | arm           | peak MB above start | update s")
     for tokens in args.tokens:
-        for arm in ARMS:
+        for arm in args.arms:
             out = subprocess.run(
                 [sys.executable, __file__, "--child", arm, "--tokens", str(tokens)],
                 cwd=REPO,

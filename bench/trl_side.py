@@ -124,8 +124,8 @@ def matched_config(
     bf16: bool,
 ) -> GRPOConfig:
     """TRL's GRPOConfig set to do our side's work: the paper's GRPO loss, constant LR, torch's
-    plain AdamW, no checkpointing, no vLLM, nothing shuffled or saved; `batch` completions per
-    step, `group_size` per prompt."""
+    AdamW (fused on CUDA, as ours), no checkpointing, no vLLM, nothing shuffled or saved;
+    `batch` completions per step, `group_size` per prompt."""
     return GRPOConfig(
         output_dir=output_dir,
         use_cpu=use_cpu,
@@ -144,9 +144,10 @@ def matched_config(
         adam_beta1=0.9,
         adam_beta2=0.999,
         max_grad_norm=1.0,
-        # torch's AdamW with fused/foreach unset, as our engine builds it; TRL's default on
-        # torch >= 2.8 is adamw_torch_fused
-        optim="adamw_torch",
+        # torch's AdamW as our engine builds it: fused/foreach unset on CPU, the fused
+        # kernel on CUDA (grpo_core/engines/train.py adamw_kernel; TRL's default on torch
+        # >= 2.8 is adamw_torch_fused everywhere)
+        optim="adamw_torch" if use_cpu else "adamw_torch_fused",
         beta=common.BETA,
         epsilon=common.EPS,
         num_iterations=1,

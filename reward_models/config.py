@@ -9,6 +9,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 from grpo_core.contracts.errors import SettingError
 from grpo_core.contracts.paths import absolute_path
+from grpo_core.model.config import ModelDtype
 from reward_models.formats import RM_FORMATS, RMFormat
 from reward_models.objectives import POINTWISE, RM_OBJECTIVES
 
@@ -220,6 +221,17 @@ class RewardModelConfig(BaseModel):
     batch_size: int = Field(
         16, ge=1, le=4096, description="Examples (sequences) per optimiser step, 1 to 4096."
     )
+    max_tokens_per_micro_batch: int | None = Field(
+        default=None,
+        ge=1,
+        le=100_000_000,
+        description="Token budget per forward/backward pass of reward-model training, as "
+        "grpo.algo.max_tokens_per_micro_batch for the policy: each mini-batch of batch_size "
+        "examples (pair groups for a pairwise ORM, kept whole) is sorted by length and packed "
+        "so sequences x the pass's longest (prompt + completion tokens) stays within it; a "
+        "longer item runs alone. Changes memory use and padding only, never the gradient. "
+        "null: the whole mini-batch in one pass.",
+    )
     gradient_checkpointing: bool = Field(
         False,
         description=(
@@ -251,10 +263,11 @@ class RewardModelConfig(BaseModel):
         description="Longest prompt + completion in tokens, 8 to 32768; longer is an error.",
     )
     seed: int = Field(0, ge=0, description="Seed of head initialisation and batch order, >= 0.")
-    dtype: Literal["float32", "bfloat16", "float16"] = Field(
+    dtype: ModelDtype = Field(
         "float32",
         description="Parameter dtype of the reward models at every load (training, scoring, "
-        "the drift check); float32 on CPU.",
+        "the drift check); float32 on CPU. bf16-mixed: float32 parameters and AdamW state, "
+        "training's forward passes under torch.autocast to bfloat16 (as policy.dtype).",
     )
     retrain: bool = Field(
         True,

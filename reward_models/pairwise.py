@@ -18,7 +18,7 @@ from torch import Tensor
 
 from reward_models.labelling import OrmLabel
 from reward_models.models import RewardModel
-from reward_models.pointwise import check_examples, read_logits, trained_rows
+from reward_models.pointwise import check_examples, example_tokens, read_logits, trained_rows
 from reward_models.training import (
     ObjectiveTraining,
     RMExample,
@@ -191,6 +191,10 @@ def _pair_loss(
     return losses.mean() if normaliser is None else losses.sum() / normaliser
 
 
+def _group_shape(group: PairGroup) -> tuple[int, int]:
+    return len(group.outputs), max(example_tokens(o) for o in group.outputs)
+
+
 def _check_groups(model: RewardModel, groups: Sequence[PairGroup], max_length: int) -> None:
     if not groups:
         raise ValueError(
@@ -225,6 +229,7 @@ PAIRWISE_TRAINING: ObjectiveTraining[PairGroup] = ObjectiveTraining(
     check=_check_groups,
     batches=pack_groups,
     terms=_pairs,
+    shape=_group_shape,
     loss=_pair_loss,
     records=_group_rows,
     counts=_group_counts,

@@ -24,7 +24,7 @@ def check_examples(model: RewardModel, examples: Sequence[RMExample], max_length
     for e in examples:
         if e.rm_kind != model.kind:
             raise ValueError(f"{e.rm_kind} example {e.problem_id} given to a {model.kind} model")
-        length = len(e.prompt_ids) + len(e.completion_ids)
+        length = example_tokens(e)
         if length > max_length:
             raise SettingError(
                 f"example {e.problem_id}#{e.sample_index} has {length} tokens in the "
@@ -68,6 +68,15 @@ def read_logits(
     return picked
 
 
+def example_tokens(example: RMExample) -> int:
+    """Prompt + completion tokens: the example's width in a padded forward pass."""
+    return len(example.prompt_ids) + len(example.completion_ids)
+
+
+def _one_sequence(example: RMExample) -> tuple[int, int]:
+    return 1, example_tokens(example)
+
+
 def _example_counts(examples: Sequence[RMExample]) -> dict[str, float]:
     return {
         "examples": float(len(examples)),
@@ -100,6 +109,7 @@ POINTWISE_TRAINING: ObjectiveTraining[RMExample] = ObjectiveTraining(
     check=check_examples,
     batches=consecutive_batches,
     terms=_read_positions,
+    shape=_one_sequence,
     loss=_bce_loss,
     records=trained_rows,
     counts=_example_counts,

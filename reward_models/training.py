@@ -25,10 +25,12 @@ from grpo_core.contracts.progress import progress_bar
 from grpo_core.contracts.training import OptimizerSettings, TrainEngine
 from grpo_core.engines.train import TorchEngine
 from grpo_core.model.checkpointing import set_gradient_checkpointing
+from grpo_core.model.config import AUTOCAST_DTYPES
 from reward_models.config import RewardModelConfig, RMKind
 from reward_models.labelling import LabelledSample, OrmLabel, PrmLabel
 from reward_models.models import RewardModel
 from reward_models.objectives import RM_OBJECTIVES
+from reward_models.token_budget import note_items_over_budget, token_micro_batches
 from reward_models.views import RMEncoder, RMInput
 
 log = logging.getLogger(__name__)
@@ -205,9 +207,13 @@ def check_training_mix(examples: Sequence[RMExample], iteration: int) -> None:
 
 
 def rm_optimizer_settings(cfg: RewardModelConfig) -> OptimizerSettings:
-    """The optimizer settings of a TrainEngine (TorchEngine, DeepSpeedEngine) training an RM."""
+    """The optimizer settings of a TrainEngine (TorchEngine, DeepSpeedEngine) training an RM,
+    with the forward autocast of reward_models.dtype (bf16-mixed)."""
     return OptimizerSettings(
-        lr=cfg.lr, weight_decay=RM_WEIGHT_DECAY, max_grad_norm=RM_MAX_GRAD_NORM
+        lr=cfg.lr,
+        weight_decay=RM_WEIGHT_DECAY,
+        max_grad_norm=RM_MAX_GRAD_NORM,
+        autocast=AUTOCAST_DTYPES.get(cfg.dtype),
     )
 
 
@@ -220,14 +226,18 @@ class ObjectiveTraining(Generic[Item]):
 
     batches(items, order, batch_size): one epoch's mini-batches, items taken in `order`.
     terms(batch): how many terms the batch's loss averages (read positions, pairs).
+    shape(item): the sequences an item puts in a forward pass and its longest one's tokens
+    (an item is never split: a pair group's pairs read each other's scores).
     loss(model, batch, pad_id, device, normaliser): the mean of the batch's terms, or with a
-    normaliser their sum divided by it (a rank's share of a mini-batch of that many terms).
+    normaliser their sum divided by it (a rank's share, or a token-budget micro-batch, of a
+    mini-batch of that many terms).
     records(batch, epoch): the rm_train rows of what the batch read. counts(items): metrics.
     """
 
     check: Callable[[RewardModel, Sequence[Item], int], None]
     batches: Callable[[Sequence[Item], list[int], int], list[list[Item]]]
     terms: Callable[[Sequence[Item]], int]
+    shape: Callable[[Item], tuple[int, int]]
     loss: Callable[[torch.nn.Module, Sequence[Item], int, torch.device, int | None], Tensor]
     records: Callable[[Sequence[Item], int], list[TrainedRow]]
     counts: Callable[[Sequence[Item]], dict[str, float]]
@@ -245,21 +255,61 @@ def consecutive_batches(items: Sequence[Item], order: list[int], size: int) -> l
     return [[items[i] for i in order[start : start + size]] for start in range(0, len(order), size)]
 
 
-def _rank_share_loss(
+def _share_passes(
+    share: list[Item], objective: ObjectiveTraining[Item], max_tokens: int | None
+) -> list[list[Item]]:
+    if not share:
+        return []
+    return (
+        [share] if max_tokens is None else token_micro_batches(share, objective.shape, max_tokens)
+    )
+
+
+def _rank_passes(
+    engine: TrainEngine,
+    objective: ObjectiveTraining[Item],
+    batch: Sequence[Item],
+    max_tokens: int | None,
+) -> list[tuple[list[Item], float]]:
+    """This data-parallel rank's forward/backward passes over a mini-batch, with weights: its
+    share (every `world`-th item from its rank on), whole or in token-budget micro-batches.
+    Every rank plans every share, so all run the same number of passes (DDP and DeepSpeed
+    need every rank's backward); a rank with fewer runs one item at weight 0."""
+    rank, world = engine.data_parallel_rank, engine.data_parallel_size
+    shares = [list(batch[r::world]) for r in range(world)]
+    plans = [_share_passes(share, objective, max_tokens) for share in shares]
+    passes = max(len(plan) for plan in plans)
+    mine = [(part, 1.0) for part in plans[rank]]
+    return mine + [(list(batch[:1]), 0.0)] * (passes - len(mine))
+
+
+def _backward_mini_batch(
     engine: TrainEngine,
     objective: ObjectiveTraining[Item],
     batch: Sequence[Item],
     pad_id: int,
-    total: int,
-) -> Tensor:
-    """This data-parallel rank's part of the batch's mean loss (every `world`-th item from its
-    rank on, its summed loss over the whole batch's `total` terms: the ranks' backwards add up
-    to the mean's gradient). A rank with no item runs one item at weight 0: DDP and DeepSpeed
-    need every rank's backward."""
-    rank, world = engine.data_parallel_rank, engine.data_parallel_size
-    share = list(batch[rank::world])
-    part, weight = (share, 1.0) if share else (list(batch[:1]), 0.0)
-    return objective.loss(engine.forward_model, part, pad_id, engine.device, total) * weight
+    max_tokens: int | None,
+    check: Callable[[Tensor], None],
+) -> float:
+    """Accumulate the gradient of the mini-batch's mean loss (this rank's part of it); the
+    loss value. One process without a budget: the mean in one pass, as ever. Otherwise each
+    pass's summed loss over the mini-batch's terms, so the passes add up to the mean."""
+    model, device = engine.forward_model, engine.device
+    if engine.data_parallel_size == 1 and max_tokens is None:
+        with engine.forward_context():
+            loss = objective.loss(model, batch, pad_id, device, None)
+        check(loss)
+        engine.backward(loss)
+        return loss.item()
+    n_terms = objective.terms(batch)
+    total = 0.0
+    for part, weight in _rank_passes(engine, objective, batch, max_tokens):
+        with engine.forward_context():
+            loss = objective.loss(model, part, pad_id, device, n_terms) * weight
+        check(loss)
+        engine.backward(loss)
+        total += loss.item()
+    return total
 
 
 def train_reward_model(
@@ -283,10 +333,11 @@ def train_reward_model(
     """
     objective = objective_training(cfg.settings(model.kind).objective)
     objective.check(model, examples, cfg.max_length)
+    if cfg.max_tokens_per_micro_batch is not None:
+        note_items_over_budget(examples, objective.shape, cfg.max_tokens_per_micro_batch)
     pad_id = model.tokenizer.pad_token_id
     if engine is None:
         engine = TorchEngine(model, rm_optimizer_settings(cfg))
-    device = engine.device
     generator = torch.Generator().manual_seed(seed)
     epochs = [
         objective.batches(
@@ -306,23 +357,21 @@ def train_reward_model(
             loss_sum, count = 0.0, 0
             for b, batch in enumerate(batches):
                 n_terms = objective.terms(batch)
-                if engine.data_parallel_size > 1:
-                    loss = _rank_share_loss(engine, objective, batch, pad_id, n_terms)
-                else:
-                    loss = objective.loss(engine.forward_model, batch, pad_id, device, None)
-                require_finite(
+                check = functools.partial(
+                    require_finite,
                     f"{model.kind.upper()} training loss",
-                    loss,
                     where=f"epoch {epoch}, batch {b}",
                     cause="lower reward_models.lr, or a corrupt RM checkpoint",
                 )
-                engine.backward(loss)
+                loss = _backward_mini_batch(
+                    engine, objective, batch, pad_id, cfg.max_tokens_per_micro_batch, check
+                )
                 engine.step()  # clip to RM_MAX_GRAD_NORM, AdamW step, clear the gradients
-                loss_sum += loss.item() * n_terms
+                loss_sum += loss * n_terms
                 count += n_terms
                 records.extend(objective.records(batch, epoch))
                 bar.update(1)
-                bar.set_postfix(loss=f"{loss.item():.4f}")
+                bar.set_postfix(loss=f"{loss:.4f}")
             if engine.data_parallel_size > 1:  # each rank added its share of each batch
                 loss_sum = float(
                     engine.all_reduce(torch.tensor([loss_sum], dtype=torch.float64), "sum")[0]

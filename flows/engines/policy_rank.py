@@ -25,7 +25,7 @@ from grpo_core.algo.config import GRPOConfig
 from grpo_core.contracts.policy_batch import update_inputs
 from grpo_core.contracts.registry import Registry
 from grpo_core.contracts.training import OptimizerSettings, TrainEngine
-from grpo_core.engines.train import OPTIMIZER_STATE_FILE
+from grpo_core.engines.train import OPTIMIZER_STATE_FILE, with_policy_precision
 from grpo_core.engines.weight_sync import WeightSender, manifest, sync_backend, unique_tensors
 from storage.atomic import atomic_write_bytes
 
@@ -132,7 +132,7 @@ class PolicyRank:
         device = torch.device("cuda" if self.cuda else "cpu")
         model = _in_torch_memory(load_policy(start_dir, dtype)[0]).to(device)
         self.model = model
-        optim = algo.optimizer_settings(total_steps)
+        optim = with_policy_precision(algo.optimizer_settings(total_steps), dtype)
         self.engine = RANK_ENGINES[engines.train](model, optim, engines)
         if algo.loss_reads_reference:
             ds = engines.deepspeed

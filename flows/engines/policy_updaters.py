@@ -302,5 +302,5 @@ def build_policy_updater(
     if engines.launched:
         deepspeed = engines.deepspeed
         return LaunchedUpdater(grpo, deepspeed, threads, model, policy_dir, jobs_dir, policy_dtype)
-    engine = build_policy_engine(engines, grpo, model)
+    engine = build_policy_engine(engines, grpo, model, policy_dtype)
     return InProcessUpdater(engine, grpo.algo, model, reference)

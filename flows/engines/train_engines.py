@@ -9,6 +9,7 @@ from flows.config import GRPOStageSection
 from flows.engines_config import EnginesSection
 from grpo_core.contracts.training import OptimizerSettings, TrainEngine
 from grpo_core.engines.registry import TRAIN_ENGINES
+from grpo_core.engines.train import with_policy_precision
 from reward_models.config import RewardModelConfig
 from reward_models.models import RewardModel
 from reward_models.training import rm_optimizer_settings
@@ -28,10 +29,13 @@ def grpo_total_steps(grpo: GRPOStageSection) -> int:
 
 
 def build_policy_engine(
-    engines: EnginesSection, grpo: GRPOStageSection, model: nn.Module
+    engines: EnginesSection, grpo: GRPOStageSection, model: nn.Module, policy_dtype: str
 ) -> TrainEngine:
-    """The GRPO stage's in-process engine, with the optimizer settings of grpo.algo."""
-    optim = grpo.algo.optimizer_settings(grpo_total_steps(grpo))
+    """The GRPO stage's in-process engine, with the optimizer settings of grpo.algo and the
+    forward autocast of policy.dtype."""
+    optim = with_policy_precision(
+        grpo.algo.optimizer_settings(grpo_total_steps(grpo)), policy_dtype
+    )
     return build_train_engine(engines, model, optim)
 
 

@@ -16,6 +16,7 @@ from flows.names import CRITIC, ORM, POLICY
 from flows.progress import log
 from grpo_core.algo.critic_update import CriticLearner, critic_optimizer_settings
 from grpo_core.contracts.errors import SettingError
+from grpo_core.engines.train import with_policy_precision
 from grpo_core.model.critic import CRITIC_FILE, ValueModel
 from storage.checkpoints import load_training_state, save_checkpoint, save_training_state
 
@@ -59,7 +60,8 @@ def open_critic(
         )
     # weights first: DeepSpeed copies them into its optimizer when the engine is built
     critic.to(ctx.device)
-    engine = build_train_engine(ctx.cfg.engines, critic, critic_optimizer_settings(algo))
+    optim = with_policy_precision(critic_optimizer_settings(algo), ctx.cfg.policy.dtype)
+    engine = build_train_engine(ctx.cfg.engines, critic, optim)
     learner = CriticLearner(critic, engine, policy, reference, algo)
     if resumed:
         state = load_training_state(saved)["optimizer_state"]

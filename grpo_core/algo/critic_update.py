@@ -72,10 +72,12 @@ class CriticLearner:
 
     def _values(self, batch: PolicyBatch) -> Tensor:
         """The critic's (B, L) values of a batch on the engine's device (through the engine:
-        DeepSpeed gathers what it has partitioned), packed into one row under padding_free."""
-        values: Tensor = (
-            self.engine.model(batch, packed=True) if self.packed else self.engine.model(batch)
-        )
+        DeepSpeed gathers what it has partitioned), at its precision (policy.dtype's autocast),
+        packed into one row under padding_free."""
+        with self.engine.forward_context():
+            values: Tensor = (
+                self.engine.model(batch, packed=True) if self.packed else self.engine.model(batch)
+            )
         return values
 
     def _micro_values(self, part: PolicyBatch) -> Tensor:
@@ -117,9 +119,10 @@ class CriticLearner:
             values[rows] = self._micro_values(batch.select(rows).to(self.engine.device)).cpu()
         log_ratio = torch.zeros_like(batch.response_mask)
         if self.reference is not None and self.kl_coef > 0:
-            old = self._logprobs(self.policy, batch, "policy")
-            reference = self._logprobs(self.reference, batch, "reference model")
-            log_ratio = (old - reference) * batch.response_mask
+            with self.engine.forward_context():  # the critic's engine has the policy's
+                old = self._logprobs(self.policy, batch, "policy")
+                reference = self._logprobs(self.reference, batch, "reference model")
+                log_ratio = (old - reference) * batch.response_mask
         ppo = self.algo.ppo
         return PPOTerms(
             values=batch.full_to_response(values),

@@ -62,14 +62,15 @@ def dpo_update(
     engine.train()
     set_gradient_checkpointing(engine.model, cfg.gradient_checkpointing)
     packed = packs(engine.model, cfg.padding_free, "policy")
-    ref_logp = RowCopies(paired).logprobs(
-        ref_model,
-        cfg.temperature,
-        cfg.micro_batch_size,
-        None,
-        cfg.logits_chunk_tokens,
-        packs(ref_model, cfg.padding_free, "reference model"),
-    )
+    with engine.forward_context():  # the reference runs at the policy's precision
+        ref_logp = RowCopies(paired).logprobs(
+            ref_model,
+            cfg.temperature,
+            cfg.micro_batch_size,
+            None,
+            cfg.logits_chunk_tokens,
+            packs(ref_model, cfg.padding_free, "reference model"),
+        )
     ref_seq = sequence_logprob(ref_logp, paired.response_mask, form)
     per_pass = max(1, cfg.micro_batch_size // 2)
     rank, world = engine.data_parallel_rank, engine.data_parallel_size

@@ -63,17 +63,18 @@ def grpo_update(
     set_gradient_checkpointing(engine.model, cfg.gradient_checkpointing)
     packed = packs(engine.model, cfg.padding_free, "policy")
     token_copies = RowCopies(batch)
-    old = _old_logprobs(engine, batch, cfg, old_logprobs, token_copies, packed)
-    ref = None
-    if cfg.beta > 0 and ref_model is not None:  # _check_inputs: beta > 0 has a reference
-        ref = token_copies.logprobs(
-            ref_model,
-            cfg.temperature,
-            cfg.micro_batch_size,
-            cfg.max_tokens_per_micro_batch,
-            cfg.logits_chunk_tokens,
-            packs(ref_model, cfg.padding_free, "reference model"),
-        )
+    with engine.forward_context():  # pi_old and pi_ref at the update's precision
+        old = _old_logprobs(engine, batch, cfg, old_logprobs, token_copies, packed)
+        ref = None
+        if cfg.beta > 0 and ref_model is not None:  # _check_inputs: beta > 0 has a reference
+            ref = token_copies.logprobs(
+                ref_model,
+                cfg.temperature,
+                cfg.micro_batch_size,
+                cfg.max_tokens_per_micro_batch,
+                cfg.logits_chunk_tokens,
+                packs(ref_model, cfg.padding_free, "reference model"),
+            )
     # rows merge when their tokens, advantages and pi_old (when given) are all equal, and
     # their sampler log-probs when the correction weighs by them
     given_old = None if old is None or old_logprobs is None else old

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, Protocol
@@ -18,8 +19,9 @@ LRSchedule = Literal["constant", "cosine"]
 
 @dataclass(frozen=True)
 class OptimizerSettings:
-    """What every training engine's AdamW, clipping and LR schedule are built from: one
-    object, made by GRPOConfig.optimizer_settings for the policy and by
+    """What every training engine's AdamW, clipping, LR schedule and forward precision are
+    built from: one object, made by GRPOConfig.optimizer_settings for the policy (with the
+    autocast of policy.dtype, grpo_core/engines/train.py with_policy_precision) and by
     reward_models.training.rm_optimizer_settings for the reward models."""
 
     lr: float
@@ -29,6 +31,9 @@ class OptimizerSettings:
     warmup_steps: int = 0
     lr_schedule: LRSchedule = "constant"
     total_steps: int | None = None  # the cosine schedule's length (None: constant only)
+    # forward passes under torch.autocast to this dtype (policy.dtype bf16-mixed), the
+    # parameters and optimizer state staying in theirs; None: no autocast
+    autocast: Literal["bfloat16"] | None = None
 
 
 class TrainEngine(Protocol):
@@ -53,6 +58,11 @@ class TrainEngine(Protocol):
     def forward_model(self) -> nn.Module:
         """What to call for a forward pass whose loss goes to `backward`: the model, or the
         wrapper whose hooks reduce gradients over the ranks (DDP, DeepSpeed's engine)."""
+        ...
+
+    def forward_context(self) -> AbstractContextManager[None]:
+        """What every forward pass of the model runs under, with or without gradients
+        (torch.autocast for OptimizerSettings.autocast; else nothing)."""
         ...
 
     def forward_logprobs(

@@ -66,7 +66,8 @@ class VLLMSettings(BaseModel):
     dtype: Literal["policy", "auto", "float32", "bfloat16", "float16"] = Field(
         "policy",
         description="vLLM compute dtype: policy (policy.dtype, as every other copy of the "
-        "policy), auto (vLLM's choice: 16-bit on GPU), float32, bfloat16 or float16.",
+        "policy; bf16-mixed: bfloat16), auto (vLLM's choice: 16-bit on GPU), float32, "
+        "bfloat16 or float16.",
     )
     in_grpo: bool = Field(
         True,

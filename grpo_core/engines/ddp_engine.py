@@ -17,10 +17,8 @@ import torch.distributed as dist
 from torch import Tensor, nn
 from torch.nn.parallel import DistributedDataParallel
 
-from grpo_core.contracts.policy_batch import PolicyBatch
 from grpo_core.contracts.training import OptimizerSettings
 from grpo_core.engines.train import TorchEngine
-from grpo_core.model.forward import sequence_logprobs, sequence_logprobs_and_entropy
 
 
 class DistributedTorchEngine(TorchEngine):
@@ -36,34 +34,6 @@ class DistributedTorchEngine(TorchEngine):
         device = next(model.parameters()).device
         self.ddp = DistributedDataParallel(
             model, device_ids=None if device.type == "cpu" else [device]
-        )
-
-    def forward_logprobs(
-        self,
-        batch: PolicyBatch,
-        temperature: float,
-        with_entropy: bool = False,
-        logits_chunk_tokens: int | None = None,
-        packed: bool = False,
-    ) -> tuple[Tensor, Tensor | None]:
-        """Completion-token log-probs (B, L) with grad, through DDP's gradient hooks."""
-        if with_entropy:
-            return sequence_logprobs_and_entropy(
-                self.ddp,
-                batch,
-                temperature,
-                logits_chunk_tokens=logits_chunk_tokens,
-                packed=packed,
-            )
-        return (
-            sequence_logprobs(
-                self.ddp,
-                batch,
-                temperature,
-                logits_chunk_tokens=logits_chunk_tokens,
-                packed=packed,
-            ),
-            None,
         )
 
     @property

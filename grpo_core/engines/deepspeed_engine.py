@@ -13,6 +13,7 @@ import math
 import os
 import socket
 from collections.abc import Callable
+from contextlib import AbstractContextManager
 from functools import partial
 from pathlib import Path
 from typing import Any, Literal
@@ -24,7 +25,13 @@ from grpo_core.algo.config import merge_trees
 from grpo_core.contracts.policy_batch import PolicyBatch
 from grpo_core.contracts.training import OptimizerSettings
 from grpo_core.engines.config import DeepSpeedConfig
-from grpo_core.engines.train import build_adamw, build_lr_schedule, check_schedule
+from grpo_core.engines.train import (
+    adamw_kernel,
+    autocast_context,
+    build_adamw,
+    build_lr_schedule,
+    check_schedule,
+)
 from grpo_core.model.deepspeed_import import import_deepspeed
 from grpo_core.model.forward import sequence_logprobs, sequence_logprobs_and_entropy
 
@@ -106,6 +113,7 @@ class DeepSpeedEngine:
                 lr=optim.lr,
                 betas=optim.betas,
                 weight_decay=optim.weight_decay,
+                **adamw_kernel(params),
             )
         else:
             optimizer = build_adamw(params, optim)
@@ -123,6 +131,7 @@ class DeepSpeedEngine:
         self.device = torch.device(self.engine.device)
         self.data_parallel_size = int(self.engine.dp_world_size)
         self.data_parallel_rank = torch.distributed.get_rank() if self.data_parallel_size > 1 else 0
+        self.autocast = optim.autocast
 
     @property
     def forward_model(self) -> nn.Module:
@@ -137,25 +146,32 @@ class DeepSpeedEngine:
         logits_chunk_tokens: int | None = None,
         packed: bool = False,
     ) -> tuple[Tensor, Tensor | None]:
-        """Completion-token log-probs (B, L) with grad, and entropies (B, L) if asked."""
-        if with_entropy:
-            return sequence_logprobs_and_entropy(
-                self.engine,
-                batch,
-                temperature,
-                logits_chunk_tokens=logits_chunk_tokens,
-                packed=packed,
+        """Completion-token log-probs (B, L) with grad, and entropies (B, L) if asked, under
+        forward_context."""
+        with self.forward_context():
+            if with_entropy:
+                return sequence_logprobs_and_entropy(
+                    self.engine,
+                    batch,
+                    temperature,
+                    logits_chunk_tokens=logits_chunk_tokens,
+                    packed=packed,
+                )
+            return (
+                sequence_logprobs(
+                    self.engine,
+                    batch,
+                    temperature,
+                    logits_chunk_tokens=logits_chunk_tokens,
+                    packed=packed,
+                ),
+                None,
             )
-        return (
-            sequence_logprobs(
-                self.engine,
-                batch,
-                temperature,
-                logits_chunk_tokens=logits_chunk_tokens,
-                packed=packed,
-            ),
-            None,
-        )
+
+    def forward_context(self) -> AbstractContextManager[None]:
+        """torch.autocast for OptimizerSettings.autocast (policy.dtype bf16-mixed, with
+        DeepSpeed's own bf16 off: fp32 parameters), else nothing."""
+        return autocast_context(self.device, self.autocast)
 
     def backward(self, loss: Tensor) -> None:
         """Accumulate the gradient of `loss`; DeepSpeed averages over ranks, grpo_update sums."""

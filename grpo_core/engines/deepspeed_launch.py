@@ -17,7 +17,6 @@ import subprocess
 import sys
 from collections.abc import Callable
 from pathlib import Path
-from typing import Literal
 
 import torch
 from pydantic import BaseModel, ConfigDict, Field
@@ -27,6 +26,7 @@ from torch import Tensor
 from grpo_core.algo.config import GRPOConfig
 from grpo_core.contracts.policy_batch import PolicyBatch, update_inputs, update_tensors
 from grpo_core.engines.config import DeepSpeedConfig
+from grpo_core.model.config import ModelDtype
 from grpo_core.model.policy import DTYPES
 
 log = logging.getLogger(__name__)
@@ -62,8 +62,10 @@ class UpdateJob(BaseModel):
         default=None, ge=1, description="Optimizer steps of the whole run (cosine schedule)."
     )
     seed: int = Field(default=0, description="Seeds the row shuffling, identically on all ranks.")
-    policy_dtype: Literal["float32", "bfloat16", "float16"] = Field(
-        default="float32", description="The policy's dtype (policy.dtype): the ranks load it so."
+    policy_dtype: ModelDtype = Field(
+        default="float32",
+        description="The policy's dtype (policy.dtype): the ranks load it so (bf16-mixed: "
+        "float32, forward passes under bfloat16 autocast).",
     )
     resume_from: str | None = Field(
         default=None, description="A state/ directory of an earlier job to continue from."
@@ -149,6 +151,7 @@ def main(argv: list[str] | None = None) -> None:
 
     from grpo_core.algo.update import grpo_update
     from grpo_core.engines.deepspeed_engine import DeepSpeedEngine
+    from grpo_core.engines.train import with_policy_precision
 
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("job_dir", type=Path)
@@ -158,7 +161,8 @@ def main(argv: list[str] | None = None) -> None:
     dtype = DTYPES[job.policy_dtype]
     torch.manual_seed(job.seed)
     model = AutoModelForCausalLM.from_pretrained(job.policy_dir, dtype=dtype)
-    engine = DeepSpeedEngine(model, g.optimizer_settings(job.total_steps), job.deepspeed)
+    optim = with_policy_precision(g.optimizer_settings(job.total_steps), job.policy_dtype)
+    engine = DeepSpeedEngine(model, optim, job.deepspeed)
     if job.resume_from is not None:
         engine.load_checkpoint(Path(job.resume_from))
     reference: torch.nn.Module | None = None

@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 from grpo_core.contracts.errors import SettingError
 from grpo_core.contracts.registry import Registry
 from grpo_core.engines.vllm_env import find_vllm_python
+from grpo_core.model.config import AUTOCAST_DTYPES
 
 if TYPE_CHECKING:
     from torch import nn
@@ -207,7 +208,10 @@ def vllm_engine_options(
         scratch = scratch / f"engine{suffix}"
     return {
         "checkpoint_dir": request.checkpoint_dir,
-        "dtype": request.dtype if settings.dtype == "policy" else settings.dtype,
+        # a mixed policy.dtype samples in the dtype its forward passes compute in
+        "dtype": AUTOCAST_DTYPES.get(request.dtype, request.dtype)
+        if settings.dtype == "policy"
+        else settings.dtype,
         "seed": request.seed,
         "llm_kwargs": llm_kwargs,
         "python": find_vllm_python(settings.python),

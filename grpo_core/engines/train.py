@@ -1,9 +1,14 @@
 """The plain-PyTorch training engine (the `TrainEngine` of grpo_core/contracts/training.py)
-and the AdamW + LR schedule every engine builds from `OptimizerSettings`."""
+and what every engine builds from `OptimizerSettings`: the AdamW, the LR schedule and the
+forward passes' autocast (policy.dtype bf16-mixed)."""
 
 from __future__ import annotations
 
+import contextlib
+import logging
 import math
+from contextlib import AbstractContextManager
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, Literal
 
@@ -12,7 +17,15 @@ from torch import Tensor, nn
 
 from grpo_core.contracts.policy_batch import PolicyBatch
 from grpo_core.contracts.training import LRSchedule, OptimizerSettings
+from grpo_core.model.config import AUTOCAST_DTYPES
 from grpo_core.model.forward import sequence_logprobs, sequence_logprobs_and_entropy
+
+log = logging.getLogger(__name__)
+
+_KERNEL_NOTED: set[bool] = set()
+_AUTOCAST_NOTED: set[str] = set()
+# OptimizerSettings.autocast names and the torch dtypes they mean
+AUTOCAST_TORCH_DTYPES = {"bfloat16": torch.bfloat16}
 
 
 def lr_multiplier(
@@ -37,11 +50,54 @@ def check_schedule(optim: OptimizerSettings) -> None:
     lr_multiplier(optim.warmup_steps, optim.warmup_steps, optim.lr_schedule, optim.total_steps)
 
 
+def adamw_kernel(params: list[nn.Parameter]) -> dict[str, bool]:
+    """AdamW's implementation argument: the fused kernel (one launch per step for all
+    parameters) when every parameter is on CUDA, else torch's default (the CPU for-loop, so a
+    CPU run steps exactly as before). Logged once per process for each choice."""
+    fused = bool(params) and all(p.is_cuda for p in params)
+    if fused not in _KERNEL_NOTED:
+        _KERNEL_NOTED.add(fused)
+        if fused:
+            log.info("AdamW: fused CUDA kernel (parameters on CUDA)")
+        else:
+            log.info("AdamW: torch's default implementation (fused AdamW is CUDA-only here)")
+    return {"fused": True} if fused else {}
+
+
 def build_adamw(params: list[nn.Parameter], optim: OptimizerSettings) -> torch.optim.AdamW:
-    """The AdamW every engine steps with (DeepSpeed gets this same optimizer object)."""
+    """The AdamW every engine steps with (DeepSpeed gets this same optimizer object); fused
+    on CUDA (adamw_kernel)."""
     return torch.optim.AdamW(
-        params, lr=optim.lr, betas=optim.betas, weight_decay=optim.weight_decay
+        params,
+        lr=optim.lr,
+        betas=optim.betas,
+        weight_decay=optim.weight_decay,
+        **adamw_kernel(params),
     )
+
+
+def with_policy_precision(optim: OptimizerSettings, policy_dtype: str) -> OptimizerSettings:
+    """`optim` with the forward autocast policy.dtype asks for (bf16-mixed: bfloat16; a
+    plain parameter dtype: none)."""
+    return replace(optim, autocast=AUTOCAST_DTYPES.get(policy_dtype))
+
+
+def autocast_context(
+    device: torch.device, autocast: Literal["bfloat16"] | None
+) -> AbstractContextManager[None]:
+    """torch.autocast to `autocast` on `device`'s type (CPU and CUDA both run bfloat16
+    autocast), or nothing; logged once per process and device type."""
+    if autocast is None:
+        return contextlib.nullcontext()
+    if device.type not in _AUTOCAST_NOTED:
+        _AUTOCAST_NOTED.add(device.type)
+        log.info(
+            "bf16-mixed (policy.dtype or reward_models.dtype): training's forward passes under "
+            "torch.autocast(%s, %s); parameters and AdamW state keep their own dtype (float32)",
+            device.type,
+            autocast,
+        )
+    return torch.autocast(device.type, dtype=AUTOCAST_TORCH_DTYPES[autocast])
 
 
 def build_lr_schedule(
@@ -72,6 +128,12 @@ class TorchEngine:
         self.params = [p for p in model.parameters() if p.requires_grad]
         self.optimizer = build_adamw(self.params, optim)
         self.scheduler = build_lr_schedule(self.optimizer, optim)
+        self.autocast = optim.autocast
+
+    def forward_context(self) -> AbstractContextManager[None]:
+        """torch.autocast for OptimizerSettings.autocast (policy.dtype bf16-mixed), else
+        nothing."""
+        return autocast_context(self.device, self.autocast)
 
     def forward_logprobs(
         self,
@@ -81,25 +143,27 @@ class TorchEngine:
         logits_chunk_tokens: int | None = None,
         packed: bool = False,
     ) -> tuple[Tensor, Tensor | None]:
-        """Completion-token log-probs (B, L) with grad, and entropies (B, L) if asked."""
-        if with_entropy:
-            return sequence_logprobs_and_entropy(
-                self.model,
-                batch,
-                temperature,
-                logits_chunk_tokens=logits_chunk_tokens,
-                packed=packed,
+        """Completion-token log-probs (B, L) with grad, and entropies (B, L) if asked, through
+        forward_model, under forward_context."""
+        with self.forward_context():
+            if with_entropy:
+                return sequence_logprobs_and_entropy(
+                    self.forward_model,
+                    batch,
+                    temperature,
+                    logits_chunk_tokens=logits_chunk_tokens,
+                    packed=packed,
+                )
+            return (
+                sequence_logprobs(
+                    self.forward_model,
+                    batch,
+                    temperature,
+                    logits_chunk_tokens=logits_chunk_tokens,
+                    packed=packed,
+                ),
+                None,
             )
-        return (
-            sequence_logprobs(
-                self.model,
-                batch,
-                temperature,
-                logits_chunk_tokens=logits_chunk_tokens,
-                packed=packed,
-            ),
-            None,
-        )
 
     def backward(self, loss: Tensor) -> None:
         """Accumulate the gradient of `loss`."""

@@ -16,6 +16,12 @@ from grpo_core.model.prompt_styles import PROMPT_STYLES
 
 DEFAULT_ALPHABET = string.digits + string.ascii_letters + string.punctuation + " \n"
 
+# policy.dtype and reward_models.dtype: a parameter dtype, or a mixed precision (parameters
+# in one dtype, training's forward passes autocast to another).
+ModelDtype = Literal["float32", "bfloat16", "float16", "bf16-mixed"]
+# the mixed precisions and the dtype their forward passes autocast to
+AUTOCAST_DTYPES: dict[str, Literal["bfloat16"]] = {"bf16-mixed": "bfloat16"}
+
 
 class PromptConfig(BaseModel):
     """How a question becomes the policy's input (grpo_core/model/prompts.py)."""
@@ -112,8 +118,11 @@ class PolicyConfig(BaseModel):
         description="smollm2: where the converted fp32 model is cached (default ~/.cache).",
     )
     seed: int = Field(default=0, ge=0, description="tiny: seed of the initial weights.")
-    dtype: Literal["float32", "bfloat16", "float16"] = Field(
-        default="float32", description="Parameter dtype (float32 on CPU)."
+    dtype: ModelDtype = Field(
+        default="float32",
+        description="Parameter dtype (float32 on CPU), or bf16-mixed (Lightning's name): "
+        "float32 parameters and optimizer state, the update's forward passes (with pi_old "
+        "and the reference) under torch.autocast to bfloat16, on CPU and CUDA.",
     )
 
     @model_validator(mode="after")

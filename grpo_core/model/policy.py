@@ -32,8 +32,14 @@ log = logging.getLogger(__name__)
 # Before this process's first save_pretrained, which would import deepspeed the slow way.
 import_deepspeed_if_installed()
 
-# policy.dtype names and the torch dtypes they mean
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+# policy.dtype names and the torch dtypes parameters are held in (bf16-mixed: float32; its
+# forward passes autocast, grpo_core/engines/train.py)
+DTYPES = {
+    "float32": torch.float32,
+    "bfloat16": torch.bfloat16,
+    "float16": torch.float16,
+    "bf16-mixed": torch.float32,
+}
 
 
 def build_char_tokenizer(alphabet: str = DEFAULT_ALPHABET) -> PreTrainedTokenizerFast:

@@ -104,7 +104,7 @@ def single_process_updates(
 ) -> tuple[dict[str, torch.Tensor], list[dict[str, float]]]:
     model = load_policy(policy_dir)[0]
     reference = load_policy(policy_dir)[0].eval().requires_grad_(False)
-    engine = build_policy_engine(EnginesSection(), grpo, model)
+    engine = build_policy_engine(EnginesSection(), grpo, model, "float32")
     updater = InProcessUpdater(engine, grpo.algo, model, reference)
     metrics = [updater.update(b, a, None, seed=s) for s, (b, a) in enumerate(steps)]
     return model.state_dict(), metrics

@@ -18,7 +18,7 @@ import torch
 
 from grpo_core.algo.update import grpo_update
 from grpo_core.engines.config import DeepSpeedConfig
-from grpo_core.engines.train import TorchEngine
+from grpo_core.engines.train import TorchEngine, with_policy_precision
 from tests.grpo_core.engines.test_deepspeed_engine import CFG, ragged_batch, seeded
 from tests.models import tiny_llama
 
@@ -34,11 +34,13 @@ GPU_ATOL = 1e-5
 CUDA = torch.device("cuda")
 
 
-def _update_on(device: torch.device) -> tuple[dict[str, torch.Tensor], dict[str, float]]:
+def _update_on(
+    device: torch.device, policy_dtype: str = "float32"
+) -> tuple[dict[str, torch.Tensor], dict[str, float]]:
     batch, advantages = ragged_batch(8)
     cfg = CFG.model_copy(update={"micro_batch_size": 3})
     model = tiny_llama().to(device)
-    engine = TorchEngine(model, cfg.optimizer_settings())
+    engine = TorchEngine(model, with_policy_precision(cfg.optimizer_settings(), policy_dtype))
     metrics = grpo_update(
         engine,
         tiny_llama(seed=1).to(device),
@@ -67,6 +69,25 @@ def test_torch_engine_update_on_cuda_matches_cpu() -> None:
     assert gap < GPU_ATOL
     for key in ("loss", "kl", "ratio_max", "grad_norm"):
         assert gpu_metrics[key] == pytest.approx(cpu_metrics[key], abs=GPU_ATOL, rel=1e-5), key
+
+
+def test_adamw_is_fused_on_cuda() -> None:
+    engine = TorchEngine(tiny_llama().to(CUDA), CFG.optimizer_settings())
+    assert engine.optimizer.defaults["fused"] is True
+
+
+def test_bf16_mixed_update_on_cuda_follows_the_fp32_update() -> None:
+    """policy.dtype bf16-mixed on CUDA: float32 weights stepped by the fused AdamW, forwards
+    under CUDA autocast; held to the fp32 update's direction as the bf16 DeepSpeed test."""
+    before = {n: p.detach().clone() for n, p in tiny_llama().named_parameters()}
+    fp32, _ = _update_on(CUDA)
+    mixed, metrics = _update_on(CUDA, "bf16-mixed")
+    cosine = torch.nn.functional.cosine_similarity(
+        _delta(fp32, before), _delta(mixed, before), dim=0
+    )
+    print(f"bf16-mixed vs fp32 on CUDA: cosine of the parameter deltas {float(cosine):.4f}")
+    assert float(cosine) > 0.99
+    assert metrics["optimizer_steps"] == 4
 
 
 def _deepspeed_update(config: DeepSpeedConfig) -> tuple[dict[str, torch.Tensor], dict[str, float]]:

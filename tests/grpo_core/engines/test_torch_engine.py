@@ -100,3 +100,16 @@ def test_every_field_describes_its_range() -> None:
     assert GRPOConfig(adv_estimator="grpo_process").process_supervision
     for name, field in type(GRPOConfig().ppo).model_fields.items():
         assert field.description and len(field.description) > 20, name
+
+
+def test_adamw_on_cpu_is_torchs_default_and_the_log_says_so_once(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The fused kernel is CUDA-only: a CPU engine keeps torch's default AdamW (the same
+    steps as before fused AdamW existed), and the choice is logged once per process."""
+    monkeypatch.setattr("grpo_core.engines.train._KERNEL_NOTED", set())
+    caplog.set_level("INFO", logger="grpo_core.engines.train")
+    engines = [TorchEngine(torch.nn.Linear(3, 1), OptimizerSettings(lr=0.1)) for _ in range(2)]
+    assert all(e.optimizer.defaults["fused"] is None for e in engines)
+    notes = [r.getMessage() for r in caplog.records if "AdamW" in r.getMessage()]
+    assert notes == ["AdamW: torch's default implementation (fused AdamW is CUDA-only here)"]
