@@ -10,7 +10,8 @@ reasoning outputs have, so padding shows. The arms:
 - before: today's defaults (8 rows per micro-batch: both rows in one pass padded to T);
 - item 1: + gradient checkpointing and logits through the output layer in 512-token chunks;
 - items 1+2: + micro-batches by token budget (prompt + T tokens per pass), each padded only to
-  its own longest row; packed sequences too where the branch has them.
+  its own longest row;
+- packed (not run by default): + grpo.algo.padding_free, each pass's rows as one packed row.
 
 Peak memory is the process's peak RSS (whole process, and above its RSS before the update:
 gradients, AdamW's moments, activations). The parent stops a child whose RSS passes `--cap-gib`
@@ -35,7 +36,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from real_size_common import SHAPES, Shape, accepted_options, build_model
+from real_size_common import SHAPES, Shape, build_model
 
 REPO = Path(__file__).resolve().parents[1]
 CPU_SHAPES = {
@@ -48,7 +49,8 @@ CPU_SHAPES = {
     "tiny": (SHAPES["tiny"], "qwen2"),
 }
 PROMPT_TOKENS, CHUNK_TOKENS = 128, 512
-ARMS = ("before", "item 1", "items 1+2")
+ARMS = ("before", "item 1", "items 1+2", "packed")
+DEFAULT_ARMS = ARMS[:3]
 
 
 def arm_settings(arm: str, tokens: int) -> dict[str, object]:
@@ -56,13 +58,10 @@ def arm_settings(arm: str, tokens: int) -> dict[str, object]:
     settings: dict[str, object] = {}
     if arm in ("item 1", "items 1+2"):
         settings |= {"gradient_checkpointing": True, "logits_chunk_tokens": CHUNK_TOKENS}
-    if arm == "items 1+2":
+    if arm in ("items 1+2", "packed"):
         settings["max_tokens_per_micro_batch"] = PROMPT_TOKENS + tokens
-        from grpo_core.algo.config import GRPOConfig
-
-        settings |= accepted_options(
-            GRPOConfig, {"padding_free": True, "use_remove_padding": True, "packed": True}
-        )
+    if arm == "packed":
+        settings["padding_free"] = True
     return settings
 
 
@@ -151,7 +150,7 @@ def main() -> int:
     parser.add_argument("--child", nargs=3, help=argparse.SUPPRESS)
     parser.add_argument("--shapes", nargs="+", default=["smollm2-135m", "qwen2.5-0.5b"])
     parser.add_argument("--tokens", type=int, nargs="+", default=[256, 1024, 4096])
-    parser.add_argument("--arms", nargs="+", default=list(ARMS), choices=ARMS)
+    parser.add_argument("--arms", nargs="+", default=list(DEFAULT_ARMS), choices=ARMS)
     parser.add_argument("--cap-gib", type=float, default=20.0)
     parser.add_argument("--out", type=Path, help="write the rows as JSON lines here too")
     args = parser.parse_args()
