@@ -30,7 +30,7 @@ if TYPE_CHECKING:
 
     from grpo_core.contracts.rollout import RolloutEngine
     from grpo_core.contracts.training import OptimizerSettings, TrainEngine
-    from grpo_core.engines.config import DeepSpeedConfig, VLLMSettings
+    from grpo_core.engines.config import DeepSpeedConfig, HFSettings, VLLMSettings
 
 
 @dataclass(frozen=True)
@@ -88,7 +88,8 @@ class RolloutEngineSpec:
 
     build(request, settings): the engine. requires(settings): raises a SettingError naming
     the fix when the engine cannot run here (checked before any stage). capabilities(settings):
-    what the run does with it besides sampling (RolloutCapabilities).
+    what the run does with it besides sampling (RolloutCapabilities). settings_section: the
+    engines.<section> its settings are, when another engine's (empty: its own name).
     """
 
     name: str
@@ -96,6 +97,7 @@ class RolloutEngineSpec:
     build: Callable[[RolloutRequest, Any], RolloutEngine]
     requires: Callable[[Any], None] = lambda settings: None
     capabilities: Callable[[Any], RolloutCapabilities] = _no_capabilities
+    settings_section: str = ""
 
 
 @dataclass(frozen=True)
@@ -119,7 +121,10 @@ IN_PROCESS_ENGINE = "hf"
 # ---- hf --------------------------------------------------------------------------------------
 
 
-def _build_hf(request: RolloutRequest, settings: None, *, decode: str = "lean") -> RolloutEngine:
+def _build_hf(
+    request: RolloutRequest, settings: HFSettings | None, *, decode: str = "lean"
+) -> RolloutEngine:
+    from grpo_core.engines.config import HFSettings
     from grpo_core.engines.hf_generate import HFGenerateEngine
     from grpo_core.engines.hf_rollout import HFRolloutEngine
     from grpo_core.model.policy import load_policy
@@ -128,16 +133,19 @@ def _build_hf(request: RolloutRequest, settings: None, *, decode: str = "lean") 
     if model is None:
         model = load_policy(request.checkpoint_dir, request.dtype)[0]
     engine_class = HFGenerateEngine if decode == "generate" else HFRolloutEngine
+    decoding = settings or HFSettings()
     return engine_class(
         model,
         request.tokenizer,
         batch_size=request.batch_size,
         show_progress=request.show_progress,
         progress_label=request.purpose,
+        cache_implementation=decoding.cache_implementation,
+        compile=decoding.compile,
     )
 
 
-def _hf_capabilities(settings: None) -> RolloutCapabilities:
+def _hf_capabilities(settings: HFSettings | None) -> RolloutCapabilities:
     return RolloutCapabilities(shares_model=True)
 
 
@@ -159,6 +167,7 @@ ROLLOUT_ENGINES.add(
         "cannot drive (same draws and log-probs, slower)",
         functools.partial(_build_hf, decode="generate"),
         capabilities=_hf_capabilities,
+        settings_section=IN_PROCESS_ENGINE,  # engines.hf: the same cache and compile options
     ),
 )
 
