@@ -48,6 +48,10 @@ def warn_once(message: str) -> None:
         log.warning("%s", message)
 
 
+# dynamo compiles each (rows, capacity) shape as its own graph, and falls back to eager past
+# its recompile limit (8 by default); a run's stages reach a dozen shapes or so.
+COMPILED_SHAPES = 64
+
 # Static caches hold a multiple of this many tokens: prompts of nearby widths share a graph.
 CAPACITY_BLOCK = 256
 
@@ -95,6 +99,9 @@ class StaticCacheDecoder:
         self.model, self.batch_size, self.device = model, batch_size, device
         self.compile_config = compile_config
         self.cache_arg = cache_keyword(model)
+        if compile_config is not None:  # process-wide: the compiled forward is shared too
+            dynamo = torch._dynamo.config
+            dynamo.recompile_limit = max(dynamo.recompile_limit, COMPILED_SHAPES)
         self._caches: dict[int, tuple[int, StaticCache]] = {}  # rows -> (capacity, cache)
 
     def _cache(self, prefilled: DynamicCache, rows: torch.Tensor, tokens: int) -> StaticCache:
