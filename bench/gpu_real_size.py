@@ -24,13 +24,13 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import Any
 
 import torch
 from real_size_common import (
     SHAPES,
     Budget,
     Table,
-    accepted_options,
     build_model,
     is_out_of_memory,
     memory_settings,
@@ -53,6 +53,7 @@ from grpo_core.contracts.policy_batch import build_policy_batch
 from grpo_core.contracts.rollout import SamplingParams
 from grpo_core.engines.hf_generate import HFGenerateEngine
 from grpo_core.engines.hf_rollout import HFRolloutEngine
+from grpo_core.engines.static_decode import StaticCacheRolloutEngine
 from grpo_core.engines.train import TorchEngine
 
 UPDATE_COLUMNS = [
@@ -76,11 +77,6 @@ DECODE_COLUMNS = [
     "share of floor",
     "peak GiB",
 ]
-# hf's decode options (issue 53 item 4, engines.hf): each set both in-process engines take gets
-# its own rows, `compile` as Sizes.decode_compile gives it.
-DECODE_OPTIONS: tuple[dict[str, object], ...] = (
-    {"cache_implementation": "static", "compile": True},
-)
 
 
 @dataclass(frozen=True)
@@ -227,28 +223,26 @@ def forward_floor_seconds(model: torch.nn.Module, rows: int, device: torch.devic
 
 
 def decode_engines(
-    model: torch.nn.Module, tokenizer: object, compile: object
+    model: Any, tokenizer: Any, compile: Any
 ) -> dict[str, Callable[[int], HFRolloutEngine]]:
     """Engine name -> a maker of that engine at a batch size: `hf` (our decode loop, lean step),
-    `hf_generate` (transformers' generate), and both with each set of DECODE_OPTIONS they take
-    (`compile` standing for True)."""
-    makers: dict[str, Callable[[int], HFRolloutEngine]] = {}
-    for name, engine in (("hf", HFRolloutEngine), ("hf_generate", HFGenerateEngine)):
-        makers[name] = lambda b, e=engine: e(model, tokenizer, b, show_progress=False)  # type: ignore[arg-type]
-    for options in DECODE_OPTIONS:
-        if accepted_options(HFRolloutEngine, options) != options:
-            continue
-        label = "+".join("compile" if k == "compile" else str(v) for k, v in options.items())
-        given = {k: compile if k == "compile" else v for k, v in options.items()}
-        for name, engine in (("hf", HFRolloutEngine), ("hf_generate", HFGenerateEngine)):
-            makers[f"{name}, {label}"] = lambda b, e=engine, o=given: e(  # type: ignore[misc]
-                model,
-                tokenizer,  # type: ignore[arg-type]
-                b,
-                show_progress=False,
-                **o,
-            )
-    return makers
+    `hf_generate` (transformers' generate), and both over a static cache with a compiled step
+    (engines.hf.cache_implementation: static, engines.hf.compile; `compile` as given)."""
+    return {
+        "hf": lambda b: HFRolloutEngine(model, tokenizer, b, show_progress=False),
+        "hf_generate": lambda b: HFGenerateEngine(model, tokenizer, b, show_progress=False),
+        "hf, static+compile": lambda b: StaticCacheRolloutEngine(
+            model, tokenizer, b, show_progress=False, compile=compile
+        ),
+        "hf_generate, static+compile": lambda b: HFGenerateEngine(
+            model,
+            tokenizer,
+            b,
+            show_progress=False,
+            cache_implementation="static",
+            compile=compile,
+        ),
+    }
 
 
 def decode_section(bench: Bench) -> Table:
@@ -281,7 +275,7 @@ def decode_section(bench: Bench) -> Table:
                 continue
             engine = make(batch)
             # a static cache compiles per shape: its warm-up decodes as many tokens as timed
-            static = engine.cache_implementation == "static"
+            static = getattr(engine, "cache_implementation", "dynamic") == "static"
             engine.generate(prompts, sizes.group_size, params if static else warm, seed=1)
             reset_peak(dev)
             synchronize(dev)

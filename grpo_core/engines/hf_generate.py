@@ -20,8 +20,17 @@ itself, so a logits processor cannot tell which row's uniform a score row takes.
 
 from __future__ import annotations
 
+from typing import Any, Literal
+
 import torch
-from transformers import CompileConfig, GenerationConfig, LogitsProcessor, LogitsProcessorList
+from transformers import (
+    CompileConfig,
+    GenerationConfig,
+    LogitsProcessor,
+    LogitsProcessorList,
+    PreTrainedModel,
+    PreTrainedTokenizerBase,
+)
 
 from grpo_core.contracts.rollout import SamplingParams
 from grpo_core.engines.hf_rollout import HFRolloutEngine, left_padded, sample_tokens
@@ -69,7 +78,25 @@ def plain_generation_config(
 
 
 class HFGenerateEngine(HFRolloutEngine):
-    """`HFRolloutEngine` whose chunks are decoded by `model.generate` (module docstring)."""
+    """`HFRolloutEngine` whose chunks are decoded by `model.generate` (module docstring);
+    cache_implementation and compile: engines.hf's, as generate takes them."""
+
+    def __init__(
+        self,
+        model: PreTrainedModel,
+        tokenizer: PreTrainedTokenizerBase,
+        batch_size: int = 256,
+        *,
+        cache_implementation: Literal["dynamic", "static"] = "dynamic",
+        compile: bool | CompileConfig = False,
+        **options: Any,
+    ) -> None:
+        if compile is not False and cache_implementation != "static":
+            raise ValueError(
+                "compile needs cache_implementation = static: a compiled step needs fixed shapes"
+            )
+        super().__init__(model, tokenizer, batch_size, **options)
+        self.cache_implementation, self.compile = cache_implementation, compile
 
     def uses_lean_decode(self) -> bool:
         return False  # generate runs the model's own forward

@@ -10,10 +10,10 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal
+from typing import Any
 
 import torch
-from transformers import CompileConfig, GenerationConfig, PreTrainedModel, PreTrainedTokenizerBase
+from transformers import GenerationConfig, PreTrainedModel, PreTrainedTokenizerBase
 from transformers.cache_utils import DynamicCache, DynamicLayer
 
 from grpo_core.contracts.copies import first_copies
@@ -22,11 +22,6 @@ from grpo_core.contracts.rollout import FinishReason, RolloutBatch, SamplingPara
 from grpo_core.model.kv_cache import cache_keyword, returned_cache
 from grpo_core.model.llama_decode import is_plain_llama, llama_decoder
 from grpo_core.model.policy import encode_prompt, ensure_pad_token, load_weights_into
-
-if TYPE_CHECKING:
-    from grpo_core.engines.static_decode import StaticCacheDecoder
-
-CacheImplementation = Literal["dynamic", "static"]
 
 # Finished rows leave the decode batch (and its KV cache) once they are this share of it.
 FINISHED_DROP_SHARE = 0.125
@@ -181,21 +176,11 @@ class HFRolloutEngine:
         show_progress: bool = True,
         progress_label: str = "sampling",
         lean_decode: bool = True,
-        cache_implementation: CacheImplementation = "dynamic",
-        compile: bool | CompileConfig = False,
     ) -> None:
-        """cache_implementation, compile: engines.hf's (static_decode.py); compile may be
-        the CompileConfig to compile the decode step with (True: the default for the device)."""
         ensure_pad_token(tokenizer)
-        if compile is not False and cache_implementation != "static":
-            raise ValueError(
-                "compile needs cache_implementation = static: a compiled step needs fixed shapes"
-            )
         self.model, self.tokenizer = model, tokenizer
         # decode steps of a plain Llama without HF's module stack (llama_decode.py)
         self.lean_decode = lean_decode
-        self.cache_implementation, self.compile = cache_implementation, compile
-        self._static: StaticCacheDecoder | Literal[False] | None = False  # False: not built yet
         self.batch_size = batch_size
         self.device = torch.device(device) if device else next(model.parameters()).device
         self.show_progress = show_progress
@@ -205,20 +190,6 @@ class HFRolloutEngine:
     def uses_lean_decode(self) -> bool:
         """Whether decode steps skip HF's module stack (llama_decode.py): a plain Llama."""
         return self.lean_decode and is_plain_llama(self.model)
-
-    def _static_decoder(self) -> StaticCacheDecoder | None:
-        """The static-cache decode loop (static_decode.py), built at the first chunk; None with
-        the dynamic cache, or where the static cache cannot hold the model (said in the log)."""
-        if self._static is False:
-            from grpo_core.engines.static_decode import decode_compile_config, static_decoder
-
-            self._static = None
-            if self.cache_implementation == "static":
-                config = self.compile if isinstance(self.compile, CompileConfig) else None
-                if self.compile is True:
-                    config = decode_compile_config(self.device)
-                self._static = static_decoder(self.model, self.batch_size, self.device, config)
-        return self._static
 
     def load(self, checkpoint_dir: Path) -> None:
         """Sample the policy saved at `checkpoint_dir`: its weights copied into the model."""
@@ -304,9 +275,6 @@ class HFRolloutEngine:
         samples of a prompt cost one prompt pass, not G.
         """
         dev, pad = self.device, self.tokenizer.pad_token_id
-        static = self._static_decoder()
-        if static is not None:
-            return static.decode_chunk(prompts, uniforms, params, pad, self.stop_ids)
         firsts, groups = first_copies(tuple(p) for p in prompts)
         distinct = [tuple(prompts[i]) for i in firsts]
         owner = torch.tensor(groups, device=dev)

@@ -127,22 +127,31 @@ def _build_hf(
     from grpo_core.engines.config import HFSettings
     from grpo_core.engines.hf_generate import HFGenerateEngine
     from grpo_core.engines.hf_rollout import HFRolloutEngine
+    from grpo_core.engines.static_decode import StaticCacheRolloutEngine
     from grpo_core.model.policy import load_policy
 
     model = request.model
     if model is None:
         model = load_policy(request.checkpoint_dir, request.dtype)[0]
-    engine_class = HFGenerateEngine if decode == "generate" else HFRolloutEngine
     decoding = settings or HFSettings()
-    return engine_class(
-        model,
-        request.tokenizer,
-        batch_size=request.batch_size,
-        show_progress=request.show_progress,
-        progress_label=request.purpose,
-        cache_implementation=decoding.cache_implementation,
-        compile=decoding.compile,
-    )
+    options: dict[str, Any] = {
+        "batch_size": request.batch_size,
+        "show_progress": request.show_progress,
+        "progress_label": request.purpose,
+    }
+    if decode == "generate":
+        return HFGenerateEngine(
+            model,
+            request.tokenizer,
+            cache_implementation=decoding.cache_implementation,
+            compile=decoding.compile,
+            **options,
+        )
+    if decoding.cache_implementation == "static":
+        return StaticCacheRolloutEngine(
+            model, request.tokenizer, compile=decoding.compile, **options
+        )
+    return HFRolloutEngine(model, request.tokenizer, **options)
 
 
 def _hf_capabilities(settings: HFSettings | None) -> RolloutCapabilities:

@@ -24,16 +24,16 @@ model's KV bytes per token, held while the engine lives (the GRPO update include
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from typing import Any
 
 import torch
-from transformers import CompileConfig, PreTrainedModel
+from transformers import CompileConfig, PreTrainedModel, PreTrainedTokenizerBase
 from transformers.cache_utils import DynamicCache, DynamicLayer, StaticCache, StaticLayer
 
 from grpo_core.contracts.copies import first_copies
 from grpo_core.contracts.rollout import SamplingParams
-from grpo_core.engines.hf_rollout import left_padded, sample_tokens
+from grpo_core.engines.hf_rollout import HFRolloutEngine, left_padded, sample_tokens
 from grpo_core.model.kv_cache import cache_keyword, returned_cache
 
 log = logging.getLogger(__name__)
@@ -85,24 +85,37 @@ def decode_compile_config(device: torch.device) -> CompileConfig:
     return CompileConfig(fullgraph=False, dynamic=False, mode=mode)
 
 
-class StaticCacheDecoder:
-    """Decodes chunks of `model` over static caches kept per row count (module docstring);
-    compile_config: compile the step with those options (None: eager)."""
+class StaticCacheRolloutEngine(HFRolloutEngine):
+    """`HFRolloutEngine` whose chunks decode over static caches kept per row count (module
+    docstring); compile: compile the step (True: decode_compile_config, or these options).
+    A model the static cache cannot hold decodes with the dynamic loop, said once in the log."""
+
+    cache_implementation = "static"
 
     def __init__(
         self,
         model: PreTrainedModel,
-        batch_size: int,
-        device: torch.device,
-        compile_config: CompileConfig | None,
+        tokenizer: PreTrainedTokenizerBase,
+        batch_size: int = 256,
+        *,
+        compile: bool | CompileConfig = False,
+        **options: Any,
     ) -> None:
-        self.model, self.batch_size, self.device = model, batch_size, device
-        self.compile_config = compile_config
-        self.cache_arg = cache_keyword(model)
-        if compile_config is not None:  # process-wide: the compiled forward is shared too
+        super().__init__(model, tokenizer, batch_size, **options)
+        self.compile = compile
+        self.compile_config = compile if isinstance(compile, CompileConfig) else None
+        if compile is True:
+            self.compile_config = decode_compile_config(self.device)
+        self.cannot_hold = why_no_static_cache(model)
+        if self.compile_config is not None and self.cannot_hold is None:
+            # process-wide, as the compiled forward it concerns
             dynamo = torch._dynamo.config
             dynamo.recompile_limit = max(dynamo.recompile_limit, COMPILED_SHAPES)
+        self.cache_arg = cache_keyword(model)
         self._caches: dict[int, tuple[int, StaticCache]] = {}  # rows -> (capacity, cache)
+
+    def uses_lean_decode(self) -> bool:
+        return self.cannot_hold is not None and super().uses_lean_decode()
 
     def _cache(self, prefilled: DynamicCache, rows: torch.Tensor, tokens: int) -> StaticCache:
         """The kept cache of len(rows) rows and at least `tokens` positions, holding prefill
@@ -141,17 +154,18 @@ class StaticCacheDecoder:
         return out.logits[:, -1, :].float()
 
     @torch.inference_mode()
-    def decode_chunk(
-        self,
-        prompts: Sequence[Sequence[int]],
-        uniforms: torch.Tensor,
-        params: SamplingParams,
-        pad: int,
-        stop_ids: list[int],
+    def _generate_chunk(
+        self, prompts: list[list[int]], uniforms: torch.Tensor, params: SamplingParams
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, list[bool]]:
-        """As HFRolloutEngine._generate_chunk: ids (B, T), log-probs (B, T), lengths (B,),
-        stopped, for B prompts and their uniforms (B, T)."""
+        if self.cannot_hold is not None:
+            uncompiled = ", uncompiled" if self.compile_config is not None else ""
+            warn_once(
+                "engines.hf.cache_implementation = static does not apply here "
+                f"({self.cannot_hold}): decoding with the dynamic cache{uncompiled}"
+            )
+            return super()._generate_chunk(prompts, uniforms, params)
         dev, bsz, steps = self.device, len(prompts), params.max_new_tokens
+        pad = self.tokenizer.pad_token_id
         firsts, groups = first_copies(tuple(p) for p in prompts)
         input_ids, prompt_mask = left_padded([tuple(prompts[i]) for i in firsts], pad)
         input_ids, prompt_mask = input_ids.to(dev), prompt_mask.to(dev)
@@ -178,7 +192,7 @@ class StaticCacheDecoder:
         position = positions[owner, -1:]
         logits = out.logits[owner, -1, :].float()
         uniforms = torch.cat([uniforms.to(dev), uniforms.new_zeros((rows - bsz, steps))])
-        stop = torch.tensor(stop_ids, device=dev)
+        stop = torch.tensor(self.stop_ids, device=dev)
         tokens_out = torch.full((rows, steps), pad, dtype=torch.long, device=dev)
         logp_out = torch.zeros((rows, steps), dtype=torch.float32, device=dev)
         lengths = torch.full((rows,), steps, dtype=torch.long, device=dev)
@@ -203,23 +217,3 @@ class StaticCacheDecoder:
             lengths[:bsz].cpu(),
             stopped[:bsz].cpu().tolist(),
         )
-
-
-def static_decoder(
-    model: torch.nn.Module,
-    batch_size: int,
-    device: torch.device,
-    compile_config: CompileConfig | None,
-) -> StaticCacheDecoder | None:
-    """A StaticCacheDecoder for `model`, or None (said once in the log) where the static cache
-    cannot hold its layers: the engine then decodes with the dynamic cache."""
-    reason = why_no_static_cache(model)
-    if reason is not None:
-        uncompiled = ", uncompiled" if compile_config is not None else ""
-        warn_once(
-            f"engines.hf.cache_implementation = static does not apply here ({reason}): "
-            f"decoding with the dynamic cache{uncompiled}"
-        )
-        return None
-    assert isinstance(model, PreTrainedModel)
-    return StaticCacheDecoder(model, batch_size, device, compile_config)
