@@ -1,7 +1,7 @@
 """The `hf` engine's decode loop over transformers' static KV cache, optionally compiled
 (engines.hf.cache_implementation: static, engines.hf.compile: true).
 
-Today's loop (hf_rollout.py) changes shapes at every step: the cache grows by a token and
+The dynamic loop (hf_rollout.py) changes shapes at every step: the cache grows by a token and
 finished rows leave the batch. That suits eager PyTorch but rules out a compiled step whose
 kernels are captured once (CUDA graphs, `torch.compile(mode="reduce-overhead")`), where a
 decode step of a small model on a GPU spends most of its time launching kernels. Here every
@@ -117,9 +117,12 @@ class StaticCacheRolloutEngine(HFRolloutEngine):
     def uses_lean_decode(self) -> bool:
         return self.cannot_hold is not None and super().uses_lean_decode()
 
-    def _cache(self, prefilled: DynamicCache, rows: torch.Tensor, tokens: int) -> StaticCache:
-        """The kept cache of len(rows) rows and at least `tokens` positions, holding prefill
-        row rows[i] as row i (a new one when none is kept or the kept one is too short)."""
+    def _cache(
+        self, prefilled: DynamicCache, rows: torch.Tensor, tokens: int
+    ) -> tuple[StaticCache, int]:
+        """The kept cache of len(rows) rows and at least `tokens` positions (a new one when none
+        is kept or the kept one is too short) and its capacity, holding prefill row rows[i] as
+        row i."""
         capacity, cache = self._caches.get(len(rows), (0, None))
         if cache is None or capacity < tokens:
             capacity = capacity_bucket(tokens)
@@ -128,12 +131,12 @@ class StaticCacheRolloutEngine(HFRolloutEngine):
         else:
             cache.reset()
         for layer, prefill in zip(cache.layers, prefilled.layers, strict=True):
-            # why_no_static_cache and decode_chunk checked both kinds
+            # why_no_static_cache and _generate_chunk checked both kinds
             assert isinstance(layer, StaticLayer) and isinstance(prefill, DynamicLayer)
             keys, values = prefill.keys, prefill.values
             assert keys is not None and values is not None
             layer.update(keys[rows], values[rows])
-        return cache
+        return cache, capacity
 
     def _step(
         self, cache: StaticCache, token: torch.Tensor, position: torch.Tensor, mask: torch.Tensor
@@ -185,8 +188,7 @@ class StaticCacheRolloutEngine(HFRolloutEngine):
         rows = rows_bucket(bsz, self.batch_size)
         owner = torch.tensor(groups + [groups[0]] * (rows - bsz), device=dev)
         width = input_ids.shape[1]
-        cache = self._cache(prefilled, owner, width + steps)
-        capacity = self._caches[rows][0]
+        cache, capacity = self._cache(prefilled, owner, width + steps)
         mask = torch.ones((rows, capacity), dtype=torch.long, device=dev)
         mask[:, :width] = prompt_mask[owner]
         position = positions[owner, -1:]
