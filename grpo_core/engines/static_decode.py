@@ -117,6 +117,10 @@ class StaticCacheRolloutEngine(HFRolloutEngine):
     def uses_lean_decode(self) -> bool:
         return self.cannot_hold is not None and super().uses_lean_decode()
 
+    def close(self) -> None:
+        """Free the kept caches (the model still belongs to whoever built the engine)."""
+        self._caches.clear()
+
     def _cache(
         self, prefilled: DynamicCache, rows: torch.Tensor, tokens: int
     ) -> tuple[StaticCache, int]:

@@ -228,3 +228,14 @@ def test_rows_bucket_is_a_power_of_two_or_the_batch_size(rows: int, batch_size: 
 def test_capacity_bucket_is_the_next_block(tokens: int) -> None:
     capacity = capacity_bucket(tokens)
     assert capacity % CAPACITY_BLOCK == 0 and tokens <= capacity < tokens + CAPACITY_BLOCK
+
+
+def test_close_frees_the_kept_caches(
+    policy: tuple[PreTrainedModel, PreTrainedTokenizerBase],
+) -> None:
+    model, tok = policy
+    engine = StaticCacheRolloutEngine(model, tok, 4, show_progress=False)
+    engine.generate(prompts(tok), 3, PARAMS[0], seed=0)  # chunks of 4, 4 and 1 rows
+    assert sorted(engine._caches) == [1, 4]
+    engine.close()
+    assert engine._caches == {}
