@@ -24,13 +24,13 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import Any
 
 import torch
 from real_size_common import (
     SHAPES,
     Budget,
     Table,
-    accepted_options,
     build_model,
     is_out_of_memory,
     memory_settings,
@@ -45,6 +45,7 @@ from real_size_common import (
     word_prompts,
     word_tokenizer,
 )
+from transformers import CompileConfig
 
 from grpo_core.algo.config import GRPOConfig
 from grpo_core.algo.update import grpo_update
@@ -52,6 +53,7 @@ from grpo_core.contracts.policy_batch import build_policy_batch
 from grpo_core.contracts.rollout import SamplingParams
 from grpo_core.engines.hf_generate import HFGenerateEngine
 from grpo_core.engines.hf_rollout import HFRolloutEngine
+from grpo_core.engines.static_decode import StaticCacheRolloutEngine
 from grpo_core.engines.train import TorchEngine
 
 UPDATE_COLUMNS = [
@@ -75,14 +77,6 @@ DECODE_COLUMNS = [
     "share of floor",
     "peak GiB",
 ]
-# Decode options issue 53 item 4 may add to HFRolloutEngine (static cache, CUDA graphs); each
-# one the constructor takes gets its own `hf` row.
-DECODE_OPTIONS: dict[str, object] = {
-    "static_cache": True,
-    "cuda_graphs": True,
-    "compile_decode": True,
-    "compiled": True,
-}
 
 
 @dataclass(frozen=True)
@@ -96,9 +90,11 @@ class Sizes:
     micro_tokens: int = 16384  # rows per micro-batch = this // row tokens
     repeats: int = 3
     decode_shape: str = "0.5B"
-    decode_batches: tuple[int, ...] = (64, 128, 256, 512)
+    # 256 first: the target's batch, measured before compiles can spend the section's budget
+    decode_batches: tuple[int, ...] = (256, 64, 128, 512)
     decode_new_tokens: int = 256
     decode_prompt_tokens: int = 64
+    decode_compile: object = True  # engines.hf.compile: inductor, CUDA graphs on a GPU
     group_size: int = 8
     step_prompts: int = 8  # TRL vs ours: prompts per step (x group_size completions)
     step_new_tokens: int = 256
@@ -124,6 +120,8 @@ TINY = replace(
     decode_batches=(4, 8),
     decode_new_tokens=8,
     decode_prompt_tokens=8,
+    # dynamo's capture without code generation: the compiled path in seconds on CPU
+    decode_compile=CompileConfig(backend="aot_eager", dynamic=False, mode=None),
     group_size=2,
     step_prompts=2,
     step_new_tokens=8,
@@ -225,22 +223,27 @@ def forward_floor_seconds(model: torch.nn.Module, rows: int, device: torch.devic
     return statistics.median(times)
 
 
-def decode_engines(model: torch.nn.Module, tokenizer: object) -> dict[str, Callable[[int], object]]:
+def decode_engines(
+    model: Any, tokenizer: Any, compile: Any
+) -> dict[str, Callable[[int], HFRolloutEngine]]:
     """Engine name -> a maker of that engine at a batch size: `hf` (our decode loop, lean step),
-    `hf_generate` (transformers' generate), and `hf` with each decode option the branch has."""
-    makers: dict[str, Callable[[int], object]] = {
-        "hf": lambda b: HFRolloutEngine(model, tokenizer, b, show_progress=False),  # type: ignore[arg-type]
-        "hf_generate": lambda b: HFGenerateEngine(model, tokenizer, b, show_progress=False),  # type: ignore[arg-type]
-    }
-    for option, value in accepted_options(HFRolloutEngine, DECODE_OPTIONS).items():
-        makers[f"hf, {option}={value}"] = lambda b, o=option, v=value: HFRolloutEngine(
+    `hf_generate` (transformers' generate), and both over a static cache with a compiled step
+    (engines.hf.cache_implementation: static, engines.hf.compile; `compile` as given)."""
+    return {
+        "hf": lambda b: HFRolloutEngine(model, tokenizer, b, show_progress=False),
+        "hf_generate": lambda b: HFGenerateEngine(model, tokenizer, b, show_progress=False),
+        "hf, static+compile": lambda b: StaticCacheRolloutEngine(
+            model, tokenizer, b, show_progress=False, compile=compile
+        ),
+        "hf_generate, static+compile": lambda b: HFGenerateEngine(
             model,
-            tokenizer,  # type: ignore[arg-type]
+            tokenizer,
             b,
             show_progress=False,
-            **{o: v},
-        )
-    return makers
+            cache_implementation="static",
+            compile=compile,
+        ),
+    }
 
 
 def decode_section(bench: Bench) -> Table:
@@ -250,13 +253,15 @@ def decode_section(bench: Bench) -> Table:
     table = Table("Decode: in-process engines against one forward pass", DECODE_COLUMNS)
     model = build_model(shape, dev, bench.dtype, arch="llama").eval()
     tokenizer = word_tokenizer(shape.vocab)
-    engines = decode_engines(model, tokenizer)
+    engines = decode_engines(model, tokenizer, sizes.decode_compile)
     table.notes.append(
         f"model: Qwen2.5-{sizes.decode_shape} shape as a plain Llama "
         f"({n_params(model) / 1e6:.1f}M), {sizes.group_size} samples per prompt of "
         f"{sizes.decode_prompt_tokens} tokens, "
         f"temperature 1; floor = batch / seconds of one forward at that batch (no cache); "
-        f"hf decodes with the lean step: {HFRolloutEngine(model, tokenizer).uses_lean_decode()}"
+        f"hf decodes with the lean step: {HFRolloutEngine(model, tokenizer).uses_lean_decode()}; "
+        "static: engines.hf.cache_implementation, compile: engines.hf.compile (warmed up with "
+        "the timed call's shapes, so its compile is not timed)"
     )
     params = SamplingParams(max_new_tokens=sizes.decode_new_tokens, temperature=1.0)
     warm = SamplingParams(max_new_tokens=2, temperature=1.0)
@@ -270,11 +275,13 @@ def decode_section(bench: Bench) -> Table:
                 table.add(name, batch, "-", "skipped: section budget spent", *["-"] * 3)
                 continue
             engine = make(batch)
-            engine.generate(prompts, sizes.group_size, warm, seed=1)  # type: ignore[attr-defined]
+            # a static cache compiles per shape: its warm-up decodes as many tokens as timed
+            static = getattr(engine, "cache_implementation", "dynamic") == "static"
+            engine.generate(prompts, sizes.group_size, params if static else warm, seed=1)
             reset_peak(dev)
             synchronize(dev)
             start = time.perf_counter()
-            out = engine.generate(prompts, sizes.group_size, params, seed=0)  # type: ignore[attr-defined]
+            out = engine.generate(prompts, sizes.group_size, params, seed=0)
             synchronize(dev)
             seconds = time.perf_counter() - start
             tokens = sum(len(ids) for ids in out.completion_ids)

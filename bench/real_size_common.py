@@ -4,7 +4,6 @@ branch has, per-section time budgets and markdown tables."""
 
 from __future__ import annotations
 
-import inspect
 import resource
 import time
 from dataclasses import dataclass, field
@@ -135,12 +134,6 @@ def memory_settings(fields: Any, micro_tokens: int) -> dict[str, object]:
     """The MEMORY_SETTINGS among `fields` (a pydantic model's model_fields), with values."""
     found = {k: v for k, v in MEMORY_SETTINGS.items() if k in fields}
     return {k: micro_tokens if v is None else v for k, v in found.items()}
-
-
-def accepted_options(cls: type, candidates: dict[str, object]) -> dict[str, object]:
-    """The `candidates` that `cls`'s constructor takes as keywords (options a branch may add)."""
-    params = inspect.signature(cls.__init__).parameters
-    return {k: v for k, v in candidates.items() if k in params}
 
 
 def synchronize(device: torch.device) -> None:

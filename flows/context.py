@@ -143,6 +143,13 @@ class RunContext:
                 shard_label or purpose,
             )
             if sharded is not None:
+                if self.cfg.engines.hf.cache_implementation != "dynamic":
+                    from grpo_core.engines.static_decode import warn_once
+
+                    warn_once(
+                        "engines.hf.cache_implementation = static does not apply to the Ray "
+                        "shards (cluster.ray_address): they decode with the dynamic cache"
+                    )
                 return FiniteSampler(sharded, where)
         engine = self.engines.engine(name, purpose, checkpoint, model, tokenizer, batch_size)
         return FiniteSampler(engine, where)

@@ -8,7 +8,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from grpo_core.engines.config import DeepSpeedConfig, TrainWorkersConfig, VLLMSettings
+from grpo_core.engines.config import DeepSpeedConfig, HFSettings, TrainWorkersConfig, VLLMSettings
 from grpo_core.engines.registry import (
     IN_PROCESS_ENGINE,
     ROLLOUT_ENGINES,
@@ -51,6 +51,11 @@ class EnginesSection(_Section):
     vllm: VLLMSettings = Field(
         default_factory=VLLMSettings, description="vLLM worker settings when rollout = vllm."
     )
+    hf: HFSettings = Field(
+        default_factory=HFSettings,
+        description="Decoding of the in-process engines (rollout = hf or hf_generate, and the "
+        "GRPO stage's sampling on its own model): KV cache and compiled decode step.",
+    )
     train_workers: Literal["none", "ray"] = Field(
         "none",
         description="Where the GRPO update runs: none (in the stage's process, or one "
@@ -77,7 +82,10 @@ class EnginesSection(_Section):
         return ROLLOUT_ENGINES.check(name)
 
     def settings_of(self, engine: str) -> BaseModel | None:
-        """The settings section of engine `engine` (engines.<name>), None if it has none."""
+        """The settings section of engine `engine` (engines.<name>, or the section a rollout
+        engine declares it shares), None if it has none."""
+        if engine in ROLLOUT_ENGINES:
+            engine = ROLLOUT_ENGINES[engine].settings_section or engine
         settings = getattr(self, engine, None)
         return settings if isinstance(settings, BaseModel) else None
 

@@ -70,6 +70,7 @@ def test_update_and_decode_tables_at_toy_size(bench_modules: None, tmp_path: Pat
         assert all(value > 0 for value in column(update, name)), name
     assert any(note.startswith("memory settings on: ") for note in update["notes"])
     assert column(decode, "engine")[:2] == ["hf", "hf_generate"]
+    assert {"hf, static+compile", "hf_generate, static+compile"} <= set(column(decode, "engine"))
     assert sorted(set(column(decode, "batch"))) == [4, 8]
     for name in ("completion tokens", "tokens/s", "floor tokens/s", "share of floor"):
         assert all(value > 0 for value in column(decode, name)), name

@@ -1,5 +1,6 @@
 """Settings of the engines (pydantic, shown in the Prefect form): DeepSpeed for training,
-vLLM for sampling. Each engine is handed its own settings (`engines.<name>`)."""
+vLLM and the in-process HF engines for sampling. Each engine is handed its own settings
+(`engines.<name>`)."""
 
 from __future__ import annotations
 
@@ -50,6 +51,38 @@ class DeepSpeedConfig(BaseModel):
         description="Raw DeepSpeed config entries merged over the generated ones, for "
         "tuning (e.g. {'zero_optimization': {'reduce_bucket_size': 50000000}}).",
     )
+
+
+class HFSettings(BaseModel):
+    """Decoding of the in-process engines (engines.rollout = hf or hf_generate): the KV cache
+    and whether the decode step is compiled (grpo_core/engines/static_decode.py)."""
+
+    model_config = ConfigDict(extra="forbid", validate_assignment=True, allow_inf_nan=False)
+
+    cache_implementation: Literal["dynamic", "static"] = Field(
+        "dynamic",
+        description="KV cache of the decode loop: dynamic (sized by the rows still decoding, "
+        "finished rows leave the batch) or static (transformers' StaticCache: rows x (prompt + "
+        "max_new_tokens) allocated per chunk shape and kept while the engine lives, finished "
+        "rows decoded to the end; fixed shapes, so the step can be compiled). Same tokens and "
+        "log-probs up to float round-off.",
+    )
+    compile: bool = Field(
+        False,
+        description="torch.compile the decode step over the static cache (needs "
+        "cache_implementation: static): inductor with CUDA graphs on a GPU (mode "
+        "reduce-overhead), inductor alone on CPU (hf only; hf_generate compiles on GPUs only). "
+        "The first chunk of each shape pays the compile (tens of seconds).",
+    )
+
+    @model_validator(mode="after")
+    def _compiled_step_needs_fixed_shapes(self) -> HFSettings:
+        if self.compile and self.cache_implementation != "static":
+            raise ValueError(
+                "engines.hf.compile = true needs engines.hf.cache_implementation: static (a "
+                "compiled decode step needs fixed shapes); set it, or compile: false"
+            )
+        return self
 
 
 class VLLMSettings(BaseModel):

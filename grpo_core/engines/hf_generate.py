@@ -10,15 +10,31 @@ seed (up to float round-off), row sharding stays exact, and no model generation-
 setting (top-k, repetition penalty, ...) changes the distribution the log-probs describe.
 The price: every row is prefilled (no prompt cache shared by a group) and finished rows stay
 in the batch, as `generate` does.
+
+engines.hf.cache_implementation: static hands `generate` transformers' static cache, and
+engines.hf.compile lets `generate` compile its forward over it (its own auto-compile, CUDA
+graphs included; transformers compiles on GPUs only, so on CPU the run says so once and
+decodes uncompiled). Continuous batching (`generate_batch`) is not used: it schedules rows
+itself, so a logits processor cannot tell which row's uniform a score row takes.
 """
 
 from __future__ import annotations
 
+from typing import Any, Literal
+
 import torch
-from transformers import GenerationConfig, LogitsProcessor, LogitsProcessorList
+from transformers import (
+    CompileConfig,
+    GenerationConfig,
+    LogitsProcessor,
+    LogitsProcessorList,
+    PreTrainedModel,
+    PreTrainedTokenizerBase,
+)
 
 from grpo_core.contracts.rollout import SamplingParams
 from grpo_core.engines.hf_rollout import HFRolloutEngine, left_padded, sample_tokens
+from grpo_core.engines.static_decode import warn_once
 
 
 class DrawnTokens(LogitsProcessor):
@@ -38,9 +54,16 @@ class DrawnTokens(LogitsProcessor):
         return one_hot  # type: ignore[return-value]
 
 
-def plain_generation_config(steps: int, stop_ids: list[int], pad_id: int) -> GenerationConfig:
+def plain_generation_config(
+    steps: int,
+    stop_ids: list[int],
+    pad_id: int,
+    cache_implementation: str = "dynamic",
+    compile_config: CompileConfig | None = None,
+) -> GenerationConfig:
     """Greedy decoding of `steps` new tokens with nothing that alters the scores (the caller
-    keeps the model's own generation config, with its penalties and suppressed tokens, out)."""
+    keeps the model's own generation config, with its penalties and suppressed tokens, out);
+    a static cache compiled with `compile_config`, or never compiled without one."""
     return GenerationConfig(
         do_sample=False,
         num_beams=1,
@@ -48,14 +71,50 @@ def plain_generation_config(steps: int, stop_ids: list[int], pad_id: int) -> Gen
         eos_token_id=stop_ids,
         pad_token_id=pad_id,
         use_cache=True,
+        cache_implementation=None if cache_implementation == "dynamic" else cache_implementation,
+        compile_config=compile_config,
+        disable_compile=compile_config is None,
     )
 
 
 class HFGenerateEngine(HFRolloutEngine):
-    """`HFRolloutEngine` whose chunks are decoded by `model.generate` (module docstring)."""
+    """`HFRolloutEngine` whose chunks are decoded by `model.generate` (module docstring);
+    cache_implementation and compile: engines.hf's, as generate takes them."""
+
+    def __init__(
+        self,
+        model: PreTrainedModel,
+        tokenizer: PreTrainedTokenizerBase,
+        batch_size: int = 256,
+        *,
+        cache_implementation: Literal["dynamic", "static"] = "dynamic",
+        compile: bool | CompileConfig = False,
+        **options: Any,
+    ) -> None:
+        if compile is not False and cache_implementation != "static":
+            raise ValueError(
+                "compile needs cache_implementation = static: a compiled step needs fixed shapes"
+            )
+        super().__init__(model, tokenizer, batch_size, **options)
+        self.cache_implementation, self.compile = cache_implementation, compile
 
     def uses_lean_decode(self) -> bool:
         return False  # generate runs the model's own forward
+
+    def _compile_config(self) -> CompileConfig | None:
+        """What generate compiles its forward with (None: uncompiled), said once on a device
+        transformers does not compile on."""
+        if self.compile is False:
+            return None
+        if self.device.type != "cuda":
+            warn_once(
+                f"engines.hf.compile does not apply to hf_generate on {self.device.type} "
+                "(transformers compiles generate on GPUs only): decoding uncompiled"
+            )
+            return None
+        if isinstance(self.compile, CompileConfig):
+            return self.compile
+        return CompileConfig(fullgraph=False, dynamic=False, mode="reduce-overhead")
 
     @torch.inference_mode()
     def _generate_chunk(
@@ -66,7 +125,9 @@ class HFGenerateEngine(HFRolloutEngine):
         bsz, width, steps = len(prompts), input_ids.shape[1], params.max_new_tokens
         drawn = DrawnTokens(uniforms.to(dev), params, width)
         model = getattr(self.model, "module", self.model)  # a DeepSpeed engine's model
-        plain = plain_generation_config(steps, list(self.stop_ids), pad)
+        plain = plain_generation_config(
+            steps, list(self.stop_ids), pad, self.cache_implementation, self._compile_config()
+        )
         # generate fills every field left None from the model's own generation config
         # (suppressed tokens, bad words, ...): the model carries the plain one for this call
         own = model.generation_config

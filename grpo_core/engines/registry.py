@@ -31,7 +31,7 @@ if TYPE_CHECKING:
 
     from grpo_core.contracts.rollout import RolloutEngine
     from grpo_core.contracts.training import OptimizerSettings, TrainEngine
-    from grpo_core.engines.config import DeepSpeedConfig, VLLMSettings
+    from grpo_core.engines.config import DeepSpeedConfig, HFSettings, VLLMSettings
 
 
 @dataclass(frozen=True)
@@ -89,7 +89,8 @@ class RolloutEngineSpec:
 
     build(request, settings): the engine. requires(settings): raises a SettingError naming
     the fix when the engine cannot run here (checked before any stage). capabilities(settings):
-    what the run does with it besides sampling (RolloutCapabilities).
+    what the run does with it besides sampling (RolloutCapabilities). settings_section: the
+    engines.<section> its settings are, when another engine's (empty: its own name).
     """
 
     name: str
@@ -97,6 +98,7 @@ class RolloutEngineSpec:
     build: Callable[[RolloutRequest, Any], RolloutEngine]
     requires: Callable[[Any], None] = lambda settings: None
     capabilities: Callable[[Any], RolloutCapabilities] = _no_capabilities
+    settings_section: str = ""
 
 
 @dataclass(frozen=True)
@@ -120,25 +122,40 @@ IN_PROCESS_ENGINE = "hf"
 # ---- hf --------------------------------------------------------------------------------------
 
 
-def _build_hf(request: RolloutRequest, settings: None, *, decode: str = "lean") -> RolloutEngine:
+def _build_hf(
+    request: RolloutRequest, settings: HFSettings | None, *, decode: str = "lean"
+) -> RolloutEngine:
+    from grpo_core.engines.config import HFSettings
     from grpo_core.engines.hf_generate import HFGenerateEngine
     from grpo_core.engines.hf_rollout import HFRolloutEngine
+    from grpo_core.engines.static_decode import StaticCacheRolloutEngine
     from grpo_core.model.policy import load_policy
 
     model = request.model
     if model is None:
         model = load_policy(request.checkpoint_dir, request.dtype)[0]
-    engine_class = HFGenerateEngine if decode == "generate" else HFRolloutEngine
-    return engine_class(
-        model,
-        request.tokenizer,
-        batch_size=request.batch_size,
-        show_progress=request.show_progress,
-        progress_label=request.purpose,
-    )
+    decoding = settings or HFSettings()
+    options: dict[str, Any] = {
+        "batch_size": request.batch_size,
+        "show_progress": request.show_progress,
+        "progress_label": request.purpose,
+    }
+    if decode == "generate":
+        return HFGenerateEngine(
+            model,
+            request.tokenizer,
+            cache_implementation=decoding.cache_implementation,
+            compile=decoding.compile,
+            **options,
+        )
+    if decoding.cache_implementation == "static":
+        return StaticCacheRolloutEngine(
+            model, request.tokenizer, compile=decoding.compile, **options
+        )
+    return HFRolloutEngine(model, request.tokenizer, **options)
 
 
-def _hf_capabilities(settings: None) -> RolloutCapabilities:
+def _hf_capabilities(settings: HFSettings | None) -> RolloutCapabilities:
     return RolloutCapabilities(shares_model=True)
 
 
@@ -160,6 +177,7 @@ ROLLOUT_ENGINES.add(
         "cannot drive (same draws and log-probs, slower)",
         functools.partial(_build_hf, decode="generate"),
         capabilities=_hf_capabilities,
+        settings_section=IN_PROCESS_ENGINE,  # engines.hf: the same cache and compile options
     ),
 )
 
