@@ -57,12 +57,14 @@ def report_step(k: int, step: int, steps: int, out: StepOutcome, progress: Progr
         )
         return
     progress((step + 1) / steps, f"GRPO step {step + 1}/{steps}: reward {stats['reward_mean']:.3f}")
+    # the learned reward models' part only when they reward (a verifier-only run has none)
+    learned = f" (RM {stats['rm_reward_mean']:.3f})" if "rm_reward_mean" in stats else ""
     log.info(
-        "GRPO iter %d step %d: reward %.3f (RM %.3f) verifier acc %.3f kl %s",
+        "GRPO iter %d step %d: reward %.3f%s verifier acc %.3f kl %s",
         k,
         step,
         stats["reward_mean"],
-        stats.get("rm_reward_mean", float("nan")),
+        learned,
         stats["verifier_accuracy"],
         f"{stats['kl']:.4f}" if "kl" in stats else "- (none applied)",
     )
