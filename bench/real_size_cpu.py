@@ -11,7 +11,9 @@ reasoning outputs have, so padding shows. The arms:
 - item 1: + gradient checkpointing and logits through the output layer in 512-token chunks;
 - items 1+2: + micro-batches by token budget (prompt + T tokens per pass), each padded only to
   its own longest row;
-- packed (not run by default): + grpo.algo.padding_free, each pass's rows as one packed row.
+- packed (not run by default): + grpo.algo.padding_free, each pass's rows as one packed row;
+- bf16 (not run by default): items 1+2 with the model, its gradients and AdamW's moments in
+  bfloat16 (policy.dtype: bfloat16), the policy's state at half the bytes.
 
 Peak memory is the process's peak RSS (whole process, and above its RSS before the update:
 gradients, AdamW's moments, activations). The parent stops a child whose RSS passes `--cap-gib`
@@ -49,7 +51,7 @@ CPU_SHAPES = {
     "tiny": (SHAPES["tiny"], "qwen2"),
 }
 PROMPT_TOKENS, CHUNK_TOKENS = 128, 512
-ARMS = ("before", "item 1", "items 1+2", "packed")
+ARMS = ("before", "item 1", "items 1+2", "packed", "bf16")
 DEFAULT_ARMS = ARMS[:3]
 
 
@@ -58,7 +60,7 @@ def arm_settings(arm: str, tokens: int) -> dict[str, object]:
     settings: dict[str, object] = {}
     if arm in ("item 1", "items 1+2"):
         settings |= {"gradient_checkpointing": True, "logits_chunk_tokens": CHUNK_TOKENS}
-    if arm in ("items 1+2", "packed"):
+    if arm in ("items 1+2", "packed", "bf16"):
         settings["max_tokens_per_micro_batch"] = PROMPT_TOKENS + tokens
     if arm == "packed":
         settings["padding_free"] = True
@@ -81,7 +83,8 @@ def one_update(shape_name: str, tokens: int, arm: str) -> dict[str, object]:
     from grpo_core.engines.train import TorchEngine
 
     shape, arch = CPU_SHAPES[shape_name]
-    model = build_model(shape, torch.device("cpu"), torch.float32, arch=arch)
+    dtype = torch.bfloat16 if arm == "bf16" else torch.float32
+    model = build_model(shape, torch.device("cpu"), dtype, arch=arch)
     reference = copy.deepcopy(model).eval().requires_grad_(False)
     engine = TorchEngine(model, OptimizerSettings(lr=1e-6))
     gen = torch.Generator().manual_seed(0)
@@ -164,7 +167,7 @@ def main() -> int:
     stamp = datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC")
     threads = os.environ.get("OMP_NUM_THREADS", "unset")
     print(f"{stamp}, commit {commit}, OMP_NUM_THREADS={threads}, load {os.getloadavg()[0]:.1f}")
-    print(f"prompt {PROMPT_TOKENS} tokens x 2 outputs of T and T/2 tokens, beta 0.04, fp32")
+    print(f"prompt {PROMPT_TOKENS} tokens x 2 outputs of T and T/2 tokens, beta 0.04")
     print("| shape | T | arm | peak GiB | above start GiB | update s | padding |")
     print("|---|---:|---|---:|---:|---:|---:|", flush=True)
     for shape in args.shapes:
