@@ -58,7 +58,7 @@ DEFAULT_ARMS = ARMS[:3]
 def arm_settings(arm: str, tokens: int) -> dict[str, object]:
     """The GRPOConfig fields an arm turns on (packing looked up by the names it may land as)."""
     settings: dict[str, object] = {}
-    if arm in ("item 1", "items 1+2"):
+    if arm in ("item 1", "items 1+2", "packed", "bf16"):
         settings |= {"gradient_checkpointing": True, "logits_chunk_tokens": CHUNK_TOKENS}
     if arm in ("items 1+2", "packed", "bf16"):
         settings["max_tokens_per_micro_batch"] = PROMPT_TOKENS + tokens
