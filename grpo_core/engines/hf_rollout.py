@@ -25,6 +25,9 @@ from grpo_core.model.policy import encode_prompt, ensure_pad_token, load_weights
 
 # Finished rows leave the decode batch (and its KV cache) once they are this share of it.
 FINISHED_DROP_SHARE = 0.125
+# The KV cache grows by this many positions per layer at a time: one copy of the cache per
+# block (1/256 of the attention reads of those steps), at most a block of free positions.
+KV_BLOCK_TOKENS = 256
 
 
 def stop_token_ids(
@@ -94,24 +97,37 @@ def sample_tokens(
 
 
 class _PreallocatedLayer(DynamicLayer):
-    """A DynamicLayer whose keys/values live in a buffer sized for the whole decode.
+    """A DynamicLayer whose keys/values live in a buffer written in place, sized by what is live.
 
     DynamicLayer concatenates each step's key/value onto the cache, copying the whole cache
     per token (for the 25M-parameter bench policy that copy was most of the sampling time);
     here each step writes its token in place and attention reads a view of the filled part.
+    The buffer holds the filled positions plus up to `block` free ones: it grows by a block
+    when decoding reaches its end and is cut back when finished rows leave, never past `limit`
+    (prompt width + max_new_tokens), so its memory follows the live rows, not rows x limit.
     """
 
-    def __init__(self, keys: torch.Tensor, values: torch.Tensor, capacity: int) -> None:
+    def __init__(
+        self, keys: torch.Tensor, values: torch.Tensor, rows: torch.Tensor, limit: int, block: int
+    ) -> None:
+        """Row i holds row `rows[i]` of the prefill's `keys`/`values`."""
         super().__init__()
-        rows, heads, length, _ = keys.shape
-        self._k = keys.new_empty((rows, heads, capacity, keys.shape[-1]))
-        self._v = values.new_empty((rows, heads, capacity, values.shape[-1]))
-        self._k[:, :, :length] = keys
-        self._v[:, :, :length] = values
-        self._length = length
+        self._limit, self._block = limit, block
+        self._length = keys.shape[-2]
+        capacity = self._capacity_for(self._length)
+        self._k = _resized(keys, rows, self._length, capacity)
+        self._v = _resized(values, rows, self._length, capacity)
         self.dtype, self.device = keys.dtype, keys.device
         self.is_initialized = True
         self._views()
+
+    @property
+    def capacity(self) -> int:
+        """Positions the buffer holds now (filled or free)."""
+        return int(self._k.shape[-2])
+
+    def _capacity_for(self, length: int) -> int:
+        return min(self._limit, length + self._block)
 
     def _views(self) -> tuple[torch.Tensor, torch.Tensor]:
         keys, values = self._k[:, :, : self._length], self._v[:, :, : self._length]
@@ -122,8 +138,12 @@ class _PreallocatedLayer(DynamicLayer):
         self, key_states: torch.Tensor, value_states: torch.Tensor, *args: Any, **kwargs: Any
     ) -> tuple[torch.Tensor, torch.Tensor]:
         end = self._length + key_states.shape[-2]
-        if end > self._k.shape[-2]:
-            raise RuntimeError(f"KV cache holds {self._k.shape[-2]} tokens, {end} needed")
+        if end > self._limit:
+            raise RuntimeError(f"KV cache holds {self._limit} tokens, {end} needed")
+        if end > self.capacity:
+            capacity = self._capacity_for(end)
+            self._k = _resized(self._k, slice(None), self._length, capacity)
+            self._v = _resized(self._v, slice(None), self._length, capacity)
         self._k[:, :, self._length : end] = key_states
         self._v[:, :, self._length : end] = value_states
         self._length = end
@@ -133,32 +153,40 @@ class _PreallocatedLayer(DynamicLayer):
         return self._length
 
     def batch_select_indices(self, indices: torch.Tensor) -> None:
-        self._k = _rows_of(self._k, indices, self._length)
-        self._v = _rows_of(self._v, indices, self._length)
+        capacity = self._capacity_for(self._length)
+        self._k = _resized(self._k, indices, self._length, capacity)
+        self._v = _resized(self._v, indices, self._length, capacity)
         self._views()
 
     def reorder_cache(self, beam_idx: torch.LongTensor) -> None:
         self.batch_select_indices(beam_idx)
 
 
-def _rows_of(buffer: torch.Tensor, rows: torch.Tensor, length: int) -> torch.Tensor:
-    """A new buffer holding `rows` of `buffer` (only its first `length` positions copied)."""
-    out = buffer.new_empty((len(rows), *buffer.shape[1:]))
-    out[:, :, :length] = buffer[rows, :, :length]
+def _resized(
+    buffer: torch.Tensor, rows: torch.Tensor | slice, length: int, capacity: int
+) -> torch.Tensor:
+    """A new (rows, heads, capacity, dim) buffer holding `rows` of `buffer` (only its first
+    `length` positions copied)."""
+    kept = buffer[rows, :, :length]
+    out = buffer.new_empty((kept.shape[0], buffer.shape[1], capacity, buffer.shape[-1]))
+    out[:, :, :length] = kept
     return out
 
 
-def preallocate_cache(cache: Any, rows: torch.Tensor, capacity: int) -> bool:
-    """Turn a prefilled DynamicCache into one buffer of `capacity` tokens per layer, holding
-    row `rows[i]` of the prefill as row i. False (cache untouched) for other cache types
-    (sliding-window, hybrid, ...), which then keep their own update rule."""
+def preallocate_cache(
+    cache: Any, rows: torch.Tensor, limit: int, block: int = KV_BLOCK_TOKENS
+) -> bool:
+    """Turn a prefilled DynamicCache into one in-place buffer per layer that grows by `block`
+    positions up to `limit`, holding row `rows[i]` of the prefill as row i. False (cache
+    untouched) for other cache types (sliding-window, hybrid, ...), which then keep their own
+    update rule."""
     layers = getattr(cache, "layers", None)
     if not isinstance(cache, DynamicCache) or not layers:
         return False
     if any(type(layer) is not DynamicLayer or not layer.is_initialized for layer in layers):
         return False
     cache.layers = [
-        _PreallocatedLayer(layer.keys[rows], layer.values[rows], capacity) for layer in layers
+        _PreallocatedLayer(layer.keys, layer.values, rows, limit, block) for layer in layers
     ]
     return True
 
@@ -292,7 +320,7 @@ class HFRolloutEngine:
         past = returned_cache(out)
         cache_arg = cache_keyword(self.model)
         decoder = None
-        if preallocate_cache(past, owner, width + steps):
+        if preallocate_cache(past, owner, width + steps, KV_BLOCK_TOKENS):
             decoder = llama_decoder(self.model, past.layers) if self.uses_lean_decode() else None
         elif len(distinct) < bsz:
             past.reorder_cache(owner)

@@ -1,3 +1,5 @@
+from typing import Any
+
 import pytest
 import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
@@ -202,3 +204,53 @@ def test_preallocated_cache_and_dropping_finished_rows_change_nothing(
     assert set(fast.finish_reasons) == {"stop", "length"}
     for a, b in zip(fast.logprobs, plain.logprobs, strict=True):
         assert torch.allclose(torch.tensor(a), torch.tensor(b), atol=1e-5)
+
+
+@pytest.mark.parametrize("lean_decode", [True, False])
+def test_a_cache_grown_block_by_block_samples_what_one_sized_up_front_does(
+    policy: tuple[PreTrainedModel, PreTrainedTokenizerBase],
+    monkeypatch: pytest.MonkeyPatch,
+    lean_decode: bool,
+) -> None:
+    """A KV cache that grows by one position at a time (and is cut back as rows finish) gives
+    bit-identical tokens and log-probs to one sized for the whole decode up front (the buffer
+    before blocks), through our lean step and through the model's own forward."""
+    model, tok = policy
+    params = SamplingParams(max_new_tokens=24, temperature=1.0)
+    engine = HFRolloutEngine(model, tok, batch_size=64, show_progress=False)
+    engine.lean_decode = lean_decode
+    batches = []
+    for block in (10**6, 1):
+        monkeypatch.setattr(rollout, "KV_BLOCK_TOKENS", block)
+        batches.append(engine.generate(prompts(tok), 8, params, seed=3))
+    up_front, grown = batches
+    assert grown.completion_ids == up_front.completion_ids
+    assert grown.logprobs == up_front.logprobs
+    assert set(grown.finish_reasons) == {"stop", "length"}
+
+
+def test_the_cache_holds_the_live_rows_and_at_most_a_block_more_positions(
+    policy: tuple[PreTrainedModel, PreTrainedTokenizerBase], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each layer's buffer has the rows still decoding and their filled positions plus at
+    most one block: it grows as decoding advances and shrinks as finished rows leave, never
+    the chunk's rows x (prompt width + max_new_tokens) up front."""
+    model, tok = policy
+    block, steps = 4, 24
+    monkeypatch.setattr(rollout, "KV_BLOCK_TOKENS", block)
+    seen: list[tuple[int, int, int]] = []  # (rows, filled positions, capacity) after a step
+    update = rollout._PreallocatedLayer.update
+
+    def recorded(layer: rollout._PreallocatedLayer, *args: Any) -> tuple[torch.Tensor, ...]:
+        out = update(layer, *args)
+        seen.append((len(layer.keys), layer.get_seq_length(), layer.capacity))
+        return out
+
+    monkeypatch.setattr(rollout._PreallocatedLayer, "update", recorded)
+    engine = HFRolloutEngine(model, tok, batch_size=64, show_progress=False)
+    batch = engine.generate(prompts(tok), 8, SamplingParams(max_new_tokens=steps), seed=3)
+    width = max(len(p) for p in batch.prompt_ids)
+    assert all(filled <= capacity <= filled + block for _, filled, capacity in seen)
+    assert seen[0][2] < width + steps  # not sized for the whole decode up front
+    assert len({capacity for _, _, capacity in seen}) > 2  # it grew (and was cut back)
+    assert seen[-1][0] < seen[0][0] == len(batch)  # finished rows left the buffers
