@@ -17,6 +17,7 @@ from transformers import GenerationConfig, PreTrainedModel, PreTrainedTokenizerB
 from transformers.cache_utils import DynamicCache, DynamicLayer
 
 from grpo_core.contracts.copies import first_copies
+from grpo_core.contracts.errors import SettingError
 from grpo_core.contracts.progress import progress_bar
 from grpo_core.contracts.rollout import FinishReason, RolloutBatch, SamplingParams
 from grpo_core.model.kv_cache import cache_keyword, returned_cache
@@ -261,6 +262,7 @@ class HFRolloutEngine:
         first = start // n  # only the prompts of the rows asked for are encoded
         encoded = [encode_prompt(self.tokenizer, p) for p in prompts[first : -(-stop // n)]]
         rows_ids = [encoded[r // n - first] for r in range(start, stop)]
+        self._check_context(max(map(len, rows_ids), default=0), params.max_new_tokens)
         generator = torch.Generator().manual_seed(seed)
         uniforms = torch.rand(total, params.max_new_tokens, generator=generator)[start:stop]
         out_ids: list[list[int]] = []
@@ -292,6 +294,20 @@ class HFRolloutEngine:
             finish_reasons=reasons,
             logprobs=out_logp,
         )
+
+    def _check_context(self, prompt_tokens: int, max_new_tokens: int) -> None:
+        """A SettingError when the longest prompt and its completion exceed the model's context
+        (its config's max_position_embeddings): positions past it are not what it was trained
+        on, or not there at all (learned position embeddings)."""
+        config = getattr(getattr(self.model, "module", self.model), "config", None)
+        context = getattr(config, "max_position_embeddings", None)
+        if context is not None and prompt_tokens + max_new_tokens > context:
+            raise SettingError(
+                f"{self.progress_label}: a {prompt_tokens}-token prompt + max_new_tokens "
+                f"{max_new_tokens} exceeds the policy's context (max_position_embeddings = "
+                f"{context}): lower that stage's max_new_tokens, shorten the prompts, or use a "
+                "policy with a longer context"
+            )
 
     @torch.inference_mode()
     def _generate_chunk(

@@ -4,6 +4,7 @@ import pytest
 import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
+from grpo_core.contracts.errors import SettingError
 from grpo_core.contracts.rollout import SamplingParams
 from grpo_core.engines import hf_rollout as rollout
 from grpo_core.engines.hf_rollout import HFRolloutEngine, sample_tokens
@@ -254,3 +255,18 @@ def test_the_cache_holds_the_live_rows_and_at_most_a_block_more_positions(
     assert seen[0][2] < width + steps  # not sized for the whole decode up front
     assert len({capacity for _, _, capacity in seen}) > 2  # it grew (and was cut back)
     assert seen[-1][0] < seen[0][0] == len(batch)  # finished rows left the buffers
+
+
+def test_a_prompt_and_completion_past_the_models_context_is_refused_naming_the_fix() -> None:
+    tok = build_char_tokenizer()
+    short = create_tiny_policy(PolicyConfig(n_layers=1, max_position_embeddings=64), tok)
+    engine = HFRolloutEngine(short, tok, show_progress=False, progress_label="evaluation")
+    prompt = "1+2="  # BOS and 4 characters: 5 tokens of the character tokenizer
+    assert len(engine.generate([prompt], 1, SamplingParams(max_new_tokens=59), 0)) == 1
+    with pytest.raises(SettingError) as err:
+        engine.generate([prompt], 1, SamplingParams(max_new_tokens=60), 0)
+    assert str(err.value) == (
+        "evaluation: a 5-token prompt + max_new_tokens 60 exceeds the policy's context "
+        "(max_position_embeddings = 64): lower that stage's max_new_tokens, shorten the "
+        "prompts, or use a policy with a longer context"
+    )
