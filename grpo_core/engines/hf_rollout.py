@@ -2,13 +2,13 @@
 
 Own decode loop over `model(...)` (not `model.generate`) so the log-probs are those of the
 distribution actually sampled from and the randomness is row-addressable: one uniform per
-(row, step) drawn up front from a per-call generator, so a row's sample does not depend on
+(row, step) drawn from a per-call generator, so a row's sample does not depend on
 which other rows share its batch (up to float round-off of padded matmuls).
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -95,6 +95,21 @@ def sample_tokens(
     pick = torch.searchsorted(cdf, target[:, None], right=True).clamp(max=cdf.shape[1] - 1)
     tokens = (pick if order is None else order.gather(1, pick))[:, 0]
     return tokens, logp.gather(1, tokens[:, None])[:, 0]
+
+
+def row_uniforms(
+    seed: int, steps: int, start: int, stop: int, chunk: int
+) -> Iterator[torch.Tensor]:
+    """Rows start..stop-1 of `torch.rand(rows, steps)` drawn from `seed`, `chunk` rows at a
+    time: the CPU generator draws a tensor's values in order, so consecutive draws continue one
+    draw (tests/grpo_core/engines/test_hf_rollout.py) and only a chunk of (rows, steps) is held
+    at once, not every row's draws of a whole call (1000 prompts x 8 samples x 8k steps: 262 MB).
+    """
+    generator = torch.Generator().manual_seed(seed)
+    for at in range(0, start, chunk):  # the rows before `start`: drawn and dropped
+        torch.rand(min(chunk, start - at), steps, generator=generator)
+    for at in range(start, stop, chunk):
+        yield torch.rand(min(chunk, stop - at), steps, generator=generator)
 
 
 class _PreallocatedLayer(DynamicLayer):
@@ -248,9 +263,10 @@ class HFRolloutEngine:
         """n samples per prompt, rows prompt-major; same inputs and seed give the same batch.
 
         rows=(start, stop): only rows start..stop-1 of that batch (a shard of it), sampled with
-        the same draws: the whole (len(prompts) * n, max_new_tokens) uniform tensor is drawn
-        and sliced, so a row's randomness never depends on the split. With `start` a multiple
-        of `batch_size` the chunks, hence padding and float results, equal the full call's.
+        the same draws: rows start..stop-1 of the call's (len(prompts) * n, max_new_tokens)
+        uniforms (`row_uniforms`), so a row's randomness never depends on the split. With
+        `start` a multiple of `batch_size` the chunks, hence padding and float results, equal
+        the full call's.
         prompt_index stays global (row r -> prompt r // n).
         """
         if n < 1:
@@ -263,8 +279,7 @@ class HFRolloutEngine:
         encoded = [encode_prompt(self.tokenizer, p) for p in prompts[first : -(-stop // n)]]
         rows_ids = [encoded[r // n - first] for r in range(start, stop)]
         self._check_context(max(map(len, rows_ids), default=0), params.max_new_tokens)
-        generator = torch.Generator().manual_seed(seed)
-        uniforms = torch.rand(total, params.max_new_tokens, generator=generator)[start:stop]
+        uniforms = row_uniforms(seed, params.max_new_tokens, start, stop, self.batch_size)
         out_ids: list[list[int]] = []
         out_logp: list[list[float]] = []
         reasons: list[FinishReason] = []
@@ -274,9 +289,7 @@ class HFRolloutEngine:
         try:
             for at in range(0, len(rows_ids), self.batch_size):
                 chunk = rows_ids[at : at + self.batch_size]
-                ids, logp, lengths, stopped = self._generate_chunk(
-                    chunk, uniforms[at : at + len(chunk)], params
-                )
+                ids, logp, lengths, stopped = self._generate_chunk(chunk, next(uniforms), params)
                 for r, length in enumerate(lengths.tolist()):
                     out_ids.append(ids[r, :length].tolist())
                     out_logp.append(logp[r, :length].tolist())

@@ -2,6 +2,8 @@ from typing import Any
 
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from grpo_core.contracts.errors import SettingError
@@ -270,3 +272,22 @@ def test_a_prompt_and_completion_past_the_models_context_is_refused_naming_the_f
         "(max_position_embeddings = 64): lower that stage's max_new_tokens, shorten the "
         "prompts, or use a policy with a longer context"
     )
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    rows=st.integers(1, 40),
+    steps=st.integers(1, 300),
+    chunk=st.integers(1, 16),
+    cut=st.tuples(st.integers(0, 40), st.integers(0, 40)),
+)
+def test_uniforms_drawn_chunk_by_chunk_are_the_rows_of_one_draw(
+    rows: int, steps: int, chunk: int, cut: tuple[int, int]
+) -> None:
+    """What keeps a row's draws independent of the batch size and of a shard's first row."""
+    start, stop = sorted(min(c, rows) for c in cut)
+    whole = torch.rand(rows, steps, generator=torch.Generator().manual_seed(7))
+    chunks = list(rollout.row_uniforms(7, steps, start, stop, chunk))
+    assert all(len(c) <= chunk for c in chunks)
+    drawn = torch.cat(chunks) if chunks else torch.empty(0, steps)
+    assert torch.equal(drawn, whole[start:stop])
