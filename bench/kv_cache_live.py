@@ -2,13 +2,14 @@
 grown block by block with the live rows (today's) and sized for the whole decode up front
 (before 2026-11-28), on the same policy, prompts and seed; the sampled tokens compared.
 
-    OMP_NUM_THREADS=2 .venv/bin/python bench/kv_cache_live.py STORE/checkpoints/RUN/policy/0
+    OMP_NUM_THREADS=2 .venv/bin/python bench/kv_cache_live.py STORE/checkpoints/RUN/policy/iter-0
     OMP_NUM_THREADS=2 .venv/bin/python bench/kv_cache_live.py POLICY --prompts 64 --samples 8 \
         --new-tokens 1024
 
 POLICY is a saved policy directory, e.g. policy_0 of a `--config math-style-1k` run; the
 prompts are that preset's first training questions, written as the preset writes them. Each
-setting runs in a fresh process (peak RSS is the process's); the up-front KV size is
+setting runs in a fresh process (peak RSS is the process's); `--ignore-stop` decodes every
+row to the limit (no row leaves: the growth's worst case). The up-front KV size is
 rows x (prompt width + new tokens) x layers x 2 x KV heads x head dim x 4 bytes.
 """
 
@@ -21,6 +22,10 @@ import resource
 import subprocess
 import sys
 import time
+from collections.abc import Callable
+from typing import Any
+
+import torch
 
 from flows.config_files import load_config
 from grpo_core.contracts.rollout import SamplingParams
@@ -33,6 +38,24 @@ from grpo_core.model.prompts import Prompter
 UP_FRONT = 10**9  # a block longer than any decode: one buffer of width + max_new_tokens
 
 
+def peak_cache_bytes() -> Callable[[], int]:
+    """A reader of the most bytes the KV buffers of one decode batch held at once (on CPU the
+    process's RSS holds only the pages written, so an up-front buffer shows in it only as it
+    fills; on a GPU it is all allocated at once)."""
+    live: dict[int, int] = {}
+    peak = [0]
+    update = hf_rollout._PreallocatedLayer.update
+
+    def counted(layer: hf_rollout._PreallocatedLayer, *args: Any) -> tuple[torch.Tensor, ...]:
+        out = update(layer, *args)
+        live[id(layer)] = layer.nbytes
+        peak[0] = max(peak[0], sum(live.values()))
+        return out
+
+    hf_rollout._PreallocatedLayer.update = counted  # type: ignore[method-assign,assignment]
+    return lambda: peak[0]
+
+
 def sample(args: argparse.Namespace, block: int) -> dict[str, object]:
     """One generate call with KV blocks of `block` positions: wall, peak RSS, output lengths."""
     hf_rollout.KV_BLOCK_TOKENS = block
@@ -42,7 +65,12 @@ def sample(args: argparse.Namespace, block: int) -> dict[str, object]:
     prompter = Prompter(tokenizer, cfg.prompt, task.answer_format.instruction)
     prompts = [prompter(p.question) for p in task.problems("train", args.prompts, seed=0)]
     engine = HFRolloutEngine(model, tokenizer, batch_size=args.batch_size, show_progress=False)
+    if args.ignore_stop:
+        engine.stop_ids = []  # every row runs to --new-tokens: the cache's worst case
     params = SamplingParams(max_new_tokens=args.new_tokens, temperature=1.0)
+    if len(prompts) * args.samples > args.batch_size:
+        raise SystemExit("--batch-size must hold every row: the peak is one decode batch's")
+    peak_bytes = peak_cache_bytes()
     start = time.perf_counter()
     batch = engine.generate(prompts, args.samples, params, seed=0)
     wall = time.perf_counter() - start
@@ -55,6 +83,7 @@ def sample(args: argparse.Namespace, block: int) -> dict[str, object]:
     return {
         "wall_s": round(wall, 1),
         "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss // 1024,
+        "peak_kv_mb": peak_bytes() // 2**20,
         "up_front_kv_mb": up_front * heads * head_dim * 4 // 2**20,
         "rows": len(lengths),
         "mean_length": round(sum(lengths) / len(lengths), 1),
@@ -71,6 +100,9 @@ def main() -> None:
     parser.add_argument("--samples", type=int, default=8)
     parser.add_argument("--new-tokens", type=int, default=1024)
     parser.add_argument("--batch-size", type=int, default=1024, help="rows per decode batch")
+    parser.add_argument(
+        "--ignore-stop", action="store_true", help="decode every row to --new-tokens"
+    )
     parser.add_argument("--block", type=int, help=argparse.SUPPRESS)  # the child's setting
     args = parser.parse_args()
     if args.block is not None:

@@ -142,6 +142,11 @@ class _PreallocatedLayer(DynamicLayer):
         """Positions the buffer holds now (filled or free)."""
         return int(self._k.shape[-2])
 
+    @property
+    def nbytes(self) -> int:
+        """Bytes its key and value buffers hold (allocated, filled or not)."""
+        return int(self._k.nbytes + self._v.nbytes)
+
     def _capacity_for(self, length: int) -> int:
         return min(self._limit, length + self._block)
 
