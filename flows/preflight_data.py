@@ -14,8 +14,8 @@ from transformers import AutoTokenizer, PreTrainedTokenizerBase
 
 from flows.config import ItergrpoConfig
 from flows.errors import PreflightError
-from flows.names import EVAL_SPLIT, ORM, POLICY, PRM, TRAIN_SPLIT, WARM_START
-from flows.plan import plan_writes
+from flows.names import EVAL_SPLIT, LABEL, ORM, POLICY, PRM, TRAIN_SPLIT, WARM_START
+from flows.plan import plan_writes, planned_stages
 from flows.preflight_rows import Budget, Limit, drawn_problems, fitting_task, warn_long_solutions
 from flows.progress import log
 from flows.runtime import derive_seed
@@ -222,6 +222,19 @@ def _max_new_tokens(cfg: ItergrpoConfig) -> dict[str, int]:
     }
 
 
+def _labelling_room(cfg: ItergrpoConfig, new_tokens: int) -> tuple[int, str] | None:
+    """What the policy's context holds after a prompt in Math-Shepherd labelling, where that
+    is more than `new_tokens`: a step prefix of an output (shorter than
+    rollout.max_new_tokens) and a completion of up to labelling.max_new_tokens."""
+    labels = any(name == LABEL for name, _ in planned_stages(cfg))
+    if not (labels and cfg.reward_models.use_prm):
+        return None
+    tokens = cfg.rollout.max_new_tokens + cfg.labelling.max_new_tokens
+    if tokens <= new_tokens:
+        return None
+    return tokens, "rollout.max_new_tokens + labelling.max_new_tokens, a labelled step prefix"
+
+
 def _rows_that_fit(
     cfg: ItergrpoConfig, task: Task, tokenizer: PreTrainedTokenizerBase, context: int
 ) -> tuple[Task, int]:
@@ -234,8 +247,19 @@ def _rows_that_fit(
             "the policy's context (max_position_embeddings)",
             context,
             "use a policy with a longer context",
+            _labelling_room(cfg, settings[longest]),
         )
     ]
+    vllm_length = cfg.engines.vllm.max_model_len
+    if cfg.engines.rollout == "vllm" and vllm_length is not None:
+        limits.append(
+            Limit(
+                "engines.vllm.max_model_len",
+                vllm_length,
+                "raise engines.vllm.max_model_len",
+                _labelling_room(cfg, settings[longest]),
+            )
+        )
     if _rms_in_plan(cfg):
         rm_length = cfg.reward_models.max_length
         limits.append(

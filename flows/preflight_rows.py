@@ -26,11 +26,14 @@ _WARNED: set[str] = set()  # the pre-flight and the run both check: each warning
 @dataclass(frozen=True)
 class Limit:
     """A context that a prompt plus its completion must fit, named as the config or the
-    model's config.json names it, and how a user makes it larger."""
+    model's config.json names it, and how a user makes it larger. `after_prompt`: the tokens
+    this limit must hold after a prompt and the settings that make them, where that is more
+    than the budget's (the policy's context also holds a labelling prefix and completion)."""
 
     name: str
     tokens: int
     fix: str
+    after_prompt: tuple[int, str] | None = None
 
 
 @dataclass(frozen=True)
@@ -42,10 +45,14 @@ class Budget:
     new_tokens_field: str
     limits: tuple[Limit, ...]
 
+    def room(self, limit: Limit) -> int:
+        """The tokens `limit` must hold after a prompt."""
+        return limit.after_prompt[0] if limit.after_prompt else self.new_tokens
+
     @property
     def prompt_tokens(self) -> int:
         """The longest prompt that fits every limit."""
-        return min(limit.tokens for limit in self.limits) - self.new_tokens
+        return min(limit.tokens - self.room(limit) for limit in self.limits)
 
 
 def drawn_problems(task: Task, wants: Mapping[Split, int], seed: int) -> dict[Split, list[Problem]]:
@@ -114,12 +121,10 @@ def _too_long(
     and how many exceed each of budget.limits."""
     unit = "row(s)" if isinstance(task, RowTask) else "problem(s)"
     exceeded = [
-        sum(n + budget.new_tokens > limit.tokens for n, _ in over) for limit in budget.limits
+        sum(n + budget.room(limit) > limit.tokens for n, _ in over) for limit in budget.limits
     ]
     against = ", ".join(
-        f"exceeds {limit.name} = {limit.tokens} in {count} {unit}"
-        if count
-        else f"fits {limit.name} = {limit.tokens}"
+        f"exceeds {_named(limit)} in {count} {unit}" if count else f"fits {_named(limit)}"
         for limit, count in zip(budget.limits, exceeded, strict=True)
     )
     tokens, longest = max(over, key=lambda pair: pair[0])
@@ -129,6 +134,16 @@ def _too_long(
         f"max_new_tokens) {against}; the longest, {where}, has a {tokens}-token prompt"
     )
     return what, exceeded
+
+
+def _named(limit: Limit) -> str:
+    """A limit and its size in words, with what it holds after a prompt when that is its own."""
+    if limit.after_prompt is None:
+        return f"{limit.name} = {limit.tokens}"
+    tokens, settings = limit.after_prompt
+    return (
+        f"{limit.name} = {limit.tokens} (with up to {tokens} tokens after the prompt: {settings})"
+    )
 
 
 def warn_long_solutions(

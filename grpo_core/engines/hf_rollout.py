@@ -2,13 +2,13 @@
 
 Own decode loop over `model(...)` (not `model.generate`) so the log-probs are those of the
 distribution actually sampled from and the randomness is row-addressable: one uniform per
-(row, step) drawn up front from a per-call generator, so a row's sample does not depend on
+(row, step) drawn from a per-call generator, so a row's sample does not depend on
 which other rows share its batch (up to float round-off of padded matmuls).
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -17,6 +17,7 @@ from transformers import GenerationConfig, PreTrainedModel, PreTrainedTokenizerB
 from transformers.cache_utils import DynamicCache, DynamicLayer
 
 from grpo_core.contracts.copies import first_copies
+from grpo_core.contracts.errors import SettingError
 from grpo_core.contracts.progress import progress_bar
 from grpo_core.contracts.rollout import FinishReason, RolloutBatch, SamplingParams
 from grpo_core.model.kv_cache import cache_keyword, returned_cache
@@ -25,6 +26,9 @@ from grpo_core.model.policy import encode_prompt, ensure_pad_token, load_weights
 
 # Finished rows leave the decode batch (and its KV cache) once they are this share of it.
 FINISHED_DROP_SHARE = 0.125
+# The KV cache grows by this many positions per layer at a time: one copy of the cache per
+# block (1/256 of the attention reads of those steps), at most a block of free positions.
+KV_BLOCK_TOKENS = 256
 
 
 def stop_token_ids(
@@ -93,25 +97,58 @@ def sample_tokens(
     return tokens, logp.gather(1, tokens[:, None])[:, 0]
 
 
+def row_uniforms(
+    seed: int, steps: int, start: int, stop: int, chunk: int
+) -> Iterator[torch.Tensor]:
+    """Rows start..stop-1 of `torch.rand(rows, steps)` drawn from `seed`, `chunk` rows at a
+    time: the CPU generator draws a tensor's values in order, so consecutive draws continue one
+    draw (tests/grpo_core/engines/test_hf_rollout.py) and only a chunk of (rows, steps) is held
+    at once, not every row's draws of a whole call (1000 prompts x 8 samples x 8k steps: 262 MB).
+    """
+    generator = torch.Generator().manual_seed(seed)
+    for at in range(0, start, chunk):  # the rows before `start`: drawn and dropped
+        torch.rand(min(chunk, start - at), steps, generator=generator)
+    for at in range(start, stop, chunk):
+        yield torch.rand(min(chunk, stop - at), steps, generator=generator)
+
+
 class _PreallocatedLayer(DynamicLayer):
-    """A DynamicLayer whose keys/values live in a buffer sized for the whole decode.
+    """A DynamicLayer whose keys/values live in a buffer written in place, sized by what is live.
 
     DynamicLayer concatenates each step's key/value onto the cache, copying the whole cache
     per token (for the 25M-parameter bench policy that copy was most of the sampling time);
     here each step writes its token in place and attention reads a view of the filled part.
+    The buffer holds the filled positions plus up to `block` free ones: it grows by a block
+    when decoding reaches its end and is cut back when finished rows leave, never past `limit`
+    (prompt width + max_new_tokens), so its memory follows the live rows, not rows x limit.
     """
 
-    def __init__(self, keys: torch.Tensor, values: torch.Tensor, capacity: int) -> None:
+    def __init__(
+        self, keys: torch.Tensor, values: torch.Tensor, rows: torch.Tensor, limit: int, block: int
+    ) -> None:
+        """Row i holds row `rows[i]` of the prefill's `keys`/`values`."""
         super().__init__()
-        rows, heads, length, _ = keys.shape
-        self._k = keys.new_empty((rows, heads, capacity, keys.shape[-1]))
-        self._v = values.new_empty((rows, heads, capacity, values.shape[-1]))
-        self._k[:, :, :length] = keys
-        self._v[:, :, :length] = values
-        self._length = length
+        self._limit, self._block = limit, block
+        self._length = keys.shape[-2]
+        capacity = self._capacity_for(self._length)
+        self._k = _resized(keys, rows, self._length, capacity)
+        self._v = _resized(values, rows, self._length, capacity)
         self.dtype, self.device = keys.dtype, keys.device
         self.is_initialized = True
         self._views()
+
+    @property
+    def capacity(self) -> int:
+        """Positions the buffer holds now (filled or free)."""
+        return int(self._k.shape[-2])
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes its key and value buffers hold (allocated, filled or not)."""
+        return int(self._k.nbytes + self._v.nbytes)
+
+    def _capacity_for(self, length: int) -> int:
+        return min(self._limit, length + self._block)
 
     def _views(self) -> tuple[torch.Tensor, torch.Tensor]:
         keys, values = self._k[:, :, : self._length], self._v[:, :, : self._length]
@@ -122,8 +159,12 @@ class _PreallocatedLayer(DynamicLayer):
         self, key_states: torch.Tensor, value_states: torch.Tensor, *args: Any, **kwargs: Any
     ) -> tuple[torch.Tensor, torch.Tensor]:
         end = self._length + key_states.shape[-2]
-        if end > self._k.shape[-2]:
-            raise RuntimeError(f"KV cache holds {self._k.shape[-2]} tokens, {end} needed")
+        if end > self._limit:
+            raise RuntimeError(f"KV cache holds {self._limit} tokens, {end} needed")
+        if end > self.capacity:
+            capacity = self._capacity_for(end)
+            self._k = _resized(self._k, slice(None), self._length, capacity)
+            self._v = _resized(self._v, slice(None), self._length, capacity)
         self._k[:, :, self._length : end] = key_states
         self._v[:, :, self._length : end] = value_states
         self._length = end
@@ -133,32 +174,40 @@ class _PreallocatedLayer(DynamicLayer):
         return self._length
 
     def batch_select_indices(self, indices: torch.Tensor) -> None:
-        self._k = _rows_of(self._k, indices, self._length)
-        self._v = _rows_of(self._v, indices, self._length)
+        capacity = self._capacity_for(self._length)
+        self._k = _resized(self._k, indices, self._length, capacity)
+        self._v = _resized(self._v, indices, self._length, capacity)
         self._views()
 
     def reorder_cache(self, beam_idx: torch.LongTensor) -> None:
         self.batch_select_indices(beam_idx)
 
 
-def _rows_of(buffer: torch.Tensor, rows: torch.Tensor, length: int) -> torch.Tensor:
-    """A new buffer holding `rows` of `buffer` (only its first `length` positions copied)."""
-    out = buffer.new_empty((len(rows), *buffer.shape[1:]))
-    out[:, :, :length] = buffer[rows, :, :length]
+def _resized(
+    buffer: torch.Tensor, rows: torch.Tensor | slice, length: int, capacity: int
+) -> torch.Tensor:
+    """A new (rows, heads, capacity, dim) buffer holding `rows` of `buffer` (only its first
+    `length` positions copied)."""
+    kept = buffer[rows, :, :length]
+    out = buffer.new_empty((kept.shape[0], buffer.shape[1], capacity, buffer.shape[-1]))
+    out[:, :, :length] = kept
     return out
 
 
-def preallocate_cache(cache: Any, rows: torch.Tensor, capacity: int) -> bool:
-    """Turn a prefilled DynamicCache into one buffer of `capacity` tokens per layer, holding
-    row `rows[i]` of the prefill as row i. False (cache untouched) for other cache types
-    (sliding-window, hybrid, ...), which then keep their own update rule."""
+def preallocate_cache(
+    cache: Any, rows: torch.Tensor, limit: int, block: int = KV_BLOCK_TOKENS
+) -> bool:
+    """Turn a prefilled DynamicCache into one in-place buffer per layer that grows by `block`
+    positions up to `limit`, holding row `rows[i]` of the prefill as row i. False (cache
+    untouched) for other cache types (sliding-window, hybrid, ...), which then keep their own
+    update rule."""
     layers = getattr(cache, "layers", None)
     if not isinstance(cache, DynamicCache) or not layers:
         return False
     if any(type(layer) is not DynamicLayer or not layer.is_initialized for layer in layers):
         return False
     cache.layers = [
-        _PreallocatedLayer(layer.keys[rows], layer.values[rows], capacity) for layer in layers
+        _PreallocatedLayer(layer.keys, layer.values, rows, limit, block) for layer in layers
     ]
     return True
 
@@ -219,9 +268,10 @@ class HFRolloutEngine:
         """n samples per prompt, rows prompt-major; same inputs and seed give the same batch.
 
         rows=(start, stop): only rows start..stop-1 of that batch (a shard of it), sampled with
-        the same draws: the whole (len(prompts) * n, max_new_tokens) uniform tensor is drawn
-        and sliced, so a row's randomness never depends on the split. With `start` a multiple
-        of `batch_size` the chunks, hence padding and float results, equal the full call's.
+        the same draws: rows start..stop-1 of the call's (len(prompts) * n, max_new_tokens)
+        uniforms (`row_uniforms`), so a row's randomness never depends on the split. With
+        `start` a multiple of `batch_size` the chunks, hence padding and float results, equal
+        the full call's.
         prompt_index stays global (row r -> prompt r // n).
         """
         if n < 1:
@@ -233,8 +283,8 @@ class HFRolloutEngine:
         first = start // n  # only the prompts of the rows asked for are encoded
         encoded = [encode_prompt(self.tokenizer, p) for p in prompts[first : -(-stop // n)]]
         rows_ids = [encoded[r // n - first] for r in range(start, stop)]
-        generator = torch.Generator().manual_seed(seed)
-        uniforms = torch.rand(total, params.max_new_tokens, generator=generator)[start:stop]
+        self._check_context(max(map(len, rows_ids), default=0), params.max_new_tokens)
+        uniforms = row_uniforms(seed, params.max_new_tokens, start, stop, self.batch_size)
         out_ids: list[list[int]] = []
         out_logp: list[list[float]] = []
         reasons: list[FinishReason] = []
@@ -244,9 +294,7 @@ class HFRolloutEngine:
         try:
             for at in range(0, len(rows_ids), self.batch_size):
                 chunk = rows_ids[at : at + self.batch_size]
-                ids, logp, lengths, stopped = self._generate_chunk(
-                    chunk, uniforms[at : at + len(chunk)], params
-                )
+                ids, logp, lengths, stopped = self._generate_chunk(chunk, next(uniforms), params)
                 for r, length in enumerate(lengths.tolist()):
                     out_ids.append(ids[r, :length].tolist())
                     out_logp.append(logp[r, :length].tolist())
@@ -264,6 +312,20 @@ class HFRolloutEngine:
             finish_reasons=reasons,
             logprobs=out_logp,
         )
+
+    def _check_context(self, prompt_tokens: int, max_new_tokens: int) -> None:
+        """A SettingError when the longest prompt and its completion exceed the model's context
+        (its config's max_position_embeddings): positions past it are not what it was trained
+        on, or not there at all (learned position embeddings)."""
+        config = getattr(getattr(self.model, "module", self.model), "config", None)
+        context = getattr(config, "max_position_embeddings", None)
+        if context is not None and prompt_tokens + max_new_tokens > context:
+            raise SettingError(
+                f"{self.progress_label}: a {prompt_tokens}-token prompt + max_new_tokens "
+                f"{max_new_tokens} exceeds the policy's context (max_position_embeddings = "
+                f"{context}): lower that stage's max_new_tokens, shorten the prompts, or use a "
+                "policy with a longer context"
+            )
 
     @torch.inference_mode()
     def _generate_chunk(
@@ -292,7 +354,7 @@ class HFRolloutEngine:
         past = returned_cache(out)
         cache_arg = cache_keyword(self.model)
         decoder = None
-        if preallocate_cache(past, owner, width + steps):
+        if preallocate_cache(past, owner, width + steps, KV_BLOCK_TOKENS):
             decoder = llama_decoder(self.model, past.layers) if self.uses_lean_decode() else None
         elif len(distinct) < bsz:
             past.reorder_cache(owner)

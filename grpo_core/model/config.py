@@ -173,7 +173,7 @@ class WarmStartConfig(BaseModel):
         default=200, ge=0, description="Test problems for the final greedy accuracy (0: skip)."
     )
     max_new_tokens: int = Field(
-        default=64, ge=1, description="Generation budget of that evaluation."
+        default=64, ge=1, le=8192, description="Generation budget of that evaluation (1 to 8192)."
     )
 
 
@@ -196,7 +196,9 @@ class EvalConfig(BaseModel):
     )
     temperature: float = Field(default=1.0, gt=0, le=10, description="Sampling temperature (> 0).")
     top_p: float = Field(default=1.0, gt=0, le=1, description="Nucleus sampling mass (0-1].")
-    max_new_tokens: int = Field(default=64, ge=1, description="Generation budget per completion.")
+    max_new_tokens: int = Field(
+        default=64, ge=1, le=8192, description="Generation budget per completion (1 to 8192)."
+    )
 
     @model_validator(mode="after")
     def _ks_within_samples(self) -> EvalConfig:

@@ -79,8 +79,10 @@ def test_a_long_row_deep_in_the_file_is_refused_naming_every_limit(tmp_path: Pat
     assert message.startswith(
         "task local_files/train.jsonl: 1 of 220 rows too long for the run: prompt + up to 24 "
         "new tokens (rollout.max_new_tokens, the largest max_new_tokens) exceeds the policy's "
-        "context (max_position_embeddings) = 512 in 1 row(s), exceeds reward_models.max_length "
-        f"= 512 in 1 row(s); the longest, {tmp_path / 'train.jsonl'}:{deep + 1}, has a "
+        "context (max_position_embeddings) = 512 (with up to 48 tokens after the prompt: "
+        "rollout.max_new_tokens + labelling.max_new_tokens, a labelled step prefix) in 1 row(s), "
+        "exceeds reward_models.max_length = 512 in 1 row(s); the longest, "
+        f"{tmp_path / 'train.jsonl'}:{deep + 1}, has a "
     )
     assert message.endswith(
         "shorten or remove these rows, set task.local_files.on_bad_rows: drop to leave them "
@@ -94,10 +96,33 @@ def test_a_limit_the_rows_fit_is_named_beside_the_one_they_exceed(tmp_path: Path
     _long_row_deep_in_the_file(cfg)
     with pytest.raises(
         PreflightError,
-        match=r"= 512 in 1 row\(s\), fits reward_models\.max_length = 2048; the longest",
+        match=r"prefix\) in 1 row\(s\), fits reward_models\.max_length = 2048; the longest",
     ) as err:
         check_policy_and_data(cfg)
     assert "raise reward_models.max_length" not in str(err.value)
+
+
+def test_the_policy_must_hold_a_labelled_prefix_and_its_completion(tmp_path: Path) -> None:
+    """Math-Shepherd labelling writes up to labelling.max_new_tokens after a step prefix of an
+    output (up to rollout.max_new_tokens): the policy's context must hold both after the
+    prompt, the reward models' only the output; without PRM labelling, only the largest."""
+    budgets = ("rollout.max_new_tokens=250", "labelling.max_new_tokens=250")
+    with pytest.raises(PreflightError) as err:
+        check_policy_and_data(_config(tmp_path, *budgets))
+    assert (
+        "exceeds the policy's context (max_position_embeddings) = 512 (with up to 500 tokens "
+        "after the prompt: rollout.max_new_tokens + labelling.max_new_tokens, a labelled step "
+        "prefix) in 220 row(s), fits reward_models.max_length = 512;"
+    ) in str(err.value)
+    check_policy_and_data(_config(tmp_path, *budgets, "reward_models.use_prm=false"))
+
+
+def test_a_vllm_max_model_len_is_a_limit_of_its_own(tmp_path: Path) -> None:
+    cfg = _config(tmp_path, "engines.rollout=vllm", "engines.vllm.max_model_len=64")
+    with pytest.raises(PreflightError) as err:
+        check_policy_and_data(cfg)
+    assert "exceeds engines.vllm.max_model_len = 64 (with up to 48 tokens" in str(err.value)
+    assert str(err.value).endswith("or raise engines.vllm.max_model_len")
 
 
 def test_drop_leaves_the_long_row_out_of_every_draw_and_the_run_records_it(
@@ -212,6 +237,6 @@ def test_a_smollm2_policy_not_yet_converted_has_its_rows_measured(
     cache = str(tmp_path / "not-converted")
     cfg = _config(tmp_path, "policy.kind=smollm2", f"policy.cache_dir={cache}")
     _long_row_deep_in_the_file(cfg)
-    with pytest.raises(PreflightError, match=r"\(max_position_embeddings\) = 64 in 1 row\(s\)"):
+    with pytest.raises(PreflightError, match=r"\(max_position_embeddings\) = 64 \(with"):
         check_policy_and_data(cfg)
     assert asked == [cache]

@@ -1,7 +1,12 @@
+from typing import Any
+
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
+from grpo_core.contracts.errors import SettingError
 from grpo_core.contracts.rollout import SamplingParams
 from grpo_core.engines import hf_rollout as rollout
 from grpo_core.engines.hf_rollout import HFRolloutEngine, sample_tokens
@@ -202,3 +207,87 @@ def test_preallocated_cache_and_dropping_finished_rows_change_nothing(
     assert set(fast.finish_reasons) == {"stop", "length"}
     for a, b in zip(fast.logprobs, plain.logprobs, strict=True):
         assert torch.allclose(torch.tensor(a), torch.tensor(b), atol=1e-5)
+
+
+@pytest.mark.parametrize("lean_decode", [True, False])
+def test_a_cache_grown_block_by_block_samples_what_one_sized_up_front_does(
+    policy: tuple[PreTrainedModel, PreTrainedTokenizerBase],
+    monkeypatch: pytest.MonkeyPatch,
+    lean_decode: bool,
+) -> None:
+    """A KV cache that grows by one position at a time (and is cut back as rows finish) gives
+    bit-identical tokens and log-probs to one sized for the whole decode up front (the buffer
+    before blocks), through our lean step and through the model's own forward."""
+    model, tok = policy
+    params = SamplingParams(max_new_tokens=24, temperature=1.0)
+    engine = HFRolloutEngine(model, tok, batch_size=64, show_progress=False)
+    engine.lean_decode = lean_decode
+    batches = []
+    for block in (10**6, 1):
+        monkeypatch.setattr(rollout, "KV_BLOCK_TOKENS", block)
+        batches.append(engine.generate(prompts(tok), 8, params, seed=3))
+    up_front, grown = batches
+    assert grown.completion_ids == up_front.completion_ids
+    assert grown.logprobs == up_front.logprobs
+    assert set(grown.finish_reasons) == {"stop", "length"}
+
+
+def test_the_cache_holds_the_live_rows_and_at_most_a_block_more_positions(
+    policy: tuple[PreTrainedModel, PreTrainedTokenizerBase], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each layer's buffer has the rows still decoding and their filled positions plus at
+    most one block: it grows as decoding advances and shrinks as finished rows leave, never
+    the chunk's rows x (prompt width + max_new_tokens) up front."""
+    model, tok = policy
+    block, steps = 4, 24
+    monkeypatch.setattr(rollout, "KV_BLOCK_TOKENS", block)
+    seen: list[tuple[int, int, int]] = []  # (rows, filled positions, capacity) after a step
+    update = rollout._PreallocatedLayer.update
+
+    def recorded(layer: rollout._PreallocatedLayer, *args: Any) -> tuple[torch.Tensor, ...]:
+        out = update(layer, *args)
+        seen.append((len(layer.keys), layer.get_seq_length(), layer.capacity))
+        return out
+
+    monkeypatch.setattr(rollout._PreallocatedLayer, "update", recorded)
+    engine = HFRolloutEngine(model, tok, batch_size=64, show_progress=False)
+    batch = engine.generate(prompts(tok), 8, SamplingParams(max_new_tokens=steps), seed=3)
+    width = max(len(p) for p in batch.prompt_ids)
+    assert all(filled <= capacity <= filled + block for _, filled, capacity in seen)
+    assert seen[0][2] < width + steps  # not sized for the whole decode up front
+    assert len({capacity for _, _, capacity in seen}) > 2  # it grew (and was cut back)
+    assert seen[-1][0] < seen[0][0] == len(batch)  # finished rows left the buffers
+
+
+def test_a_prompt_and_completion_past_the_models_context_is_refused_naming_the_fix() -> None:
+    tok = build_char_tokenizer()
+    short = create_tiny_policy(PolicyConfig(n_layers=1, max_position_embeddings=64), tok)
+    engine = HFRolloutEngine(short, tok, show_progress=False, progress_label="evaluation")
+    prompt = "1+2="  # BOS and 4 characters: 5 tokens of the character tokenizer
+    assert len(engine.generate([prompt], 1, SamplingParams(max_new_tokens=59), 0)) == 1
+    with pytest.raises(SettingError) as err:
+        engine.generate([prompt], 1, SamplingParams(max_new_tokens=60), 0)
+    assert str(err.value) == (
+        "evaluation: a 5-token prompt + max_new_tokens 60 exceeds the policy's context "
+        "(max_position_embeddings = 64): lower that stage's max_new_tokens, shorten the "
+        "prompts, or use a policy with a longer context"
+    )
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    rows=st.integers(1, 40),
+    steps=st.integers(1, 300),
+    chunk=st.integers(1, 16),
+    cut=st.tuples(st.integers(0, 40), st.integers(0, 40)),
+)
+def test_uniforms_drawn_chunk_by_chunk_are_the_rows_of_one_draw(
+    rows: int, steps: int, chunk: int, cut: tuple[int, int]
+) -> None:
+    """What keeps a row's draws independent of the batch size and of a shard's first row."""
+    start, stop = sorted(min(c, rows) for c in cut)
+    whole = torch.rand(rows, steps, generator=torch.Generator().manual_seed(7))
+    chunks = list(rollout.row_uniforms(7, steps, start, stop, chunk))
+    assert all(len(c) <= chunk for c in chunks)
+    drawn = torch.cat(chunks) if chunks else torch.empty(0, steps)
+    assert torch.equal(drawn, whole[start:stop])
