@@ -30,7 +30,7 @@ import torch
 from flows.config_files import load_config
 from grpo_core.contracts.rollout import SamplingParams
 from grpo_core.data.tasks.registry import make_task
-from grpo_core.engines import hf_rollout
+from grpo_core.engines import hf_rollout, live_kv_cache
 from grpo_core.engines.hf_rollout import HFRolloutEngine
 from grpo_core.model.policy import encode_prompt, load_policy
 from grpo_core.model.prompts import Prompter
@@ -44,15 +44,15 @@ def peak_cache_bytes() -> Callable[[], int]:
     fills; on a GPU it is all allocated at once)."""
     live: dict[int, int] = {}
     peak = [0]
-    update = hf_rollout._PreallocatedLayer.update
+    update = live_kv_cache.PreallocatedLayer.update
 
-    def counted(layer: hf_rollout._PreallocatedLayer, *args: Any) -> tuple[torch.Tensor, ...]:
+    def counted(layer: live_kv_cache.PreallocatedLayer, *args: Any) -> tuple[torch.Tensor, ...]:
         out = update(layer, *args)
         live[id(layer)] = layer.nbytes
         peak[0] = max(peak[0], sum(live.values()))
         return out
 
-    hf_rollout._PreallocatedLayer.update = counted  # type: ignore[method-assign,assignment]
+    live_kv_cache.PreallocatedLayer.update = counted  # type: ignore[method-assign,assignment]
     return lambda: peak[0]
 
 

@@ -9,26 +9,24 @@ which other rows share its batch (up to float round-off of padded matmuls).
 from __future__ import annotations
 
 from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
 from transformers import GenerationConfig, PreTrainedModel, PreTrainedTokenizerBase
-from transformers.cache_utils import DynamicCache, DynamicLayer
 
 from grpo_core.contracts.copies import first_copies
 from grpo_core.contracts.errors import SettingError
 from grpo_core.contracts.progress import progress_bar
 from grpo_core.contracts.rollout import FinishReason, RolloutBatch, SamplingParams
+from grpo_core.engines.live_kv_cache import KV_BLOCK_TOKENS, preallocate_cache
 from grpo_core.model.kv_cache import cache_keyword, returned_cache
 from grpo_core.model.llama_decode import is_plain_llama, llama_decoder
 from grpo_core.model.policy import encode_prompt, ensure_pad_token, load_weights_into
 
 # Finished rows leave the decode batch (and its KV cache) once they are this share of it.
 FINISHED_DROP_SHARE = 0.125
-# The KV cache grows by this many positions per layer at a time: one copy of the cache per
-# block (1/256 of the attention reads of those steps), at most a block of free positions.
-KV_BLOCK_TOKENS = 256
 
 
 def stop_token_ids(
@@ -112,104 +110,40 @@ def row_uniforms(
         yield torch.rand(min(chunk, stop - at), steps, generator=generator)
 
 
-class _PreallocatedLayer(DynamicLayer):
-    """A DynamicLayer whose keys/values live in a buffer written in place, sized by what is live.
+@dataclass(frozen=True)
+class Prefill:
+    """A chunk's distinct prompts run once (left-padded): the forward's output (its KV cache
+    and each prompt's last logits), the prompts' mask and positions, and the distinct prompt
+    of each row of the chunk (groups[row])."""
 
-    DynamicLayer concatenates each step's key/value onto the cache, copying the whole cache
-    per token (for the 25M-parameter bench policy that copy was most of the sampling time);
-    here each step writes its token in place and attention reads a view of the filled part.
-    The buffer holds the filled positions plus up to `block` free ones: it grows by a block
-    when decoding reaches its end and is cut back when finished rows leave, never past `limit`
-    (prompt width + max_new_tokens), so its memory follows the live rows, not rows x limit.
-    """
-
-    def __init__(
-        self, keys: torch.Tensor, values: torch.Tensor, rows: torch.Tensor, limit: int, block: int
-    ) -> None:
-        """Row i holds row `rows[i]` of the prefill's `keys`/`values`."""
-        super().__init__()
-        self._limit, self._block = limit, block
-        self._length = keys.shape[-2]
-        capacity = self._capacity_for(self._length)
-        self._k = _resized(keys, rows, self._length, capacity)
-        self._v = _resized(values, rows, self._length, capacity)
-        self.dtype, self.device = keys.dtype, keys.device
-        self.is_initialized = True
-        self._views()
+    out: Any
+    prompt_mask: torch.Tensor
+    positions: torch.Tensor
+    groups: list[int]
+    distinct: int
 
     @property
-    def capacity(self) -> int:
-        """Positions the buffer holds now (filled or free)."""
-        return int(self._k.shape[-2])
-
-    @property
-    def nbytes(self) -> int:
-        """Bytes its key and value buffers hold (allocated, filled or not)."""
-        return int(self._k.nbytes + self._v.nbytes)
-
-    def _capacity_for(self, length: int) -> int:
-        return min(self._limit, length + self._block)
-
-    def _views(self) -> tuple[torch.Tensor, torch.Tensor]:
-        keys, values = self._k[:, :, : self._length], self._v[:, :, : self._length]
-        self.keys, self.values = keys, values
-        return keys, values
-
-    def update(
-        self, key_states: torch.Tensor, value_states: torch.Tensor, *args: Any, **kwargs: Any
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        end = self._length + key_states.shape[-2]
-        if end > self._limit:
-            raise RuntimeError(f"KV cache holds {self._limit} tokens, {end} needed")
-        if end > self.capacity:
-            capacity = self._capacity_for(end)
-            self._k = _resized(self._k, slice(None), self._length, capacity)
-            self._v = _resized(self._v, slice(None), self._length, capacity)
-        self._k[:, :, self._length : end] = key_states
-        self._v[:, :, self._length : end] = value_states
-        self._length = end
-        return self._views()
-
-    def get_seq_length(self) -> int:
-        return self._length
-
-    def batch_select_indices(self, indices: torch.Tensor) -> None:
-        capacity = self._capacity_for(self._length)
-        self._k = _resized(self._k, indices, self._length, capacity)
-        self._v = _resized(self._v, indices, self._length, capacity)
-        self._views()
-
-    def reorder_cache(self, beam_idx: torch.LongTensor) -> None:
-        self.batch_select_indices(beam_idx)
+    def width(self) -> int:
+        return int(self.prompt_mask.shape[1])
 
 
-def _resized(
-    buffer: torch.Tensor, rows: torch.Tensor | slice, length: int, capacity: int
-) -> torch.Tensor:
-    """A new (rows, heads, capacity, dim) buffer holding `rows` of `buffer` (only its first
-    `length` positions copied)."""
-    kept = buffer[rows, :, :length]
-    out = buffer.new_empty((kept.shape[0], buffer.shape[1], capacity, buffer.shape[-1]))
-    out[:, :, :length] = kept
-    return out
-
-
-def preallocate_cache(
-    cache: Any, rows: torch.Tensor, limit: int, block: int = KV_BLOCK_TOKENS
-) -> bool:
-    """Turn a prefilled DynamicCache into one in-place buffer per layer that grows by `block`
-    positions up to `limit`, holding row `rows[i]` of the prefill as row i. False (cache
-    untouched) for other cache types (sliding-window, hybrid, ...), which then keep their own
-    update rule."""
-    layers = getattr(cache, "layers", None)
-    if not isinstance(cache, DynamicCache) or not layers:
-        return False
-    if any(type(layer) is not DynamicLayer or not layer.is_initialized for layer in layers):
-        return False
-    cache.layers = [
-        _PreallocatedLayer(layer.keys, layer.values, rows, limit, block) for layer in layers
-    ]
-    return True
+def prefill(
+    model: PreTrainedModel, prompts: list[list[int]], pad: int, device: torch.device
+) -> Prefill:
+    """Each distinct prompt of `prompts` through the model once, its KV cache kept: G samples
+    of a prompt cost one prompt pass, not G."""
+    firsts, groups = first_copies(tuple(p) for p in prompts)
+    input_ids, prompt_mask = left_padded([tuple(prompts[i]) for i in firsts], pad)
+    input_ids, prompt_mask = input_ids.to(device), prompt_mask.to(device)
+    positions = (prompt_mask.cumsum(-1) - 1).clamp(min=0)
+    out = model(
+        input_ids=input_ids,
+        attention_mask=prompt_mask,
+        position_ids=positions,
+        use_cache=True,
+        logits_to_keep=1,
+    )
+    return Prefill(out, prompt_mask, positions, groups, len(firsts))
 
 
 class HFRolloutEngine:
@@ -337,26 +271,17 @@ class HFRolloutEngine:
         samples of a prompt cost one prompt pass, not G.
         """
         dev, pad = self.device, self.tokenizer.pad_token_id
-        firsts, groups = first_copies(tuple(p) for p in prompts)
-        distinct = [tuple(prompts[i]) for i in firsts]
-        owner = torch.tensor(groups, device=dev)
-        input_ids, prompt_mask = left_padded(distinct, pad)
-        bsz, width, steps = len(prompts), input_ids.shape[1], params.max_new_tokens
-        input_ids, prompt_mask, uniforms = input_ids.to(dev), prompt_mask.to(dev), uniforms.to(dev)
-        positions = (prompt_mask.cumsum(-1) - 1).clamp(min=0)
-        out = self.model(
-            input_ids=input_ids,
-            attention_mask=prompt_mask,
-            position_ids=positions,
-            use_cache=True,
-            logits_to_keep=1,
-        )
+        first = prefill(self.model, prompts, pad, dev)
+        out, prompt_mask, positions = first.out, first.prompt_mask, first.positions
+        owner = torch.tensor(first.groups, device=dev)
+        bsz, width, steps = len(prompts), first.width, params.max_new_tokens
+        uniforms = uniforms.to(dev)
         past = returned_cache(out)
         cache_arg = cache_keyword(self.model)
         decoder = None
         if preallocate_cache(past, owner, width + steps, KV_BLOCK_TOKENS):
             decoder = llama_decoder(self.model, past.layers) if self.uses_lean_decode() else None
-        elif len(distinct) < bsz:
+        elif first.distinct < bsz:
             past.reorder_cache(owner)
         logits = out.logits[owner, -1, :].float()
         # the attention mask of step t is the first width + t + 1 columns of this one

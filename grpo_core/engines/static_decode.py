@@ -31,9 +31,8 @@ import torch
 from transformers import CompileConfig, PreTrainedModel, PreTrainedTokenizerBase
 from transformers.cache_utils import DynamicCache, DynamicLayer, StaticCache, StaticLayer
 
-from grpo_core.contracts.copies import first_copies
 from grpo_core.contracts.rollout import SamplingParams
-from grpo_core.engines.hf_rollout import HFRolloutEngine, left_padded, sample_tokens
+from grpo_core.engines.hf_rollout import HFRolloutEngine, prefill, sample_tokens
 from grpo_core.model.kv_cache import cache_keyword, returned_cache
 
 log = logging.getLogger(__name__)
@@ -134,10 +133,10 @@ class StaticCacheRolloutEngine(HFRolloutEngine):
             self._caches[len(rows)] = capacity, cache
         else:
             cache.reset()
-        for layer, prefill in zip(cache.layers, prefilled.layers, strict=True):
+        for layer, filled in zip(cache.layers, prefilled.layers, strict=True):
             # why_no_static_cache and _generate_chunk checked both kinds
-            assert isinstance(layer, StaticLayer) and isinstance(prefill, DynamicLayer)
-            keys, values = prefill.keys, prefill.values
+            assert isinstance(layer, StaticLayer) and isinstance(filled, DynamicLayer)
+            keys, values = filled.keys, filled.values
             assert keys is not None and values is not None
             layer.update(keys[rows], values[rows])
         return cache, capacity
@@ -173,16 +172,12 @@ class StaticCacheRolloutEngine(HFRolloutEngine):
             return super()._generate_chunk(prompts, uniforms, params)
         dev, bsz, steps = self.device, len(prompts), params.max_new_tokens
         pad = self.tokenizer.pad_token_id
-        firsts, groups = first_copies(tuple(p) for p in prompts)
-        input_ids, prompt_mask = left_padded([tuple(prompts[i]) for i in firsts], pad)
-        input_ids, prompt_mask = input_ids.to(dev), prompt_mask.to(dev)
-        positions = (prompt_mask.cumsum(-1) - 1).clamp(min=0)
-        out = self.model(
-            input_ids=input_ids,
-            attention_mask=prompt_mask,
-            position_ids=positions,
-            use_cache=True,
-            logits_to_keep=1,
+        first = prefill(self.model, prompts, pad, dev)
+        out, prompt_mask, positions, groups = (
+            first.out,
+            first.prompt_mask,
+            first.positions,
+            first.groups,
         )
         prefilled = returned_cache(out)
         if not isinstance(prefilled, DynamicCache) or any(
@@ -191,7 +186,7 @@ class StaticCacheRolloutEngine(HFRolloutEngine):
             raise RuntimeError(f"prefill returned {type(prefilled).__name__}, not a DynamicCache")
         rows = rows_bucket(bsz, self.batch_size)
         owner = torch.tensor(groups + [groups[0]] * (rows - bsz), device=dev)
-        width = input_ids.shape[1]
+        width = first.width
         cache, capacity = self._cache(prefilled, owner, width + steps)
         mask = torch.ones((rows, capacity), dtype=torch.long, device=dev)
         mask[:, :width] = prompt_mask[owner]

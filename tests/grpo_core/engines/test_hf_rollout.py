@@ -9,6 +9,7 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 from grpo_core.contracts.errors import SettingError
 from grpo_core.contracts.rollout import SamplingParams
 from grpo_core.engines import hf_rollout as rollout
+from grpo_core.engines import live_kv_cache
 from grpo_core.engines.hf_rollout import HFRolloutEngine, sample_tokens
 from grpo_core.model.config import PolicyConfig
 from grpo_core.model.policy import build_char_tokenizer, create_tiny_policy
@@ -190,13 +191,13 @@ def test_preallocated_cache_and_dropping_finished_rows_change_nothing(
     params = SamplingParams(max_new_tokens=24, temperature=1.0)
     engine = HFRolloutEngine(model, tok, batch_size=64, show_progress=False)
     drops: list[int] = []
-    select = rollout._PreallocatedLayer.batch_select_indices
+    select = live_kv_cache.PreallocatedLayer.batch_select_indices
 
-    def counted(layer: rollout._PreallocatedLayer, indices: torch.Tensor) -> None:
+    def counted(layer: live_kv_cache.PreallocatedLayer, indices: torch.Tensor) -> None:
         drops.append(len(indices))
         select(layer, indices)
 
-    monkeypatch.setattr(rollout._PreallocatedLayer, "batch_select_indices", counted)
+    monkeypatch.setattr(live_kv_cache.PreallocatedLayer, "batch_select_indices", counted)
     fast = engine.generate(prompts(tok), 8, params, seed=3)
     assert drops, "no finished rows were dropped: the test does not reach the fast path"
     monkeypatch.setattr(rollout, "preallocate_cache", lambda *_: False)
@@ -242,14 +243,14 @@ def test_the_cache_holds_the_live_rows_and_at_most_a_block_more_positions(
     block, steps = 4, 24
     monkeypatch.setattr(rollout, "KV_BLOCK_TOKENS", block)
     seen: list[tuple[int, int, int]] = []  # (rows, filled positions, capacity) after a step
-    update = rollout._PreallocatedLayer.update
+    update = live_kv_cache.PreallocatedLayer.update
 
-    def recorded(layer: rollout._PreallocatedLayer, *args: Any) -> tuple[torch.Tensor, ...]:
+    def recorded(layer: live_kv_cache.PreallocatedLayer, *args: Any) -> tuple[torch.Tensor, ...]:
         out = update(layer, *args)
         seen.append((len(layer.keys), layer.get_seq_length(), layer.capacity))
         return out
 
-    monkeypatch.setattr(rollout._PreallocatedLayer, "update", recorded)
+    monkeypatch.setattr(live_kv_cache.PreallocatedLayer, "update", recorded)
     engine = HFRolloutEngine(model, tok, batch_size=64, show_progress=False)
     batch = engine.generate(prompts(tok), 8, SamplingParams(max_new_tokens=steps), seed=3)
     width = max(len(p) for p in batch.prompt_ids)

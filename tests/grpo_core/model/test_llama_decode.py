@@ -10,7 +10,8 @@ from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedModel
 from transformers.cache_utils import DynamicCache
 
 from grpo_core.contracts.rollout import SamplingParams
-from grpo_core.engines.hf_rollout import HFRolloutEngine, left_padded, preallocate_cache
+from grpo_core.engines.hf_rollout import HFRolloutEngine, left_padded
+from grpo_core.engines.live_kv_cache import preallocate_cache
 from grpo_core.model.config import PolicyConfig
 from grpo_core.model.kv_cache import returned_cache
 from grpo_core.model.llama_decode import llama_decoder
