@@ -23,22 +23,25 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from flows.config import GRPOStageSection
 from flows.context import RunContext
-from flows.engines.lora_updater import LoRAUpdater
 from flows.engines.policy_updaters import (
-    LAUNCH_JOBS,
     PolicyUpdater,
-    build_policy_updater,
-    stage_holds_policy_weights,
 )
-from flows.engines.sampling import SleepingEngine, SleepsAfterSampling
 from flows.guards import NOT_JUDGED_INFO, GuardChecks
 from flows.interrupts import INTERRUPT
 from flows.names import CRITIC, GRPO, GRPO_PROGRESS, POLICY, POLICY_LORA
-from flows.progress import ProgressFn, log
+from flows.progress import ProgressFn
 from flows.stage_results import StageResult, mean, metric_rows
 from flows.stages.critic import commit_critic, open_critic
-from flows.stages.grpo_async import in_flight_rows, sampling_copy, start_async_sampler
+from flows.stages.grpo_async import in_flight_rows, start_async_sampler
 from flows.stages.grpo_curriculum import PoolDraw, draw_pool, pass_rate_rows
+from flows.stages.grpo_parts import (
+    policy_k,
+    policy_updater,
+    reference_model,
+    reward_models_k,
+    step_rewarder,
+    training_data,
+)
 from flows.stages.grpo_progress import (
     ResumePoint,
     Row,
@@ -48,7 +51,7 @@ from flows.stages.grpo_progress import (
     save_policy,
     save_progress,
 )
-from flows.stages.grpo_prompts import PromptCursor, extra_round, pairs_pool, pairs_rollout
+from flows.stages.grpo_prompts import PromptCursor, extra_round, pairs_pool
 from flows.stages.grpo_steps import check_step_rewards, policy_sample_rows, report_step
 from grpo_core.algo.critic_update import CriticLearner
 from grpo_core.algo.step import SKIPPED, StepOutcome, StepParts, grpo_step, step_parts
@@ -63,11 +66,10 @@ from grpo_core.engines.cost import (
     PeakMemory,
     adamw_training_state_bytes,
 )
-from grpo_core.engines.gold_rollout import GoldSolutionRollout
 from grpo_core.model.lora import LoRAAdapters
 from grpo_core.model.prompts import Prompter
 from reward_models.config import RMKind
-from reward_models.grpo_reward import GRPORewarder, models_needed
+from reward_models.grpo_reward import GRPORewarder
 from reward_models.models import RewardModel
 from storage.checkpoints import save_checkpoint
 
@@ -121,9 +123,9 @@ def setup_grpo(ctx: RunContext, k: int) -> GRPOParts:
     Their order matters (see the comments): a resumed stage is byte-identical to one that
     never stopped."""
     g = ctx.cfg.grpo
-    model, tokenizer, adapters = _policy_k(ctx, k)
-    reference = _reference(ctx, k, adapters)
-    reward_models = _load_reward_models(ctx, k)
+    model, tokenizer, adapters = policy_k(ctx, k)
+    reference = reference_model(ctx, k, adapters)
+    reward_models = reward_models_k(ctx, k)
     outputs = _outputs(ctx, k)
     # the weights before the update engine is built: DeepSpeed copies them at its start
     resumed = resume_weights(outputs.progress, model, adapters)
@@ -134,15 +136,15 @@ def setup_grpo(ctx: RunContext, k: int) -> GRPOParts:
     pool = draw.problems
     # The sampling engine first: vLLM engines on Ray actors that start a local Ray own it for
     # the run; started after the training ranks, they would stop with the ranks' Ray.
-    sampler, follower = _training_data(ctx, k, model, tokenizer, pool)
-    updater = _policy_updater(ctx, k, model, reference, adapters)
+    sampler, follower = training_data(ctx, k, model, tokenizer, pool)
+    updater = policy_updater(ctx, k, model, reference, adapters)
     try:
         resume = ResumePoint()  # restoring one restores the RNG: every draw after continues
         if resumed:
             resume = resume_point(outputs.progress, updater, g.prompts_per_step)
         critic = open_critic(ctx, k, model, reference, outputs.progress, resumed)
         cursor, prompter = PromptCursor(pool, resume.next_prompt), ctx.prompter(tokenizer)
-        rewarder = _rewarder(ctx, tokenizer, reward_models)
+        rewarder = step_rewarder(ctx, tokenizer, reward_models)
     except BaseException:
         updater.close()
         raise
@@ -307,22 +309,6 @@ def _save_outputs(parts: GRPOParts) -> None:
         save_checkpoint(parts.outputs.policy_lora, parts.adapters.save, overwrite=True)
 
 
-def _policy_k(
-    ctx: RunContext, k: int
-) -> tuple[PreTrainedModel, PreTrainedTokenizerBase, LoRAAdapters | None]:
-    """policy_k (a meta-device skeleton when the training ranks alone hold its weights), its
-    tokenizer, and with grpo.lora the new adapters on it that train (the base: the reference)."""
-    g = ctx.cfg.grpo
-    policy_dir = ctx.require_checkpoint(POLICY, k)
-    keeps_weights = stage_holds_policy_weights(ctx.cfg.engines, g)
-    model, tokenizer = ctx.policy(k, weights=keeps_weights)
-    if not keeps_weights:
-        log.info("GRPO: policy_%d's weights live on the training ranks only", k)
-    if not g.lora.enabled:
-        return model, tokenizer, None
-    return model, tokenizer, LoRAAdapters(model, g.lora, ctx.seed(GRPO, k, "lora"), policy_dir)
-
-
 def _outputs(ctx: RunContext, k: int) -> GRPOOutputs:
     return GRPOOutputs(
         progress=ctx.checkpoint(GRPO_PROGRESS, k),
@@ -330,113 +316,3 @@ def _outputs(ctx: RunContext, k: int) -> GRPOOutputs:
         policy_lora=ctx.checkpoint(POLICY_LORA, k + 1),
         critic=ctx.checkpoint(CRITIC, k + 1),
     )
-
-
-def _reference(ctx: RunContext, k: int, adapters: LoRAAdapters | None) -> nn.Module | None:
-    """pi_ref = policy_k, where this process computes a KL term: none without a KL term or
-    penalty (no forward pass, no memory); launched jobs and Ray training ranks load their own
-    for the loss, but PPO's KL penalty is computed here."""
-    cfg, algo = ctx.cfg, ctx.cfg.grpo.algo
-    if not algo.needs_reference:
-        return None
-    if not (cfg.engines.updates_in_process or algo.estimator.needs_values):
-        return None
-    if adapters is not None:  # the adapted model with adapters off: no second copy
-        return adapters.reference()
-    return ctx.policy(k)[0].eval().requires_grad_(False)
-
-
-def _load_reward_models(ctx: RunContext, k: int) -> dict[RMKind, RewardModel]:
-    """RM_k of each kind the scored reward parts and the estimator read."""
-    grpo = ctx.cfg.grpo
-    needed = models_needed(grpo.rewards, grpo.algo.process_supervision)
-    return {
-        kind: RewardModel.load(
-            ctx.require_checkpoint(kind, k), device=ctx.device, dtype=ctx.cfg.reward_models.dtype
-        ).eval()
-        for kind in sorted(needed)
-    }
-
-
-def _rewarder(
-    ctx: RunContext, tokenizer: PreTrainedTokenizerBase, reward_models: dict[RMKind, RewardModel]
-) -> GRPORewarder:
-    """Scores a step's outputs: the grpo.rewards parts, RM_k's among them (and the models the
-    parts load, a teacher, on the run's device)."""
-    g = ctx.cfg.grpo
-    return GRPORewarder(
-        ctx.task,
-        g.rewards,
-        tokenizer,
-        g.max_new_tokens,
-        reward_models,
-        g.algo.process_supervision,
-        temperature=g.algo.temperature,
-        device=str(ctx.device),
-    )
-
-
-def _training_data(
-    ctx: RunContext,
-    k: int,
-    model: PreTrainedModel,
-    tokenizer: PreTrainedTokenizerBase,
-    pool: list[Problem],
-) -> tuple[Sampler, RolloutEngine | None]:
-    """Where grpo.data_source says the outputs come from: the current policy (online), the
-    warm-started policy_0 (RFT: the same distribution every step), gold solutions (SFT), or
-    the stored pairs of grpo.pairs_file (offline DPO);
-    and the engine that must be given each updated policy (None: none follows the policy, or
-    it samples `model` itself, which the update changes in place). An engine that sleeps while
-    the update trains (engines.vllm.sleep_while_training) is put to sleep after sampling."""
-    cfg = ctx.cfg
-    batch = cfg.rollout.batch_size
-    if cfg.grpo.data_source == "online":
-        name, ahead = cfg.engines.grpo_rollout, cfg.grpo.async_.on
-        checkpoint = ctx.checkpoint(POLICY, k)
-        sampled = sampling_copy(model) if ahead else model  # grpo.async: sampled meanwhile
-        engine = ctx.engines.engine(
-            name, "grpo", checkpoint, sampled, tokenizer, batch, show_progress=False
-        )
-        can = cfg.engines.rollout_capabilities(name)
-        follower = None if can.shares_model and not ahead else engine
-        if can.sleeps_while_training and isinstance(follower, SleepingEngine):
-            return SleepsAfterSampling(follower), follower
-        return engine, follower
-    if cfg.grpo.pairs_file:  # data_source pairs_file; preflight checked every line
-        return pairs_rollout(Path(cfg.grpo.pairs_file), ctx.prompter(tokenizer), tokenizer), None
-    if cfg.grpo.data_source == "gold":  # preflight checked every problem has a solution
-        prompter = ctx.prompter(tokenizer)
-        solutions = {prompter(p.question): prompter.gold_output(p.solution or "") for p in pool}
-        return GoldSolutionRollout(tokenizer, solutions), None
-    policy_0 = ctx.policy(0)[0].eval().requires_grad_(False)
-    name, checkpoint = cfg.engines.rollout, ctx.checkpoint(POLICY, 0)
-    engine = ctx.engines.engine(
-        name, "grpo", checkpoint, policy_0, tokenizer, batch, show_progress=False
-    )
-    return engine, None
-
-
-def _policy_updater(
-    ctx: RunContext,
-    k: int,
-    model: PreTrainedModel,
-    reference: nn.Module | None,
-    adapters: LoRAAdapters | None,
-) -> PolicyUpdater:
-    """The stage's update path (engines.train, deepspeed launcher or Ray ranks); with
-    grpo.lora, it trains the adapters and hands on the merged policy."""
-    cfg = ctx.cfg
-    updater = build_policy_updater(
-        cfg.engines,
-        cfg.grpo,
-        ctx.threads,
-        model,
-        reference,
-        ctx.checkpoint(POLICY, k),
-        ctx.checkpoint(LAUNCH_JOBS, k),
-        cfg.policy.dtype,
-        ray_address=cfg.cluster.ray_address,
-        ranks=ctx.training_ranks(),
-    )
-    return updater if adapters is None else LoRAUpdater(updater, adapters)

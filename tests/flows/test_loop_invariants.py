@@ -16,7 +16,7 @@ import torch
 from safetensors.torch import load_file
 from torch import Tensor
 
-import flows.stages.grpo as grpo_module
+import flows.stages.grpo_parts as grpo_parts
 from flows.loop import execute_run
 from flows.names import POLICY
 from reward_models.models import RewardModel
@@ -41,7 +41,7 @@ def test_grpo_of_iteration_k_resets_its_reference_to_policy_k_and_scores_with_rm
 ) -> None:
     updaters: list[dict[str, Any]] = []
     rewarders: list[dict[str, dict[str, Tensor]]] = []
-    build_updater, rewarder_class = grpo_module.build_policy_updater, grpo_module.GRPORewarder
+    build_updater, rewarder_class = grpo_parts.build_policy_updater, grpo_parts.GRPORewarder
 
     def spy_updater(*args: Any, **kwargs: Any) -> Any:
         _, _, _, model, reference, policy_dir, *_ = args
@@ -55,8 +55,8 @@ def test_grpo_of_iteration_k_resets_its_reference_to_policy_k_and_scores_with_rm
         rewarders.append({kind: weights(rm) for kind, rm in reward_models.items()})
         return rewarder_class(*args, **kwargs)
 
-    monkeypatch.setattr(grpo_module, "build_policy_updater", spy_updater)
-    monkeypatch.setattr(grpo_module, "GRPORewarder", spy_rewarder)
+    monkeypatch.setattr(grpo_parts, "build_policy_updater", spy_updater)
+    monkeypatch.setattr(grpo_parts, "GRPORewarder", spy_rewarder)
     store = tmp_path / "store"
     cfg = micro_config(
         store, RUN_ID, "grpo.steps=2", "reward_models.use_prm=true", "grpo.rewards.prm=0.5"
