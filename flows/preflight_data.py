@@ -2,7 +2,8 @@
 (flows/preflight.py runs them after the store's): the policy and its tokenizer load with a pad
 or EOS token, each pretrained RM is of its configured format, head and tokens, every data row
 is valid, every row's prompt + completion fits the policy and the RMs (flows/preflight_rows.py),
-and each split has problems. `task_of_run` gives the run the task as the pre-flight left it."""
+each split has problems, and the policy's attention kernels can run here. `task_of_run` gives
+the run the task as the pre-flight left it."""
 
 from __future__ import annotations
 
@@ -18,10 +19,11 @@ from flows.names import EVAL_SPLIT, LABEL, ORM, POLICY, PRM, TRAIN_SPLIT, WARM_S
 from flows.plan import plan_writes, planned_stages
 from flows.preflight_rows import Budget, Limit, drawn_problems, fitting_task, warn_long_solutions
 from flows.progress import log
-from flows.runtime import derive_seed
+from flows.runtime import derive_seed, resolve_device
 from grpo_core.data.pairs_file import read_pairs
 from grpo_core.data.tasks.base import RowTask, Split, Task
 from grpo_core.data.tasks.registry import make_task
+from grpo_core.model.attention import require_attn_implementation
 from grpo_core.model.config import PolicyConfig
 from grpo_core.model.lora import require_peft
 from grpo_core.model.policy import build_char_tokenizer, ensure_pad_token
@@ -39,6 +41,9 @@ def check_policy_and_data(cfg: ItergrpoConfig) -> None:
     """Raise PreflightError / TaskDataError if the policy or the data cannot serve the run."""
     if cfg.grpo.lora.enabled:
         require_peft()  # a SettingError naming the lora extra
+    # flash attention without CUDA or its package: a SettingError naming the field
+    cuda = resolve_device(cfg.run.device).type == "cuda"
+    require_attn_implementation(cfg.policy.attn_implementation, cuda)
     tokenizer, context = _policy_tokenizer(cfg)
     _check_reward_models(cfg, tokenizer)
     task = make_task(cfg.task)  # validates every data row

@@ -438,5 +438,6 @@ def _policy_updater(
         cfg.policy.dtype,
         ray_address=cfg.cluster.ray_address,
         ranks=ctx.training_ranks(),
+        attn_implementation=cfg.policy.attn_implementation,
     )
     return updater if adapters is None else LoRAUpdater(updater, adapters)
