@@ -14,16 +14,16 @@ from pathlib import Path
 from transformers import AutoTokenizer, PreTrainedTokenizerBase
 
 from flows.config import ItergrpoConfig
+from flows.engines.availability import check_attention
 from flows.errors import PreflightError
 from flows.names import EVAL_SPLIT, LABEL, ORM, POLICY, PRM, TRAIN_SPLIT, WARM_START
 from flows.plan import plan_writes, planned_stages
 from flows.preflight_rows import Budget, Limit, drawn_problems, fitting_task, warn_long_solutions
 from flows.progress import log
-from flows.runtime import derive_seed, resolve_device
+from flows.runtime import derive_seed
 from grpo_core.data.pairs_file import read_pairs
 from grpo_core.data.tasks.base import RowTask, Split, Task
 from grpo_core.data.tasks.registry import make_task
-from grpo_core.model.attention import require_attn_implementation
 from grpo_core.model.config import PolicyConfig
 from grpo_core.model.lora import require_peft
 from grpo_core.model.policy import build_char_tokenizer, ensure_pad_token
@@ -41,9 +41,7 @@ def check_policy_and_data(cfg: ItergrpoConfig) -> None:
     """Raise PreflightError / TaskDataError if the policy or the data cannot serve the run."""
     if cfg.grpo.lora.enabled:
         require_peft()  # a SettingError naming the lora extra
-    # flash attention without CUDA or its package: a SettingError naming the field
-    cuda = resolve_device(cfg.run.device).type == "cuda"
-    require_attn_implementation(cfg.policy.attn_implementation, cuda)
+    check_attention(cfg.policy, cfg.run.device)  # flash attention without CUDA or its package
     tokenizer, context = _policy_tokenizer(cfg)
     _check_reward_models(cfg, tokenizer)
     task = make_task(cfg.task)  # validates every data row
