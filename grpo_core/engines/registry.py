@@ -285,8 +285,14 @@ VLLM_PLACEMENTS.add("process", _vllm_processes)
 
 def _build_vllm(request: RolloutRequest, settings: VLLMSettings) -> RolloutEngine:
     from grpo_core.engines.sharded_rollout import PromptShardedEngines
+    from grpo_core.engines.static_decode import warn_once
     from grpo_core.engines.vllm_rollout import VLLMRolloutEngine
 
+    if request.attn_implementation is not None:
+        warn_once(
+            f"policy.attn_implementation = {request.attn_implementation} does not apply to "
+            "the vllm rollout engine: vLLM picks its own attention backend"
+        )
     if settings.engines == 1 and settings.placement == "process":
         return VLLMRolloutEngine(**vllm_engine_options(request, settings))
     options = [vllm_engine_options(request, settings, i) for i in range(settings.engines)]
