@@ -43,6 +43,7 @@ class RunContext:
         self.engines = RolloutEngines(
             self.cfg.engines,
             policy_dtype=self.cfg.policy.dtype,
+            attn_implementation=self.cfg.policy.attn_implementation,
             seed=self.cfg.run.seed,
             log_dir=self.store.run_dir(self.run_id) / "logs",
             scratch_dir=self.store.checkpoints_dir / self.run_id / "rollout-engine-sync",
@@ -95,13 +96,15 @@ class RunContext:
     def policy(
         self, k: int, weights: bool = True
     ) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
-        """policy_k (the policy iteration k starts from) on the run's device, in policy.dtype;
-        weights=False: its skeleton on the meta device (the training ranks hold the weights)."""
+        """policy_k (the policy iteration k starts from) on the run's device, in policy.dtype
+        with policy.attn_implementation; weights=False: its skeleton on the meta device (the
+        training ranks hold the weights)."""
         from flows.model_io import to_device
         from grpo_core.model.policy import load_policy
 
+        policy = self.cfg.policy
         model, tokenizer = load_policy(
-            self.require_checkpoint(POLICY, k), self.cfg.policy.dtype, weights
+            self.require_checkpoint(POLICY, k), policy.dtype, weights, policy.attn_implementation
         )
         return (to_device(model, self.device) if weights else model), tokenizer
 
@@ -141,6 +144,7 @@ class RunContext:
                 model,
                 batch_size,
                 shard_label or purpose,
+                self.cfg.policy.attn_implementation,
             )
             if sharded is not None:
                 if self.cfg.engines.hf.cache_implementation != "dynamic":

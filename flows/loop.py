@@ -15,7 +15,7 @@ from flows.config_files import stored_config_for_rerun
 from flows.config_readers import stages_reading
 from flows.context import RunContext
 from flows.data_identity import check_data, data_now, record_data
-from flows.engines.availability import check_engines
+from flows.engines.availability import check_attention, check_engines
 from flows.interrupts import INTERRUPT, graceful_sigint, stopped_by_a_signal, with_fault_hook
 from flows.plan import ends_an_iteration, planned_stages
 from flows.progress import ProgressFn, iteration_label, no_progress
@@ -143,6 +143,7 @@ def execute_run(
     apply_threads(cfg.run.num_threads)
     name_deepspeed_accelerator(cfg.run.device)
     check_engines(cfg.engines)  # a selected engine that is not installed fails before any stage
+    check_attention(cfg.policy, cfg.run.device)  # ... and so do flash-attention kernels
     check_trackers(cfg.tracking)  # ... and so does a tracker
     store = RunStore(cfg.store.resolved_root())
     data = data_now(cfg)

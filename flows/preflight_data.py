@@ -2,7 +2,8 @@
 (flows/preflight.py runs them after the store's): the policy and its tokenizer load with a pad
 or EOS token, each pretrained RM is of its configured format, head and tokens, every data row
 is valid, every row's prompt + completion fits the policy and the RMs (flows/preflight_rows.py),
-and each split has problems. `task_of_run` gives the run the task as the pre-flight left it."""
+each split has problems, and the policy's attention kernels can run here. `task_of_run` gives
+the run the task as the pre-flight left it."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from pathlib import Path
 from transformers import AutoTokenizer, PreTrainedTokenizerBase
 
 from flows.config import ItergrpoConfig
+from flows.engines.availability import check_attention
 from flows.errors import PreflightError
 from flows.names import EVAL_SPLIT, LABEL, ORM, POLICY, PRM, TRAIN_SPLIT, WARM_START
 from flows.plan import plan_writes, planned_stages
@@ -39,6 +41,7 @@ def check_policy_and_data(cfg: ItergrpoConfig) -> None:
     """Raise PreflightError / TaskDataError if the policy or the data cannot serve the run."""
     if cfg.grpo.lora.enabled:
         require_peft()  # a SettingError naming the lora extra
+    check_attention(cfg.policy, cfg.run.device)  # flash attention without CUDA or its package
     tokenizer, context = _policy_tokenizer(cfg)
     _check_reward_models(cfg, tokenizer)
     task = make_task(cfg.task)  # validates every data row

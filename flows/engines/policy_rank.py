@@ -119,25 +119,29 @@ class PolicyRank:
         policy_dir: str,
         start_dir: str,
         dtype: str,
+        attn_implementation: str | None = None,
     ) -> None:
         """The engine on the policy saved at start_dir (policy_k, or a progress checkpoint's
-        weights on resume); the frozen reference from policy_dir when the loss reads it. A rank kept
-        for the run loads again at each GRPO stage: what the last stage held goes first (a
-        new optimizer each iteration, as in one process)."""
+        weights on resume); the frozen reference from policy_dir when the loss reads it; both
+        with policy.attn_implementation. A rank kept for the run loads again at each GRPO
+        stage: what the last stage held goes first (a new optimizer each iteration, as in one
+        process)."""
         from grpo_core.model.policy import load_policy
 
         self.release()
         self.algo = algo
         self.collective_gather = engines.train == "deepspeed" and engines.deepspeed.zero_stage == 3
         device = torch.device("cuda" if self.cuda else "cpu")
-        model = _in_torch_memory(load_policy(start_dir, dtype)[0]).to(device)
+        loaded = load_policy(start_dir, dtype, attn_implementation=attn_implementation)[0]
+        model = _in_torch_memory(loaded).to(device)
         self.model = model
         optim = with_policy_precision(algo.optimizer_settings(total_steps), dtype)
         self.engine = RANK_ENGINES[engines.train](model, optim, engines)
         if algo.loss_reads_reference:
             ds = engines.deepspeed
             ref_dtype = "bfloat16" if engines.train == "deepspeed" and ds.bf16 else dtype
-            reference = _in_torch_memory(load_policy(policy_dir, ref_dtype)[0])
+            frozen = load_policy(policy_dir, ref_dtype, attn_implementation=attn_implementation)
+            reference = _in_torch_memory(frozen[0])
             self.reference = reference.to(self.engine.device).eval().requires_grad_(False)
 
     def update(self, inputs: dict[str, Tensor], seed: int) -> dict[str, float]:

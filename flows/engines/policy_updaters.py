@@ -28,6 +28,7 @@ from grpo_core.contracts.rollout import RolloutEngine
 from grpo_core.contracts.training import TrainEngine
 from grpo_core.engines.config import DeepSpeedConfig
 from grpo_core.engines.registry import require_deepspeed
+from grpo_core.model.config import AttnImplementation
 from storage.errors import MissingCheckpointError
 
 if TYPE_CHECKING:
@@ -172,10 +173,11 @@ class LaunchedUpdater:
         policy_dir: Path,
         jobs_dir: Path,
         policy_dtype: str = "float32",
+        attn_implementation: AttnImplementation | None = None,
     ) -> None:
         require_deepspeed(deepspeed)
         self.algo, self.deepspeed, self.threads = grpo.algo, deepspeed, threads
-        self.policy_dtype = policy_dtype
+        self.policy_dtype, self.attn_implementation = policy_dtype, attn_implementation
         self.total_steps = grpo_total_steps(grpo)
         self.model = model
         self.reference_dir = policy_dir if grpo.algo.loss_reads_reference else None
@@ -210,6 +212,7 @@ class LaunchedUpdater:
             total_steps=self.total_steps,
             seed=seed,
             policy_dtype=self.policy_dtype,
+            attn_implementation=self.attn_implementation,
             resume_from=None if self.state_dir is None else str(self.state_dir),
             save_state=True,
         )
@@ -283,13 +286,15 @@ def build_policy_updater(
     policy_dtype: str,
     ray_address: str | None = None,
     ranks: RankGroup | None = None,
+    attn_implementation: AttnImplementation | None = None,
 ) -> PolicyUpdater:
     """The GRPO stage's update path for engines.train and engines.deepspeed: in this process,
     through the deepspeed launcher (jobs under `jobs_dir`, ranks loading the policy in
-    `policy_dtype`) when engines.launched, or on long-lived Ray actors when engines.train_workers
-    = ray (flows/engines/train_workers.py): `ranks`, the run's, or a group started for the
-    stage (at `ray_address`, else a local Ray) and closed with it; rank 0 writes the updates
-    that vLLM engines reload (weight_sync = disk) under `jobs_dir`."""
+    `policy_dtype` with `attn_implementation`) when engines.launched, or on long-lived Ray
+    actors when engines.train_workers = ray (flows/engines/train_workers.py): `ranks`, the
+    run's, or a group started for the stage (at `ray_address`, else a local Ray) and closed
+    with it; rank 0 writes the updates that vLLM engines reload (weight_sync = disk) under
+    `jobs_dir`."""
     if engines.train_workers == "ray":
         from flows.engines.train_workers import RankGroup, RayWorkersUpdater
 
@@ -298,9 +303,12 @@ def build_policy_updater(
         return RayWorkersUpdater(
             *(group, engines, grpo, model, policy_dir, policy_dtype, DEEPSPEED_STATE, owns),
             sync_dir=jobs_dir,
+            attn_implementation=attn_implementation,
         )
     if engines.launched:
-        deepspeed = engines.deepspeed
-        return LaunchedUpdater(grpo, deepspeed, threads, model, policy_dir, jobs_dir, policy_dtype)
+        return LaunchedUpdater(
+            *(grpo, engines.deepspeed, threads, model, policy_dir, jobs_dir, policy_dtype),
+            attn_implementation=attn_implementation,
+        )
     engine = build_policy_engine(engines, grpo, model, policy_dtype)
     return InProcessUpdater(engine, grpo.algo, model, reference)

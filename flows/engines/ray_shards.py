@@ -53,6 +53,7 @@ class ShardJob:
     start: int
     stop: int
     copy_weights: bool = False
+    attn_implementation: str | None = None  # policy.attn_implementation
 
 
 # (prompts, jobs) -> one batch per job, in job order.
@@ -79,10 +80,13 @@ _LOADED: dict[tuple[Any, ...], tuple[PreTrainedModel, PreTrainedTokenizerBase]] 
 def _policy(job: ShardJob) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
     path = Path(job.policy_dir)
     stat = os.stat(path)  # checkpoints are renamed into place: a rewrite changes inode/mtime
-    key = (str(path), stat.st_ino, stat.st_mtime_ns, job.device, job.dtype, job.copy_weights)
+    key = (
+        *(str(path), stat.st_ino, stat.st_mtime_ns),
+        *(job.device, job.dtype, job.copy_weights, job.attn_implementation),
+    )
     if key not in _LOADED:
         _LOADED.clear()
-        model, tokenizer = load_policy(path, job.dtype)
+        model, tokenizer = load_policy(path, job.dtype, attn_implementation=job.attn_implementation)
         if job.copy_weights:
             with torch.no_grad():
                 for param in model.parameters():  # tied weights are one Parameter: copied once
@@ -163,10 +167,12 @@ class RayShardedRollout:
         runner: ShardRunner,
         name: str = "generate",
         copy_weights: bool = False,
+        attn_implementation: str | None = None,
     ) -> None:
         self.shards, self.device, self.dtype, self.threads = cluster.shards, device, dtype, threads
         self.policy_dir, self.batch_size = policy_dir, batch_size
         self.runner, self.name, self.copy_weights = runner, name, copy_weights
+        self.attn_implementation = attn_implementation
 
     def generate(
         self, prompts: list[str], n: int, params: SamplingParams, seed: int
@@ -188,6 +194,7 @@ class RayShardedRollout:
                 a,
                 b,
                 self.copy_weights,
+                self.attn_implementation,
             )
             for a, b in bounds
         ]
@@ -208,6 +215,7 @@ def ray_sharded_rollout(
     model: PreTrainedModel,
     batch_size: int,
     name: str,
+    attn_implementation: str | None = None,
 ) -> RayShardedRollout | None:
     """The Ray-sharded sampling engine of policy_{policy_iteration} (saved at policy_dir;
     `model` is the stage's copy of it), or None when `cluster.ray_address` is unset: the stage
@@ -218,5 +226,7 @@ def ray_sharded_rollout(
     in_torch_memory = all(p.data_ptr() % 64 == 0 for p in model.parameters())
     runner = ray_runner(cluster, label)
     return RayShardedRollout(
-        cluster, device, dtype, threads, policy_dir, batch_size, runner, label, in_torch_memory
+        *(cluster, device, dtype, threads, policy_dir, batch_size, runner, label),
+        copy_weights=in_torch_memory,
+        attn_implementation=attn_implementation,
     )

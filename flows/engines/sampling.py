@@ -33,6 +33,7 @@ class RolloutEngines:
         *,
         policy_dtype: str,
         seed: int,
+        attn_implementation: str | None = None,
         log_dir: Path,
         scratch_dir: Path,
         ray_address: str | None = None,
@@ -40,6 +41,7 @@ class RolloutEngines:
         """ray_address: cluster.ray_address, where engines placed on Ray actors start (joined
         before they start, so they do not start a local Ray)."""
         self.section, self.policy_dtype, self.seed = section, policy_dtype, seed
+        self.attn_implementation = attn_implementation  # policy.attn_implementation
         self.log_dir, self.scratch_dir = log_dir, scratch_dir
         self.ray_address = ray_address
         self._kept: RolloutEngine | None = None
@@ -68,6 +70,7 @@ class RolloutEngines:
             batch_size=batch_size,
             purpose=purpose,
             dtype=self.policy_dtype,
+            attn_implementation=self.attn_implementation,
             prefix_caching=caching,
             seed=self.seed,
             log_dir=self.log_dir,

@@ -161,6 +161,7 @@ class RayWorkersUpdater:
         state_dir: str,
         owns_group: bool,
         sync_dir: Path | None = None,
+        attn_implementation: str | None = None,
     ) -> None:
         """state_dir: the directory in a progress checkpoint that the ranks write the optimizer
         state to: DeepSpeed's own checkpoint (policy_updaters.DEEPSPEED_STATE, as for the
@@ -175,6 +176,7 @@ class RayWorkersUpdater:
         self.engines, self.algo, self.model = engines, grpo.algo, model
         self.total_steps = grpo_total_steps(grpo)
         self.policy_dir, self.dtype = policy_dir, policy_dtype
+        self.attn_implementation = attn_implementation  # policy.attn_implementation
         self.loaded = False
         self.model_stale = False  # rank 0 holds weights the stage's model lacks
         self.rank0_holds_weights = False  # rank 0 kept the ranks' weights (update or gather)
@@ -202,7 +204,8 @@ class RayWorkersUpdater:
         if self.loaded:
             return
         args = (self.engines, self.algo, self.total_steps, str(self.policy_dir), str(start_dir))
-        self.group.all(lambda r: r.load.remote(*args, self.dtype))
+        attention = self.attn_implementation
+        self.group.all(lambda r: r.load.remote(*args, self.dtype, attention))
         self.loaded = True
 
     def update(

@@ -27,14 +27,14 @@ ENGINE_STATE = "engine"  # DeepSpeed's own checkpoint of the critic, inside PROG
 def _initial_critic(ctx: RunContext, k: int) -> ValueModel:
     """critic_k when an earlier iteration stored one, else a new one from critic_init's
     source of iteration k (policy_k, or ORM_k with its head)."""
-    dtype = ctx.cfg.policy.dtype
+    dtype, attention = ctx.cfg.policy.dtype, ctx.cfg.policy.attn_implementation
     stored = ctx.checkpoint(CRITIC, k)
     if (stored / CRITIC_FILE).is_file():
-        return ValueModel.load(stored, dtype)
+        return ValueModel.load(stored, dtype, attention)
     source = ctx.cfg.grpo.algo.ppo.critic_init
     path = ctx.require_checkpoint(ORM if source == "orm" else POLICY, k)
     log.info("PPO: critic of iteration %d starts from %s", k, path)
-    return ValueModel.from_backbone(path, dtype, seed=ctx.seed(CRITIC, k))
+    return ValueModel.from_backbone(path, dtype, ctx.seed(CRITIC, k), attention)
 
 
 def open_critic(
@@ -51,7 +51,12 @@ def open_critic(
     if not algo.estimator.needs_values:
         return None
     saved = progress_dir / PROGRESS_DIR
-    critic = ValueModel.load(saved, ctx.cfg.policy.dtype) if resumed else _initial_critic(ctx, k)
+    policy_cfg = ctx.cfg.policy
+    critic = (
+        ValueModel.load(saved, policy_cfg.dtype, policy_cfg.attn_implementation)
+        if resumed
+        else _initial_critic(ctx, k)
+    )
     if critic.vocab_size != policy.config.vocab_size:
         raise SettingError(
             f"grpo.algo.ppo.critic_init = {algo.ppo.critic_init}: the critic's vocabulary "

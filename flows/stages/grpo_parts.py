@@ -153,5 +153,6 @@ def policy_updater(
         cfg.policy.dtype,
         ray_address=cfg.cluster.ray_address,
         ranks=ctx.training_ranks(),
+        attn_implementation=cfg.policy.attn_implementation,
     )
     return updater if adapters is None else LoRAUpdater(updater, adapters)

@@ -26,8 +26,8 @@ from torch import Tensor
 from grpo_core.algo.config import GRPOConfig
 from grpo_core.contracts.policy_batch import PolicyBatch, update_inputs, update_tensors
 from grpo_core.engines.config import DeepSpeedConfig
-from grpo_core.model.config import ModelDtype
-from grpo_core.model.policy import DTYPES
+from grpo_core.model.config import AttnImplementation, ModelDtype
+from grpo_core.model.policy import DTYPES, attention_kwargs
 
 log = logging.getLogger(__name__)
 
@@ -66,6 +66,11 @@ class UpdateJob(BaseModel):
         default="float32",
         description="The policy's dtype (policy.dtype): the ranks load it so (bf16-mixed: "
         "float32, forward passes under bfloat16 autocast).",
+    )
+    attn_implementation: AttnImplementation | None = Field(
+        default=None,
+        description="policy.attn_implementation: the ranks load the policy and the reference "
+        "with it (empty: the model's default).",
     )
     resume_from: str | None = Field(
         default=None, description="A state/ directory of an earlier job to continue from."
@@ -160,7 +165,8 @@ def main(argv: list[str] | None = None) -> None:
     g = job.grpo
     dtype = DTYPES[job.policy_dtype]
     torch.manual_seed(job.seed)
-    model = AutoModelForCausalLM.from_pretrained(job.policy_dir, dtype=dtype)
+    attention = attention_kwargs(job.attn_implementation)
+    model = AutoModelForCausalLM.from_pretrained(job.policy_dir, dtype=dtype, **attention)
     optim = with_policy_precision(g.optimizer_settings(job.total_steps), job.policy_dtype)
     engine = DeepSpeedEngine(model, optim, job.deepspeed)
     if job.resume_from is not None:
@@ -170,7 +176,9 @@ def main(argv: list[str] | None = None) -> None:
         if job.reference_dir is None:
             raise ValueError(f"the loss reads pi_ref: needs reference_dir in {job_dir / JOB_FILE}")
         ref_dtype = torch.bfloat16 if job.deepspeed.bf16 else dtype  # DeepSpeed computes in it
-        reference = AutoModelForCausalLM.from_pretrained(job.reference_dir, dtype=ref_dtype)
+        reference = AutoModelForCausalLM.from_pretrained(
+            job.reference_dir, dtype=ref_dtype, **attention
+        )
         torch.nn.Module.to(reference, engine.device).eval().requires_grad_(False)
     batch, advantages, old_logprobs = update_inputs(load_file(job_dir / BATCH_FILE), engine.device)
     metrics = grpo_update(

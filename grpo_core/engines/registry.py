@@ -45,6 +45,7 @@ class RolloutRequest:
     batch_size: int = 256
     purpose: str = "sampling"  # the progress bar's title
     dtype: str = "float32"  # the policy's dtype (policy.dtype): an engine's own copy holds it
+    attn_implementation: str | None = None  # policy.attn_implementation, for that copy too
     prefix_caching: bool = True  # share KV entries between samples of a prefix (vLLM)
     seed: int = 0  # an engine's own seed (vLLM's); each generate call still takes its own
     log_dir: Path | None = None  # where a worker process writes its log
@@ -133,7 +134,9 @@ def _build_hf(
 
     model = request.model
     if model is None:
-        model = load_policy(request.checkpoint_dir, request.dtype)[0]
+        model = load_policy(
+            request.checkpoint_dir, request.dtype, attn_implementation=request.attn_implementation
+        )[0]
     decoding = settings or HFSettings()
     options: dict[str, Any] = {
         "batch_size": request.batch_size,
@@ -282,8 +285,14 @@ VLLM_PLACEMENTS.add("process", _vllm_processes)
 
 def _build_vllm(request: RolloutRequest, settings: VLLMSettings) -> RolloutEngine:
     from grpo_core.engines.sharded_rollout import PromptShardedEngines
+    from grpo_core.engines.static_decode import warn_once
     from grpo_core.engines.vllm_rollout import VLLMRolloutEngine
 
+    if request.attn_implementation is not None:
+        warn_once(
+            f"policy.attn_implementation = {request.attn_implementation} does not apply to "
+            "the vllm rollout engine: vLLM picks its own attention backend"
+        )
     if settings.engines == 1 and settings.placement == "process":
         return VLLMRolloutEngine(**vllm_engine_options(request, settings))
     options = [vllm_engine_options(request, settings, i) for i in range(settings.engines)]

@@ -21,6 +21,8 @@ DEFAULT_ALPHABET = string.digits + string.ascii_letters + string.punctuation + "
 ModelDtype = Literal["float32", "bfloat16", "float16", "bf16-mixed"]
 # the mixed precisions and the dtype their forward passes autocast to
 AUTOCAST_DTYPES: dict[str, Literal["bfloat16"]] = {"bf16-mixed": "bfloat16"}
+# policy.attn_implementation: transformers' attention kernels, by transformers' names
+AttnImplementation = Literal["sdpa", "eager", "flash_attention_2", "flash_attention_3"]
 
 
 class PromptConfig(BaseModel):
@@ -123,6 +125,14 @@ class PolicyConfig(BaseModel):
         description="Parameter dtype (float32 on CPU), or bf16-mixed (Lightning's name): "
         "float32 parameters and optimizer state, the update's forward passes (with pi_old "
         "and the reference) under torch.autocast to bfloat16, on CPU and CUDA.",
+    )
+    attn_implementation: AttnImplementation | None = Field(
+        default=None,
+        description="Attention kernels of the policy and every copy of it (reference, PPO "
+        "critic, rollout and training ranks), transformers' attn_implementation: sdpa, eager, "
+        "flash_attention_2 or flash_attention_3 (CUDA with the flash-attn package; what "
+        "grpo.algo.padding_free packs into one varlen call). Empty: the model's default "
+        "(sdpa where torch has it).",
     )
 
     @model_validator(mode="after")

@@ -19,7 +19,7 @@ from transformers import AutoModelForTokenClassification, PreTrainedModel
 from grpo_core.contracts.errors import MissingPathError
 from grpo_core.contracts.policy_batch import PolicyBatch
 from grpo_core.model.packing import pack_rows
-from grpo_core.model.policy import DTYPES, reading_checkpoint
+from grpo_core.model.policy import DTYPES, attention_kwargs, reading_checkpoint
 from grpo_core.model.scalar_head import scalar_head_from_directory
 
 CRITIC_FILE = "critic.json"
@@ -60,12 +60,22 @@ class ValueModel(nn.Module):
         return values * batch.response_mask
 
     @classmethod
-    def from_backbone(cls, path: str | Path, dtype: str = "float32", seed: int = 0) -> ValueModel:
+    def from_backbone(
+        cls,
+        path: str | Path,
+        dtype: str = "float32",
+        seed: int = 0,
+        attn_implementation: str | None = None,
+    ) -> ValueModel:
         """A critic from a model directory: a policy's backbone under a new scalar head drawn
-        from `seed` (the global RNG untouched), or a scalar-head reward model with its head."""
+        from `seed` (the global RNG untouched), or a scalar-head reward model with its head;
+        attention as policy.attn_implementation asks."""
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(seed)
-            return cls(scalar_head_from_directory(Path(path), dtype, "critic backbone"))
+            net = scalar_head_from_directory(
+                Path(path), dtype, "critic backbone", attn_implementation
+            )
+            return cls(net)
 
     def save(self, directory: str | Path, state_dict: dict[str, Tensor] | None = None) -> Path:
         """Weights (safetensors) and config into `directory`, marked as a critic; state_dict
@@ -82,8 +92,11 @@ class ValueModel(nn.Module):
         return path
 
     @classmethod
-    def load(cls, directory: str | Path, dtype: str = "float32") -> ValueModel:
-        """A critic saved by `save`, its parameters in `dtype`."""
+    def load(
+        cls, directory: str | Path, dtype: str = "float32", attn_implementation: str | None = None
+    ) -> ValueModel:
+        """A critic saved by `save`, its parameters in `dtype`, attention as
+        policy.attn_implementation asks."""
         path = Path(directory)
         if not (path / CRITIC_FILE).is_file():
             raise MissingPathError(
@@ -92,6 +105,9 @@ class ValueModel(nn.Module):
             )
         with reading_checkpoint(path):
             net = AutoModelForTokenClassification.from_pretrained(
-                path, dtype=DTYPES[dtype], local_files_only=True
+                path,
+                dtype=DTYPES[dtype],
+                local_files_only=True,
+                **attention_kwargs(attn_implementation),
             )
         return cls(net)

@@ -70,7 +70,8 @@ def packs(model: nn.Module, asked: bool, role: str) -> bool:
             "grpo.algo.padding_free: the %s's %s attention masks the packed row block-"
             "diagonally: no padding in the linear layers, but attention computes every "
             "(token, token) entry of the packed row, which grows with the square of the "
-            "budget (bench/padding_share.py); flash_attention_2 runs each row alone",
+            "budget (bench/padding_share.py); policy.attn_implementation: flash_attention_2 "
+            "(CUDA) runs each row alone",
             role,
             attention,
         )

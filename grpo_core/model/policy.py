@@ -98,6 +98,8 @@ def create_tiny_policy(cfg: PolicyConfig, tokenizer: PreTrainedTokenizerBase) ->
         model = LlamaForCausalLM(config)
     for param in model.parameters():
         param.data = param.data.to(DTYPES[cfg.dtype])
+    if cfg.attn_implementation is not None:
+        model.set_attn_implementation(cfg.attn_implementation)
     return model
 
 
@@ -121,26 +123,36 @@ def reading_checkpoint(path: Path) -> Iterator[None]:
         ) from exc
 
 
+def attention_kwargs(attn_implementation: str | None) -> dict[str, str]:
+    """transformers' loading keyword for policy.attn_implementation; none for None (the
+    model's default, which a checkpoint does not record: every load passes it again)."""
+    return {} if attn_implementation is None else {"attn_implementation": attn_implementation}
+
+
 def load_policy(
-    path: str | Path, dtype: str = "float32", weights: bool = True
+    path: str | Path,
+    dtype: str = "float32",
+    weights: bool = True,
+    attn_implementation: str | None = None,
 ) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
     """Model and tokenizer from a local HF directory (`save_pretrained` layout); never the hub.
     weights=False: the model as a skeleton, its parameters on the meta device (config, names
     and shapes, no weights in memory), for a process that saves weights held elsewhere through
-    `save_pretrained(..., state_dict=...)`."""
+    `save_pretrained(..., state_dict=...)`. attn_implementation: policy.attn_implementation."""
     path = Path(path)
     if not (path / "config.json").is_file():
         raise MissingPathError(f"no HF model directory at {path} (config.json missing)")
+    attention = attention_kwargs(attn_implementation)
     with reading_checkpoint(path):
         tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True)
         if weights:
             model = AutoModelForCausalLM.from_pretrained(
-                path, local_files_only=True, dtype=DTYPES[dtype]
+                path, local_files_only=True, dtype=DTYPES[dtype], **attention
             )
         else:
             config = AutoConfig.from_pretrained(path, local_files_only=True)
             with torch.device("meta"):
-                model = AutoModelForCausalLM.from_config(config, dtype=DTYPES[dtype])
+                model = AutoModelForCausalLM.from_config(config, dtype=DTYPES[dtype], **attention)
     ensure_pad_token(tokenizer)
     return model, tokenizer
 
@@ -188,10 +200,12 @@ def build_policy(cfg: PolicyConfig) -> tuple[PreTrainedModel, PreTrainedTokenize
     if cfg.kind == "local":
         if cfg.path is None:
             raise SettingError("policy.path is required when policy.kind is 'local'")
-        return load_policy(cfg.path, cfg.dtype)
+        return load_policy(cfg.path, cfg.dtype, attn_implementation=cfg.attn_implementation)
     from grpo_core.model.smollm2 import smollm2_path
 
-    return load_policy(smollm2_path(cfg.cache_dir), cfg.dtype)
+    return load_policy(
+        smollm2_path(cfg.cache_dir), cfg.dtype, attn_implementation=cfg.attn_implementation
+    )
 
 
 def encode_prompt(tokenizer: PreTrainedTokenizerBase, prompt: str) -> list[int]:

@@ -17,7 +17,7 @@ from transformers import (
 from transformers.utils import logging as hf_logging
 
 from grpo_core.contracts.errors import MissingPathError
-from grpo_core.model.policy import DTYPES, reading_checkpoint
+from grpo_core.model.policy import DTYPES, attention_kwargs, reading_checkpoint
 
 
 def _has_scalar_head(config: PretrainedConfig) -> bool:
@@ -35,11 +35,14 @@ def _scalar_head_config(config: PretrainedConfig) -> PretrainedConfig:
     return out
 
 
-def scalar_head_from_directory(path: Path, dtype: str, role: str) -> PreTrainedModel:
+def scalar_head_from_directory(
+    path: Path, dtype: str, role: str, attn_implementation: str | None = None
+) -> PreTrainedModel:
     """The model directory at `path` as a scalar-head network in `dtype`: with its own head
     when it has one (a scalar-head reward model), else its backbone under a new head drawn
     from the global generator (the caller seeds it). role names the model in the error for a
-    path that is not a model directory (e.g. "critic backbone")."""
+    path that is not a model directory (e.g. "critic backbone"). attn_implementation: the
+    policy's (policy.attn_implementation), for a critic built from it."""
     if not (path / "config.json").is_file():
         raise MissingPathError(f"{role} {path} is not a model directory (no config.json)")
     with reading_checkpoint(path):
@@ -57,6 +60,7 @@ def scalar_head_from_directory(path: Path, dtype: str, role: str) -> PreTrainedM
                 dtype=DTYPES[dtype],
                 local_files_only=True,
                 ignore_mismatched_sizes=not keep_head,
+                **attention_kwargs(attn_implementation),
             )
         finally:
             hf_logging.set_verbosity(verbosity)

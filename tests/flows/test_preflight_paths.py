@@ -1,6 +1,6 @@
 """Pre-flight checks of what a run would only need later: the SmolLM2 policy's sources (read by
-the warm start) and the DeepSpeed hostfile (read by the first GRPO update), refused before
-anything is written."""
+the warm start), the DeepSpeed hostfile (read by the first GRPO update) and flash attention
+(needed at the first load), refused before anything is written."""
 
 from __future__ import annotations
 
@@ -51,3 +51,13 @@ def test_a_bad_hostfile_stops_the_run_before_anything_is_written(tmp_path: Path)
     with pytest.raises(SettingError, match="'HOST slots=N'"):
         execute_run(cfg)
     assert RunStore(tmp_path / "store").run_ids() == []
+
+
+def test_flash_attention_on_the_cpu_is_refused_before_anything_is_written(
+    tmp_path: Path,
+) -> None:
+    sets = [f"store.root={tmp_path}", "run.run_id=f", "run.device=cpu"]
+    cfg = load_config("micro", [*sets, "policy.attn_implementation=flash_attention_2"])
+    with pytest.raises(SettingError, match=r"policy\.attn_implementation = flash_attention_2"):
+        execute_run(cfg)
+    assert RunStore(tmp_path).run_ids() == []

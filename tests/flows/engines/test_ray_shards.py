@@ -120,6 +120,32 @@ def test_ray_sharded_rollout_in_process_equals_the_hf_engine(
     assert [(j.start, j.stop) for j in seen[0]] == [(0, 4), (4, 8), (8, 10)]
 
 
+def test_each_shard_loads_the_policy_with_its_attention_kernels(
+    policy: tuple[PreTrainedModel, PreTrainedTokenizerBase],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    model, tok = policy
+    cfg = micro_config(tmp_path, "eager", "cluster.ray_address=local", "cluster.shards=2")
+    policy_dir = tmp_path / "policy"
+    save_model(policy_dir, model, tok)
+    kernels: list[str] = []
+
+    def loading(path: Path, dtype: str, **options: Any) -> Any:
+        loaded = load_policy(path, dtype, **options)
+        kernels.append(loaded[0].config._attn_implementation)
+        return loaded
+
+    monkeypatch.setattr(ray_shards, "load_policy", loading)
+    sharded = RayShardedRollout(
+        *(cfg.cluster, "cpu", "float32", 1, policy_dir, 4, run_shards_in_process),
+        attn_implementation="eager",
+    )
+    prompts = [Prompter(tok)(q) for q in QUESTIONS]
+    sharded.generate(prompts, 1, SamplingParams(max_new_tokens=4), seed=0)
+    assert kernels == ["eager"]  # loaded once, reused by the second shard
+
+
 def test_cluster_section_is_validated(
     policy: tuple[PreTrainedModel, PreTrainedTokenizerBase], tmp_path: Path
 ) -> None:

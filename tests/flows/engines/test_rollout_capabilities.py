@@ -5,7 +5,10 @@ the run, asked to cache prefixes, started on Ray and given the stage's model as 
 
 from __future__ import annotations
 
+import logging
+import sys
 from collections.abc import Callable, Iterator
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -16,6 +19,7 @@ from flows.engines import sampling
 from flows.engines.policy_updaters import stage_holds_policy_weights
 from flows.engines.sampling import RolloutEngines
 from flows.engines_config import EnginesSection
+from grpo_core.engines import static_decode, vllm_rollout
 from grpo_core.engines.config import VLLMSettings
 from grpo_core.engines.registry import (
     ROLLOUT_ENGINES,
@@ -154,3 +158,32 @@ def test_vllm_declares_its_capabilities_from_its_settings() -> None:
         reloads_updates=True,
     )
     assert ROLLOUT_ENGINES["hf"].capabilities(None) == RolloutCapabilities(shares_model=True)
+
+
+def test_the_engines_get_the_policys_attention_and_vllm_says_once_it_ignores_it(
+    register: Register,
+    monkeypatch: pytest.MonkeyPatch,
+    tmp_path: Path,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    name = register("toy_attention", RolloutCapabilities())
+    engines = RolloutEngines(
+        EnginesSection(rollout=name),
+        policy_dtype="float32",
+        attn_implementation="eager",
+        seed=0,
+        log_dir=tmp_path / "logs",
+        scratch_dir=tmp_path / "scratch",
+    )
+    engines.engine(name, "rollout", tmp_path / "p0", None, build_char_tokenizer(), 4)
+    assert BUILT[-1].attn_implementation == "eager"  # an engine's own copy loads with it
+    monkeypatch.setattr(vllm_rollout, "VLLMRolloutEngine", lambda **options: options)
+    request = replace(BUILT[-1], attn_implementation="sdpa")
+    with caplog.at_level(logging.WARNING, logger=static_decode.__name__):
+        for _ in range(2):
+            ROLLOUT_ENGINES["vllm"].build(request, VLLMSettings(python=sys.executable))
+    said = [r.message for r in caplog.records if "attn_implementation" in r.message]
+    assert said == [
+        "policy.attn_implementation = sdpa does not apply to the vllm rollout engine: vLLM "
+        "picks its own attention backend"
+    ]

@@ -440,3 +440,23 @@ def test_missing_ray_names_the_field_and_the_fix(monkeypatch: pytest.MonkeyPatch
     assert "engines.train_workers = ray" in message and "pip install -e '.[ray]'" in message
     assert "engines.train_workers: none" in message
     availability.check_engines(ItergrpoConfig().engines)  # the default needs no ray
+
+
+def test_a_rank_loads_the_policy_and_its_reference_with_the_policys_attention(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from flows.engines import policy_rank
+    from grpo_core.algo.config import GRPOConfig
+    from grpo_core.engines.train import TorchEngine
+
+    tokenizer = build_char_tokenizer()
+    create_tiny_policy(PolicyConfig(), tokenizer).save_pretrained(tmp_path)
+    tokenizer.save_pretrained(tmp_path)
+    # a one-process engine in place of DDP's, which needs a process group
+    monkeypatch.setattr(policy_rank, "RANK_ENGINES", {"torch": lambda m, o, e: TorchEngine(m, o)})
+    rank = policy_rank.PolicyRank(0, 1, cuda=False, threads=None)
+    algo = GRPOConfig(beta=0.04)  # the loss reads the reference
+    rank.load(EnginesSection(), algo, 1, str(tmp_path), str(tmp_path), "float32", "eager")
+    assert rank.model is not None and rank.reference is not None
+    assert rank.model.config._attn_implementation == "eager"
+    assert rank.reference.config._attn_implementation == "eager"
