@@ -86,7 +86,9 @@ def test_the_staleness_suite_changes_only_how_far_the_sampler_lags(tmp_path: Pat
 
 def test_unknown_suite_names_the_suites() -> None:
     with pytest.raises(
-        ConfigError, match=r"--suite nope: unknown suite; suites: default, distill, fig6, micro"
+        ConfigError,
+        match=r"--suite nope: unknown suite; suites: curriculum, default, distill, fig6, micro, "
+        r"objectives",
     ):
         load_suite("nope")
 
