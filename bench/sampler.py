@@ -119,6 +119,24 @@ def timed(sample: Sampler, prompts: list[str], n: int, params: SamplingParams) -
     return time.perf_counter() - start, tokens
 
 
+def median_rates(
+    samplers: dict[str, Sampler],
+    prompts: list[str],
+    n: int,
+    params: SamplingParams,
+    repeats: int,
+) -> dict[str, float]:
+    """Each sampler's median tokens/s over `repeats` calls, in alternating order (forward,
+    then reversed) so drift in machine speed falls on every sampler alike."""
+    rates: dict[str, list[float]] = {k: [] for k in samplers}
+    for repeat in range(repeats):
+        order = list(samplers) if repeat % 2 == 0 else list(reversed(samplers))
+        for key in order:
+            wall, tokens = timed(samplers[key], prompts, n, params)
+            rates[key].append(tokens / wall)
+    return {k: statistics.median(v) for k, v in rates.items()}
+
+
 def _median_seconds(call: Callable[[], object], repeats: int) -> float:
     call()  # warm-up
     times = []
@@ -192,13 +210,7 @@ def bench_model(name: str, shapes: list[tuple[int, int]], repeats: int) -> None:
         prompts = prompts_for(questions, n_prompts)
         for sample in samplers.values():  # untimed warm-up
             sample(prompts[: min(4, n_prompts)], n, params)
-        rates: dict[str, list[float]] = {k: [] for k in samplers}
-        for repeat in range(repeats):
-            order = list(samplers) if repeat % 2 == 0 else list(reversed(samplers))
-            for key in order:
-                wall, tokens = timed(samplers[key], prompts, n, params)
-                rates[key].append(tokens / wall)
-        rate = {k: statistics.median(v) for k, v in rates.items()}
+        rate = median_rates(samplers, prompts, n, params, repeats)
         rows = n_prompts * n
         # every step at full batch: the floors' tokens per second are upper bounds
         forward_s, matmuls_s = decode_floors(model, rows)

@@ -14,12 +14,11 @@ from __future__ import annotations
 
 import argparse
 import os
-import statistics
 import time
 
 import torch
 from machine_speed import load, reference_line
-from sampler import Sampler, build, ours, prompts_for, timed
+from sampler import Sampler, build, median_rates, ours, prompts_for
 
 from grpo_core.contracts.rollout import SamplingParams
 from grpo_core.engines.hf_rollout import HFRolloutEngine
@@ -53,13 +52,7 @@ def bench_model(name: str, shapes: list[tuple[int, int]], repeats: int) -> None:
         start = time.perf_counter()
         same = [samplers[k](prompts, n, greedy)[1] == reference for k in samplers]
         compile_s = time.perf_counter() - start  # the static shapes' first call compiles
-        rates: dict[str, list[float]] = {k: [] for k in samplers}
-        for repeat in range(repeats):
-            order = list(samplers) if repeat % 2 == 0 else list(reversed(samplers))
-            for key in order:
-                wall, tokens = timed(samplers[key], prompts, n, params)
-                rates[key].append(tokens / wall)
-        rate = {k: statistics.median(v) for k, v in rates.items()}
+        rate = median_rates(samplers, prompts, n, params, repeats)
         print(
             f"| {n_prompts}x{n} | {'yes' if all(same) else 'NO'} | {compile_s:.1f} | "
             f"{rate['dynamic']:,.0f} | {rate['static']:,.0f} | {rate['static+compile']:,.0f} | "

@@ -7,6 +7,8 @@ import logging
 from collections.abc import Callable, Sequence
 from typing import TypeVar
 
+from grpo_core.algo.micro_batches import plan_passes
+
 log = logging.getLogger(__name__)
 
 Item = TypeVar("Item")
@@ -20,19 +22,9 @@ def token_micro_batches(
     """Items sorted by their longest sequence, longest first (ties in order), cut greedily:
     a micro-batch takes the next item while its sequences x its first (longest) item's
     longest stay within `max_tokens`, the padded size of its forward pass. An item over the
-    budget goes alone (as grpo_core/algo/micro_batches.py plans the policy's rows)."""
-    order = sorted(range(len(items)), key=lambda i: -shape(items[i])[1])
-    plan: list[list[Item]] = []
-    sequences = width = 0
-    for i in order:
-        rows, longest = shape(items[i])
-        if plan and (sequences + rows) * width <= max_tokens:
-            plan[-1].append(items[i])
-            sequences += rows
-        else:
-            plan.append([items[i]])
-            sequences, width = rows, max(longest, 1)
-    return plan
+    budget goes alone (the policy's planner, grpo_core/algo/micro_batches.py plan_passes)."""
+    plan = plan_passes([shape(item) for item in items], max_tokens)
+    return [[items[i] for i in rows] for rows in plan]
 
 
 def note_items_over_budget(

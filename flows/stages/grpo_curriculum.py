@@ -11,11 +11,10 @@ from statistics import mean
 from flows.context import RunContext
 from flows.names import GRPO, TRAIN_SPLIT
 from flows.progress import log
+from flows.stages.grpo_progress import Row
 from grpo_core.data.curriculum import difficulty_weight, question_key, weighted_draw
 from grpo_core.data.tasks.base import Problem
 from storage.store import RunStore
-
-Row = dict[str, object]
 
 
 @dataclass(frozen=True)

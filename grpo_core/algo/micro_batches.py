@@ -32,19 +32,31 @@ def plan_micro_batches(
     cut greedily, a micro-batch taking the next row while rows x its first (longest) row, or
     when `packed` the sum of its rows' lengths, stays within `max_tokens`. A row longer than
     the budget goes alone. Longest micro-batch first."""
+    return plan_passes([(1, length) for length in lengths], max_tokens, packed)
+
+
+def plan_passes(
+    shapes: Sequence[tuple[int, int]], max_tokens: int, packed: bool = False
+) -> list[list[int]]:
+    """plan_micro_batches of items that each put (sequences, longest sequence's tokens) in a
+    pass and are never split (a reward model's pair group): a pass takes the next item while
+    its sequences x its first item's longest, or when `packed` its tokens, stay within
+    `max_tokens`."""
     if max_tokens < 1:
         raise ValueError(f"max_tokens must be >= 1 (got {max_tokens})")
-    order = sorted(range(len(lengths)), key=lambda row: -lengths[row])
+    order = sorted(range(len(shapes)), key=lambda item: -shapes[item][1])
     plan: list[list[int]] = []
-    width = tokens = 0
-    for row in order:
-        size = max(lengths[row], 1)
-        if plan and (tokens + size if packed else (len(plan[-1]) + 1) * width) <= max_tokens:
-            plan[-1].append(row)
-            tokens += size
+    width = sequences = tokens = 0
+    for item in order:
+        rows, size = shapes[item][0], max(shapes[item][1], 1)
+        fits = tokens + rows * size if packed else (sequences + rows) * width
+        if plan and fits <= max_tokens:
+            plan[-1].append(item)
+            sequences += rows
+            tokens += rows * size
         else:
-            plan.append([row])
-            width = tokens = size
+            plan.append([item])
+            width, sequences, tokens = size, rows, rows * size
     return plan
 
 

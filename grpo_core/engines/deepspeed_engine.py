@@ -33,7 +33,7 @@ from grpo_core.engines.train import (
     check_schedule,
 )
 from grpo_core.model.deepspeed_import import import_deepspeed
-from grpo_core.model.forward import sequence_logprobs, sequence_logprobs_and_entropy
+from grpo_core.model.forward import sequence_outputs
 
 
 def set_single_process_env() -> None:
@@ -149,23 +149,8 @@ class DeepSpeedEngine:
         """Completion-token log-probs (B, L) with grad, and entropies (B, L) if asked, under
         forward_context."""
         with self.forward_context():
-            if with_entropy:
-                return sequence_logprobs_and_entropy(
-                    self.engine,
-                    batch,
-                    temperature,
-                    logits_chunk_tokens=logits_chunk_tokens,
-                    packed=packed,
-                )
-            return (
-                sequence_logprobs(
-                    self.engine,
-                    batch,
-                    temperature,
-                    logits_chunk_tokens=logits_chunk_tokens,
-                    packed=packed,
-                ),
-                None,
+            return sequence_outputs(
+                self.engine, batch, temperature, with_entropy, logits_chunk_tokens, packed
             )
 
     def forward_context(self) -> AbstractContextManager[None]:

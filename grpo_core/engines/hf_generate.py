@@ -34,7 +34,7 @@ from transformers import (
 
 from grpo_core.contracts.rollout import SamplingParams
 from grpo_core.engines.hf_rollout import HFRolloutEngine, left_padded, sample_tokens
-from grpo_core.engines.static_decode import warn_once
+from grpo_core.engines.static_decode import decode_compile_config, warn_once
 
 
 class DrawnTokens(LogitsProcessor):
@@ -114,7 +114,7 @@ class HFGenerateEngine(HFRolloutEngine):
             return None
         if isinstance(self.compile, CompileConfig):
             return self.compile
-        return CompileConfig(fullgraph=False, dynamic=False, mode="reduce-overhead")
+        return decode_compile_config(self.device)
 
     @torch.inference_mode()
     def _generate_chunk(

@@ -173,25 +173,18 @@ class StaticCacheRolloutEngine(HFRolloutEngine):
         dev, bsz, steps = self.device, len(prompts), params.max_new_tokens
         pad = self.tokenizer.pad_token_id
         first = prefill(self.model, prompts, pad, dev)
-        out, prompt_mask, positions, groups = (
-            first.out,
-            first.prompt_mask,
-            first.positions,
-            first.groups,
-        )
-        prefilled = returned_cache(out)
+        prefilled = returned_cache(first.out)
         if not isinstance(prefilled, DynamicCache) or any(
             type(layer) is not DynamicLayer for layer in prefilled.layers
         ):
             raise RuntimeError(f"prefill returned {type(prefilled).__name__}, not a DynamicCache")
         rows = rows_bucket(bsz, self.batch_size)
-        owner = torch.tensor(groups + [groups[0]] * (rows - bsz), device=dev)
-        width = first.width
-        cache, capacity = self._cache(prefilled, owner, width + steps)
+        owner = torch.tensor(first.groups + [first.groups[0]] * (rows - bsz), device=dev)
+        cache, capacity = self._cache(prefilled, owner, first.width + steps)
         mask = torch.ones((rows, capacity), dtype=torch.long, device=dev)
-        mask[:, :width] = prompt_mask[owner]
-        position = positions[owner, -1:]
-        logits = out.logits[owner, -1, :].float()
+        mask[:, : first.width] = first.prompt_mask[owner]
+        position = first.positions[owner, -1:]
+        logits = first.out.logits[owner, -1, :].float()
         uniforms = torch.cat([uniforms.to(dev), uniforms.new_zeros((rows - bsz, steps))])
         stop = torch.tensor(self.stop_ids, device=dev)
         tokens_out = torch.full((rows, steps), pad, dtype=torch.long, device=dev)

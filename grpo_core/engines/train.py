@@ -18,7 +18,7 @@ from torch import Tensor, nn
 from grpo_core.contracts.policy_batch import PolicyBatch
 from grpo_core.contracts.training import LRSchedule, OptimizerSettings
 from grpo_core.model.config import AUTOCAST_DTYPES
-from grpo_core.model.forward import sequence_logprobs, sequence_logprobs_and_entropy
+from grpo_core.model.forward import sequence_outputs
 
 log = logging.getLogger(__name__)
 
@@ -146,23 +146,8 @@ class TorchEngine:
         """Completion-token log-probs (B, L) with grad, and entropies (B, L) if asked, through
         forward_model, under forward_context."""
         with self.forward_context():
-            if with_entropy:
-                return sequence_logprobs_and_entropy(
-                    self.forward_model,
-                    batch,
-                    temperature,
-                    logits_chunk_tokens=logits_chunk_tokens,
-                    packed=packed,
-                )
-            return (
-                sequence_logprobs(
-                    self.forward_model,
-                    batch,
-                    temperature,
-                    logits_chunk_tokens=logits_chunk_tokens,
-                    packed=packed,
-                ),
-                None,
+            return sequence_outputs(
+                self.forward_model, batch, temperature, with_entropy, logits_chunk_tokens, packed
             )
 
     def backward(self, loss: Tensor) -> None:

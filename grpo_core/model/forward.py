@@ -251,6 +251,21 @@ def sequence_logprobs(
     return logp
 
 
+def sequence_outputs(
+    model: nn.Module,
+    batch: PolicyBatch,
+    temperature: float,
+    with_entropy: bool = False,
+    logits_chunk_tokens: int | None = None,
+    packed: bool = False,
+) -> tuple[Tensor, Tensor | None]:
+    """sequence_logprobs of the whole batch in one pass, and the entropies when asked (None
+    otherwise): what a training engine's forward_logprobs returns; (B, L), (B, L) | None."""
+    return _forward_tokens(
+        model, batch, temperature, None, with_entropy, logits_chunk_tokens, packed
+    )
+
+
 def sequence_logprobs_and_entropy(
     model: nn.Module,
     batch: PolicyBatch,
